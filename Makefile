@@ -1,0 +1,36 @@
+# Every target installs what it needs into .venv first, so a fresh clone needs only python3.11.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= demo-out
+
+.PHONY: install demo test bench lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch is pinned to the CPU wheel first: a bare `torch` requirement would pull a CUDA build.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[test,lint]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	bash scripts/demo.sh $(DEMO_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache

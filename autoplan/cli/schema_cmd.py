@@ -1,0 +1,30 @@
+"""``autoplan schema``: the JSON Schema of each file autoplan reads or writes."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+
+import typer
+
+from autoplan.cli.app import command
+from autoplan.cluster.schema import Cluster
+from autoplan.plan.schema import Plan
+from autoplan.profile.schema import Profile
+
+
+class SchemaName(str, Enum):
+    profile = "profile"
+    plan = "plan"
+    cluster = "cluster"
+
+
+_MODELS = {SchemaName.profile: Profile, SchemaName.plan: Plan, SchemaName.cluster: Cluster}
+
+
+@command("schema")
+def schema(
+    name: SchemaName = typer.Argument(..., help="Which file: profile, plan or cluster."),
+) -> None:
+    """Print the JSON Schema of a profile, plan or cluster file."""
+    typer.echo(json.dumps(_MODELS[name].model_json_schema(), indent=2, sort_keys=True))

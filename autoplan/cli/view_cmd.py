@@ -1,0 +1,1 @@
+"""Commands of this step (being written)."""

@@ -1,0 +1,163 @@
+"""The profile: what ``autoplan profile`` writes and ``autoplan solve`` reads.
+
+Every figure is for one micro-batch of ``micro_batch_size`` samples of ``seq_len`` tokens in
+``dtype`` on a single device (no parallelism). The cost model scales per-sample figures to the
+micro-batch size it considers and divides what tensor parallelism shards by the tp degree.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "PROFILE_SCHEMA_VERSION",
+    "LayerKind",
+    "LayerProfile",
+    "MeasuredTimes",
+    "ModelRef",
+    "Profile",
+    "ProfileTotals",
+    "TensorParallelProfile",
+]
+
+PROFILE_SCHEMA_VERSION = 1
+
+LayerKind = Literal["embedding", "block", "head", "other"]
+DType = Literal["fp32", "fp16", "bf16", "fp64"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelRef(_Strict):
+    """Which model: enough for the runtime to build exactly the model that was profiled."""
+
+    name: str = Field(
+        description="A zoo name (see `autoplan models`) or a factory path 'package.module:callable'."
+    )
+    parameter_count: int = Field(ge=0, description="Total parameters of the whole model.")
+    num_layers: int = Field(ge=1, description="Number of entries in `layers` (pipeline units).")
+    hidden_size: int | None = Field(default=None, ge=1, description="Hidden size, if known.")
+    num_attention_heads: int | None = Field(default=None, ge=1, description="Attention heads.")
+    vocab_size: int | None = Field(default=None, ge=1, description="Vocabulary size, if known.")
+
+
+class TensorParallelProfile(_Strict):
+    """What Megatron-style tensor parallelism of degree t does to this layer.
+
+    Sharded parameters and sharded saved activations divide by t; each all-reduce moves
+    ``allreduce_payload_bytes`` (a ring all-reduce sends 2(t-1)/t of it per GPU).
+    """
+
+    sharded_param_count: int = Field(ge=0, description="Parameters split across the tp group.")
+    sharded_saved_activation_bytes: int = Field(
+        ge=0, description="Part of `saved_activation_bytes` that splits across the tp group."
+    )
+    allreduce_payload_bytes: int = Field(ge=0, description="Bytes of one tp all-reduce.")
+    forward_allreduce_count: int = Field(ge=0, description="All-reduces in the forward pass.")
+    backward_allreduce_count: int = Field(ge=0, description="All-reduces in the backward pass.")
+    degree_must_divide: int = Field(
+        ge=1,
+        description="The tp degree must divide this (gcd of heads, kv heads, ffn size, vocab).",
+    )
+
+
+class MeasuredTimes(_Strict):
+    """Times measured by running the real layer (``autoplan profile --measure``)."""
+
+    device_name: str = Field(description="torch's name for the device, e.g. 'NVIDIA H200'.")
+    forward_ms: float = Field(ge=0, description="Median forward time of one micro-batch.")
+    backward_ms: float = Field(ge=0, description="Median backward time of one micro-batch.")
+    repeats: int = Field(ge=1, description="Timed repetitions after warm-up.")
+
+
+class LayerProfile(_Strict):
+    """One pipeline unit: the embedding, one block, or the final norm and head."""
+
+    index: int = Field(ge=0, description="Position in the model's layer sequence.")
+    name: str = Field(description="Module path in the model, e.g. 'blocks.3'.")
+    kind: LayerKind = Field(description="What the layer is.")
+    forward_flops: int = Field(ge=0, description="FLOPs of the forward pass (2 per MAC).")
+    backward_flops: int = Field(ge=0, description="FLOPs of the backward pass.")
+    forward_bytes_moved: int = Field(
+        ge=0, description="Bytes read and written by forward ops (roofline memory term)."
+    )
+    backward_bytes_moved: int = Field(ge=0, description="Bytes read and written by backward ops.")
+    param_count: int = Field(ge=0, description="Parameters owned by this layer.")
+    param_bytes: int = Field(ge=0, description="Bytes of those parameters in `dtype`.")
+    saved_activation_bytes: int = Field(
+        ge=0, description="Bytes kept for backward with no recompute."
+    )
+    selective_recompute_saved_bytes: int = Field(
+        ge=0,
+        description="Bytes kept for backward when the attention core is recomputed "
+        "(Korthikanti et al.'s selective recompute); equals `saved_activation_bytes` if none.",
+    )
+    selective_recompute_flops: int = Field(
+        ge=0, description="Forward FLOPs redone in backward under selective recompute."
+    )
+    input_activation_bytes: int = Field(
+        ge=0, description="Bytes of the layer's input: all that full recompute keeps."
+    )
+    output_activation_bytes: int = Field(
+        ge=0, description="Bytes of the layer's output: what a pipeline stage ending here sends."
+    )
+    tensor_parallel: TensorParallelProfile | None = Field(
+        default=None, description="Tensor-parallel behaviour; None if the layer cannot be split."
+    )
+    replica_of: int | None = Field(
+        default=None,
+        description="Index of the identical layer whose profile this is a copy of (profiled once).",
+    )
+    measured: list[MeasuredTimes] = Field(
+        default_factory=list, description="Measured times, one entry per device profiled on."
+    )
+
+
+class ProfileTotals(_Strict):
+    """Sums over all layers."""
+
+    forward_flops: int = Field(ge=0)
+    backward_flops: int = Field(ge=0)
+    param_count: int = Field(ge=0)
+    param_bytes: int = Field(ge=0)
+    saved_activation_bytes: int = Field(ge=0)
+
+
+class Profile(_Strict):
+    """Per-layer compute and memory of one model at one sequence length and micro-batch size."""
+
+    schema_version: Literal[1] = Field(
+        default=PROFILE_SCHEMA_VERSION, description="Version of this schema."
+    )
+    model: ModelRef
+    seq_len: int = Field(ge=1, description="Tokens per sample.")
+    micro_batch_size: int = Field(ge=1, description="Samples per micro-batch profiled.")
+    dtype: DType = Field(description="Training dtype of parameters and activations.")
+    dtype_bytes: int = Field(ge=1, description="Bytes per element of `dtype`.")
+    layers: list[LayerProfile] = Field(min_length=1)
+    totals: ProfileTotals
+    profiled_layer_indices: list[int] = Field(
+        description="Layers actually traced; all others are replicas of one of these."
+    )
+    method: str = Field(
+        description="How figures were obtained, e.g. 'FakeTensorMode + FlopCounterMode'."
+    )
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Profile:
+        for position, layer in enumerate(self.layers):
+            if layer.index != position:
+                raise ValueError(f"layer {position} has index {layer.index}; indices must be 0..n-1")
+            if layer.replica_of is not None and layer.replica_of not in self.profiled_layer_indices:
+                raise ValueError(
+                    f"layer {position} replicates layer {layer.replica_of}, which was not profiled"
+                )
+        if self.model.num_layers != len(self.layers):
+            raise ValueError(
+                f"model.num_layers ({self.model.num_layers}) != len(layers) ({len(self.layers)})"
+            )
+        return self

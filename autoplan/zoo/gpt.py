@@ -1,0 +1,127 @@
+"""GPT-style decoder (GPT-2, Megatron-LM GPT): learned positions, pre-LayerNorm, GELU MLP.
+
+q, k and v are separate projections because tensor parallelism splits them by columns; a fused
+qkv weight split by columns would mix q, k and v across ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.zoo.layered import LayeredModel
+
+__all__ = ["GPT", "GPTConfig"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a GPT model; parameter count 12lh² + 13lh + (V + s)h + 2h when tied."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    vocab_size: int
+    max_seq_len: int
+    ffn_hidden_size: int | None = None
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+
+class GPTEmbedding(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.token = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position = nn.Embedding(config.max_seq_len, config.hidden_size)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(token_ids.shape[1], device=token_ids.device)
+        return self.token(token_ids) + self.position(positions)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_heads
+        self.q = nn.Linear(hidden, hidden)
+        self.k = nn.Linear(hidden, hidden)
+        self.v = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 for the head dim: under tensor parallelism q/k/v hold num_heads / tp heads' columns.
+        shape = (batch, seq, -1, self.head_dim)
+        q = self.q(x).view(shape).transpose(1, 2)
+        k = self.k(x).view(shape).transpose(1, 2)
+        v = self.v(x).view(shape).transpose(1, 2)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(attended.transpose(1, 2).reshape(batch, seq, -1))
+
+    @property
+    def head_dim(self) -> int:
+        return self.out.in_features // self.num_heads
+
+
+class GPTMLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.ffn)
+        self.down = nn.Linear(config.ffn, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(config.hidden_size)
+        self.attn = CausalSelfAttention(config)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size)
+        self.mlp = GPTMLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GPTHead(nn.Module):
+    """Final LayerNorm and the output projection (tied to the token embedding when asked)."""
+
+    def __init__(self, config: GPTConfig, tied_embedding: nn.Embedding | None) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(config.hidden_size)
+        self.output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if tied_embedding is not None:
+            self.output.weight = tied_embedding.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.norm(x))
+
+
+class GPT(LayeredModel):
+    """layers: ``embed``, ``block_0`` … ``block_{l-1}``, ``head``."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        embed = GPTEmbedding(config)
+        layers: dict[str, nn.Module] = {"embed": embed}
+        for index in range(config.num_layers):
+            layers[f"block_{index}"] = GPTBlock(config)
+        layers["head"] = GPTHead(config, embed.token if config.tie_embeddings else None)
+        self.layers = nn.ModuleDict(layers)

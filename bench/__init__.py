@@ -1,0 +1,1 @@
+"""``make bench``: every benchmark module's table, printed in turn."""
