@@ -35,7 +35,9 @@ def _validate(data: object, model: type[M], path: Path) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        raise InputError(f"{path}: not a valid {model.__name__}: {_validation_line(error)}") from None
+        raise InputError(
+            f"{path}: not a valid {model.__name__}: {_validation_line(error)}"
+        ) from None
 
 
 def _read_text(path: Path) -> str:

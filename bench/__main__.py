@@ -10,7 +10,8 @@ from pathlib import Path
 
 def main() -> int:
     names = sorted(
-        info.name for info in pkgutil.iter_modules([str(Path(__file__).parent)])
+        info.name
+        for info in pkgutil.iter_modules([str(Path(__file__).parent)])
         if info.name.startswith("bench_")
     )
     only = set(sys.argv[1:])

@@ -79,7 +79,9 @@ class Node(_Strict):
 class Cluster(_Strict):
     """A cluster file."""
 
-    schema_version: int = Field(default=CLUSTER_SCHEMA_VERSION, description="Version of this schema.")
+    schema_version: int = Field(
+        default=CLUSTER_SCHEMA_VERSION, description="Version of this schema."
+    )
     name: str = Field(description="Short name of the cluster.")
     gpu_types: list[GpuSpec] = Field(
         default_factory=list, description="GPU types added to (or overriding) the catalog."
