@@ -6,7 +6,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -57,7 +57,9 @@ def command(*args: Any, **kwargs: Any) -> Callable[[F], F]:
 
 @app.callback()
 def _configure(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress to stderr."),
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")
+    ] = False,
 ) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,

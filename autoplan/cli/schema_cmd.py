@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
+from typing import Annotated
 
 import typer
 
@@ -13,7 +14,7 @@ from autoplan.plan.schema import Plan
 from autoplan.profile.schema import Profile
 
 
-class SchemaName(str, Enum):
+class SchemaName(StrEnum):
     profile = "profile"
     plan = "plan"
     cluster = "cluster"
@@ -24,7 +25,7 @@ _MODELS = {SchemaName.profile: Profile, SchemaName.plan: Plan, SchemaName.cluste
 
 @command("schema")
 def schema(
-    name: SchemaName = typer.Argument(..., help="Which file: profile, plan or cluster."),
+    name: Annotated[SchemaName, typer.Argument(help="Which file: profile, plan or cluster.")],
 ) -> None:
     """Print the JSON Schema of a profile, plan or cluster file."""
     typer.echo(json.dumps(_MODELS[name].model_json_schema(), indent=2, sort_keys=True))
