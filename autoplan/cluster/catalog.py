@@ -1,0 +1,158 @@
+"""The GPU catalog (``profiles/gpus.yaml``) and cluster files checked against it.
+
+A cluster names its GPUs by type; a type is either a catalog entry or one the cluster file
+defines itself under ``gpu_types`` (which wins over the catalog entry of the same name, so a
+cluster can re-rate a GPU it has measured).
+
+What peak to use for a dtype the GPU has no entry for (``peak_tflops``): the GPU has no tensor
+cores for that dtype, so its matmuls run on the plain FP32 units at best. ``bf16``, ``tf32`` and
+``fp16`` therefore fall back to the ``fp32`` peak (bf16 on a V100 is not faster than fp32);
+``fp32`` itself and ``fp64`` have no fallback and raise InputError.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.resources
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from autoplan.cluster.schema import Cluster, GpuSpec
+from autoplan.errors import InputError
+from autoplan.files import read_yaml_model
+
+__all__ = [
+    "CATALOG_SCHEMA_VERSION",
+    "REQUIRED_DTYPES",
+    "GpuCatalog",
+    "example_cluster_path",
+    "gpu_specs",
+    "load_catalog",
+    "load_cluster",
+    "peak_tflops",
+    "profiles_dir",
+]
+
+CATALOG_SCHEMA_VERSION = 1
+
+# Every catalog entry must state these; bf16/tf32 are absent where no tensor core runs them.
+REQUIRED_DTYPES = ("fp32", "fp16", "fp64")
+
+# A dtype the GPU lists no peak for → the dtype whose peak stands in for it (see module doc).
+_FALLBACK_DTYPE = {"bf16": "fp32", "tf32": "fp32", "fp16": "fp32"}
+
+
+class GpuCatalog(BaseModel):
+    """The catalog file: a list of GPU types with unique names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = Field(default=CATALOG_SCHEMA_VERSION, description="Version of the file.")
+    gpus: list[GpuSpec] = Field(min_length=1, description="GPU types, datasheet figures.")
+
+    @model_validator(mode="after")
+    def _check(self) -> GpuCatalog:
+        names = [gpu.name for gpu in self.gpus]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"GPU names must be unique; repeated: {repeated}")
+        for gpu in self.gpus:
+            missing = [dtype for dtype in REQUIRED_DTYPES if dtype not in gpu.peak_tflops]
+            if missing:
+                raise ValueError(f"GPU {gpu.name} lists no peak_tflops for {missing}")
+        return self
+
+
+def profiles_dir() -> Path:
+    """The shipped ``profiles/`` folder (catalog, example clusters).
+
+    It is installed as the top-level package ``profiles`` next to ``autoplan``; in a source
+    checkout it is the sibling folder of ``autoplan/``. The sibling path is tried first because
+    it is right in both layouts; importlib.resources covers any other installer layout.
+    """
+    sibling = Path(__file__).resolve().parents[2] / "profiles"
+    if (sibling / "gpus.yaml").is_file():
+        return sibling
+    try:
+        located = Path(str(importlib.resources.files("profiles")))
+    except ModuleNotFoundError:
+        located = sibling
+    if not (located / "gpus.yaml").is_file():
+        raise InputError(f"cannot find autoplan's GPU catalog (looked in {sibling}, {located})")
+    return located
+
+
+def example_cluster_path(name: str) -> Path:
+    """Path of a shipped example cluster, e.g. ``example_cluster_path('a100x8')``."""
+    folder = profiles_dir() / "clusters"
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(known)}"
+        raise InputError(f"no example cluster '{name}'; {hint}")
+    return path
+
+
+@functools.cache
+def _catalog_from(path: Path) -> dict[str, GpuSpec]:
+    catalog = read_yaml_model(path, GpuCatalog)
+    return {gpu.name: gpu for gpu in catalog.gpus}
+
+
+def load_catalog() -> dict[str, GpuSpec]:
+    """The shipped GPU catalog, by name (a fresh dict; the specs themselves are frozen)."""
+    return dict(_catalog_from(profiles_dir() / "gpus.yaml"))
+
+
+def gpu_specs(cluster: Cluster) -> dict[str, GpuSpec]:
+    """Every GPU type the cluster may use: the catalog, overridden and extended by the
+    cluster file's own ``gpu_types``."""
+    specs = load_catalog()
+    specs.update({gpu.name: gpu for gpu in cluster.gpu_types})
+    return specs
+
+
+def _check_gpu_types(cluster: Cluster, where: str) -> None:
+    specs = gpu_specs(cluster)
+    for group in cluster.node_groups:
+        if group.gpu in specs:
+            continue
+        close = difflib.get_close_matches(group.gpu, sorted(specs), n=3, cutoff=0.3)
+        hint = (
+            f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(sorted(specs))}"
+        )
+        raise InputError(
+            f"{where}: node group '{group.name}' uses unknown GPU type '{group.gpu}' (not in the "
+            f"catalog or the file's gpu_types); {hint}"
+        )
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster YAML file and check that every GPU type it uses is known.
+
+    Raises InputError (one line) for a missing or malformed file or an unknown GPU type,
+    offering the nearest known type names.
+    """
+    cluster = read_yaml_model(path, Cluster)
+    _check_gpu_types(cluster, str(path))
+    return cluster
+
+
+def peak_tflops(gpu: GpuSpec, dtype: str) -> float:
+    """Dense peak TFLOP/s of ``gpu`` for matmuls in ``dtype``.
+
+    A dtype the GPU lists no figure for runs without tensor cores: bf16, tf32 and fp16 fall
+    back to the fp32 peak (module docstring). A missing fp32 or fp64 raises InputError.
+    """
+    if dtype in gpu.peak_tflops:
+        return gpu.peak_tflops[dtype]
+    fallback = _FALLBACK_DTYPE.get(dtype)
+    if fallback is not None and fallback in gpu.peak_tflops:
+        return gpu.peak_tflops[fallback]
+    raise InputError(
+        f"GPU type {gpu.name} has no peak_tflops for dtype '{dtype}' "
+        f"(it lists {', '.join(sorted(gpu.peak_tflops))})"
+    )

@@ -1,0 +1,117 @@
+"""The GPU catalog and the example clusters: they load, they are complete, bad names fail well."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoplan.cluster.catalog import (
+    REQUIRED_DTYPES,
+    example_cluster_path,
+    gpu_specs,
+    load_catalog,
+    load_cluster,
+    peak_tflops,
+    profiles_dir,
+)
+from autoplan.errors import InputError
+
+EXAMPLE_CLUSTERS = sorted((profiles_dir() / "clusters").glob("*.yaml"))
+
+# Types the brief and the calibration data need.
+EXPECTED_TYPES = {
+    "H100", "H200", "GH200", "A100-80GB", "A100-40GB", "V100-32GB", "V100-16GB",
+    "L4", "A10", "T4", "RTX-3090", "RTX-4090", "RTX-2080", "Titan-RTX",
+}  # fmt: skip
+
+
+def test_catalog_has_every_expected_type_with_required_figures() -> None:
+    catalog = load_catalog()
+    assert set(catalog) >= EXPECTED_TYPES
+    for name, gpu in catalog.items():
+        assert gpu.name == name
+        for dtype in REQUIRED_DTYPES:
+            assert gpu.peak_tflops[dtype] > 0, (name, dtype)
+        assert set(gpu.peak_tflops) <= {"fp32", "tf32", "fp16", "bf16", "fp64"}
+        assert gpu.datasheet_url.startswith("https://"), name
+        assert 0 < gpu.efficiency <= 1
+
+
+def test_tensor_core_peaks_exceed_fp32_where_listed() -> None:
+    for gpu in load_catalog().values():
+        for dtype in ("fp16", "bf16", "tf32"):
+            if dtype in gpu.peak_tflops:
+                assert gpu.peak_tflops[dtype] >= gpu.peak_tflops["fp32"], (gpu.name, dtype)
+
+
+def test_pre_ampere_gpus_have_no_bf16_and_fall_back_to_fp32() -> None:
+    catalog = load_catalog()
+    for name in ("V100-16GB", "V100-32GB", "T4", "RTX-2080", "Titan-RTX"):
+        gpu = catalog[name]
+        assert "bf16" not in gpu.peak_tflops
+        assert peak_tflops(gpu, "bf16") == gpu.peak_tflops["fp32"]
+    a100 = catalog["A100-80GB"]
+    assert peak_tflops(a100, "bf16") == 312.0
+
+
+def test_peak_for_unknown_dtype_is_a_one_line_error() -> None:
+    with pytest.raises(InputError, match="no peak_tflops for dtype 'int4'"):
+        peak_tflops(load_catalog()["H100"], "int4")
+
+
+@pytest.mark.parametrize("path", EXAMPLE_CLUSTERS, ids=lambda p: p.stem)
+def test_example_clusters_load_and_expand(path: Path) -> None:
+    cluster = load_cluster(path)
+    nodes = cluster.nodes()
+    assert sum(node.gpus for node in nodes) == cluster.total_gpus()
+    assert len({node.name for node in nodes}) == len(nodes)
+    specs = gpu_specs(cluster)
+    assert all(node.gpu in specs for node in nodes)
+
+
+def test_named_example_clusters_have_the_promised_size() -> None:
+    assert load_cluster(example_cluster_path("a100x8")).total_gpus() == 8
+    assert load_cluster(example_cluster_path("mixed-1024")).total_gpus() == 1024
+    megatron = load_cluster(example_cluster_path("megatron-a100"))
+    assert megatron.total_gpus() >= 3072
+    assert {node.gpu for node in megatron.nodes()} == {"A100-80GB"}
+    assert len({n.gpu for n in load_cluster(example_cluster_path("mixed-1024")).nodes()}) == 3
+    assert load_cluster(example_cluster_path("cpu-local")).total_gpus() <= 4
+    hetero = load_cluster(example_cluster_path("cpu-hetero"))
+    assert hetero.total_gpus() <= 4
+    assert len({node.gpu for node in hetero.nodes()}) == 2
+
+
+def test_cluster_gpu_types_extend_and_override_the_catalog() -> None:
+    cluster = load_cluster(example_cluster_path("cpu-local"))
+    specs = gpu_specs(cluster)
+    assert specs["cpu"].peak_tflops["fp32"] < 1
+    assert "H100" in specs
+    overridden = cluster.model_copy(
+        update={"gpu_types": [load_catalog()["H100"].model_copy(update={"efficiency": 0.9})]}
+    )
+    assert gpu_specs(overridden)["H100"].efficiency == 0.9
+    assert load_catalog()["H100"].efficiency != 0.9  # the catalog itself is untouched
+
+
+def test_unknown_gpu_type_is_one_line_with_suggestions(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: bad\n"
+        "node_groups:\n"
+        "  - {name: n, gpu: A100-80G, gpus_per_node: 8, intra_node_bandwidth_gb_per_s: 300}\n"
+        "inter_node_bandwidth_gb_per_s: 25\n"
+    )
+    with pytest.raises(InputError) as caught:
+        load_cluster(path)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "'A100-80G'" in message and "A100-80GB" in message
+
+
+def test_missing_cluster_file_and_unknown_example_name() -> None:
+    with pytest.raises(InputError, match="no such file"):
+        load_cluster("/nonexistent/cluster.yaml")
+    with pytest.raises(InputError, match="a100x8"):
+        example_cluster_path("a100x9")
