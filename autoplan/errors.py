@@ -5,6 +5,7 @@ __all__ = [
     "InfeasibleError",
     "InputError",
     "LaunchMismatchError",
+    "PlanInvalidError",
 ]
 
 
@@ -22,3 +23,12 @@ class InfeasibleError(AutoplanError):
 
 class LaunchMismatchError(AutoplanError):
     """The processes launched do not match the plan (world size, nodes, local ranks)."""
+
+
+class PlanInvalidError(AutoplanError):
+    """A plan breaks rules that every executable plan obeys; ``problems`` lists each one."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        numbered = "; ".join(f"({i}) {p}" for i, p in enumerate(self.problems, start=1))
+        super().__init__(f"plan is invalid, {len(self.problems)} problem(s): {numbered}")
