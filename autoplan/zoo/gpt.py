@@ -1,4 +1,5 @@
-"""GPT-style decoder (GPT-2, Megatron-LM GPT): learned positions, pre-LayerNorm, GELU MLP.
+"""GPT-style decoder (GPT-2, GPT-3, Megatron-LM GPT, GPT-Neo): learned positions, pre-LayerNorm,
+GELU MLP, head optionally tied to the token embedding.
 
 q, k and v are separate projections because tensor parallelism splits them by columns; a fused
 qkv weight split by columns would mix q, k and v across ranks.
@@ -14,12 +15,15 @@ from torch import nn
 
 from autoplan.zoo.layered import LayeredModel
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "GPTBlock", "GPTConfig", "SelfAttention"]
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Shape of a GPT model; parameter count 12lh² + 13lh + (V + s)h + 2h when tied."""
+    """Shape of a GPT model; parameter count 12lh² + 13lh + (V + s)h + 2h when tied.
+
+    ``qkv_bias=False`` (GPT-Neo) drops the 3h biases of q, k and v in every block.
+    """
 
     num_layers: int
     hidden_size: int
@@ -28,19 +32,24 @@ class GPTConfig:
     max_seq_len: int
     ffn_hidden_size: int | None = None
     tie_embeddings: bool = True
+    qkv_bias: bool = True
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
             raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+                f"hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_heads ({self.num_heads})"
             )
 
     @property
     def ffn(self) -> int:
+        """Inner size of the MLP (4h unless given)."""
         return self.ffn_hidden_size or 4 * self.hidden_size
 
 
 class GPTEmbedding(nn.Module):
+    """Token embedding plus learned position embedding."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.token = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -51,14 +60,21 @@ class GPTEmbedding(nn.Module):
         return self.token(token_ids) + self.position(positions)
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with separate q, k, v and out projections (no RoPE).
+
+    Works unchanged on a tensor-parallel shard: q, k and v may hold ``num_heads / tp`` heads'
+    columns, so heads are inferred from the projection's output with ``head_dim`` fixed.
+    """
+
+    def __init__(self, hidden: int, num_heads: int, *, causal: bool, qkv_bias: bool = True) -> None:
         super().__init__()
-        hidden = config.hidden_size
-        self.num_heads = config.num_heads
-        self.q = nn.Linear(hidden, hidden)
-        self.k = nn.Linear(hidden, hidden)
-        self.v = nn.Linear(hidden, hidden)
+        self.num_heads = num_heads
+        self.head_dim = hidden // num_heads
+        self.causal = causal
+        self.q = nn.Linear(hidden, hidden, bias=qkv_bias)
+        self.k = nn.Linear(hidden, hidden, bias=qkv_bias)
+        self.v = nn.Linear(hidden, hidden, bias=qkv_bias)
         self.out = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,31 +84,36 @@ class CausalSelfAttention(nn.Module):
         q = self.q(x).view(shape).transpose(1, 2)
         k = self.k(x).view(shape).transpose(1, 2)
         v = self.v(x).view(shape).transpose(1, 2)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.out(attended.transpose(1, 2).reshape(batch, seq, -1))
 
-    @property
-    def head_dim(self) -> int:
-        return self.out.in_features // self.num_heads
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}"
 
 
 class GPTMLP(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    """up → GELU (tanh approximation, as GPT-2) → down."""
+
+    def __init__(self, hidden: int, ffn: int) -> None:
         super().__init__()
-        self.up = nn.Linear(config.hidden_size, config.ffn)
-        self.down = nn.Linear(config.ffn, config.hidden_size)
+        self.up = nn.Linear(hidden, ffn)
+        self.down = nn.Linear(ffn, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
 class GPTBlock(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.attn_norm = nn.LayerNorm(config.hidden_size)
-        self.attn = CausalSelfAttention(config)
+        self.attn = SelfAttention(
+            config.hidden_size, config.num_heads, causal=True, qkv_bias=config.qkv_bias
+        )
         self.mlp_norm = nn.LayerNorm(config.hidden_size)
-        self.mlp = GPTMLP(config)
+        self.mlp = GPTMLP(config.hidden_size, config.ffn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))

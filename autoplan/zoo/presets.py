@@ -1,0 +1,61 @@
+"""The zoo's named models and their published shapes.
+
+Sources for the shapes (all parameter counts are checked in tests/test_zoo.py):
+GPT-2: Radford et al. 2019 and the Hugging Face configs (gpt2, gpt2-medium, gpt2-xl);
+GPT-3 175B: Brown et al. 2020, Table 2.1; Megatron-LM: Narayanan et al., SC'21, Table 1
+(vocabulary 51,200, sequence 2,048); GPT-Neo 2.7B and OPT-350M: their Hugging Face configs;
+Llama-2: Touvron et al. 2023 and meta-llama configs; Llama-3: meta-llama/Meta-Llama-3 configs;
+BERT-large: Devlin et al. 2019 (bert-large-uncased config).
+"""
+
+from __future__ import annotations
+
+from autoplan.zoo.bert import BertConfig
+from autoplan.zoo.gpt import GPTConfig
+from autoplan.zoo.llama import LlamaConfig
+from autoplan.zoo.opt import OPTConfig
+
+__all__ = ["MEGATRON_TABLE1", "PRESET_CONFIGS", "PresetConfig"]
+
+PresetConfig = GPTConfig | LlamaConfig | BertConfig | OPTConfig
+
+# Megatron-LM SC'21 Table 1: name → (attention heads, hidden size, layers).
+MEGATRON_TABLE1: dict[str, tuple[int, int, int]] = {
+    "megatron-1.7b": (24, 2304, 24),
+    "megatron-3.6b": (32, 3072, 30),
+    "megatron-7.5b": (32, 4096, 36),
+    "megatron-18.4b": (48, 6144, 40),
+    "megatron-39.1b": (64, 8192, 48),
+    "megatron-76.1b": (80, 10240, 60),
+    "megatron-145.6b": (96, 12288, 80),
+    "megatron-310.1b": (128, 16384, 96),
+    "megatron-529.6b": (128, 20480, 105),
+    "megatron-1t": (160, 25600, 128),
+}
+
+_GPT2_VOCAB = 50257
+
+PRESET_CONFIGS: dict[str, PresetConfig] = {
+    "gpt2-small": GPTConfig(12, 768, 12, _GPT2_VOCAB, 1024),
+    "gpt2-medium": GPTConfig(24, 1024, 16, _GPT2_VOCAB, 1024),
+    "gpt2-xl": GPTConfig(48, 1600, 25, _GPT2_VOCAB, 1024),
+    # GPT-Neo alternates global and 256-token local attention; both have the same parameters
+    # and (as Hugging Face computes local attention with a mask over the full score matrix)
+    # the same FLOPs, so every block here uses global causal attention.
+    "gpt-neo-2.7b": GPTConfig(32, 2560, 20, _GPT2_VOCAB, 2048, qkv_bias=False),
+    "opt-350m": OPTConfig(24, 1024, 16, 4096, 50272, 2048, word_embed_size=512),
+    **{
+        name: GPTConfig(layers, hidden, heads, 51200, 2048)
+        for name, (heads, hidden, layers) in MEGATRON_TABLE1.items()
+    },
+    "gpt3-175b": GPTConfig(96, 12288, 96, _GPT2_VOCAB, 2048),
+    "llama2-7b": LlamaConfig(32, 4096, 32, 32, 11008, 32000, 4096),
+    "llama2-13b": LlamaConfig(40, 5120, 40, 40, 13824, 32000, 4096),
+    "llama2-70b": LlamaConfig(80, 8192, 64, 8, 28672, 32000, 4096),
+    "llama3-8b": LlamaConfig(32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000.0),
+    "llama3-70b": LlamaConfig(80, 8192, 64, 8, 28672, 128256, 8192, rope_theta=500000.0),
+    "bert-large": BertConfig(24, 1024, 16, 30522, 512),
+    # Tiny models for tests and the demo: fast on a CPU, float64-exact comparisons.
+    "gpt-tiny": GPTConfig(4, 32, 4, 128, 64, tie_embeddings=False),
+    "llama-tiny": LlamaConfig(4, 32, 4, 2, 64, 128, 64),
+}
