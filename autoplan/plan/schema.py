@@ -156,6 +156,13 @@ class StageTiming(_Strict):
     send_ms: float = Field(
         ge=0, description="Point-to-point time of the boundary activation to the next stage."
     )
+    saved_activation_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Activations one micro-batch leaves saved on one GPU of this stage from its "
+        "forward until its backward (after recompute). The simulator's memory curve uses it; "
+        "when absent it derives it from MemoryEstimate.activations_bytes.",
+    )
 
 
 class TimeBreakdown(_Strict):
