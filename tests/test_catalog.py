@@ -8,6 +8,7 @@ import pytest
 
 from autoplan.cluster.catalog import (
     REQUIRED_DTYPES,
+    efficiency_for,
     example_cluster_path,
     gpu_specs,
     load_catalog,
@@ -115,3 +116,14 @@ def test_missing_cluster_file_and_unknown_example_name() -> None:
         load_cluster("/nonexistent/cluster.yaml")
     with pytest.raises(InputError, match="a100x8"):
         example_cluster_path("a100x9")
+
+
+def test_efficiency_for_prefers_a_measured_dtype_figure() -> None:
+    v100 = load_catalog()["V100-16GB"].model_copy(
+        update={"efficiency": 0.4, "efficiency_by_dtype": {"fp32": 0.7}}
+    )
+    assert efficiency_for(v100, "fp32") == 0.7
+    assert efficiency_for(v100, "bf16") == 0.7  # no bf16 tensor cores: runs as fp32
+    assert efficiency_for(v100, "fp16") == 0.4  # tensor cores: the 16-bit figure
+    a100 = load_catalog()["A100-80GB"].model_copy(update={"efficiency_by_dtype": {}})
+    assert efficiency_for(a100, "bf16") == a100.efficiency

@@ -8,6 +8,11 @@ What peak to use for a dtype the GPU has no entry for (``peak_tflops``): the GPU
 cores for that dtype, so its matmuls run on the plain FP32 units at best. ``bf16``, ``tf32`` and
 ``fp16`` therefore fall back to the ``fp32`` peak (bf16 on a V100 is not faster than fp32);
 ``fp32`` itself and ``fp64`` have no fallback and raise InputError.
+
+What efficiency to use (``efficiency_for``): a GPU's ``efficiency`` is the fraction of peak its
+16-bit training achieves; ``efficiency_by_dtype`` holds fractions measured for other dtypes
+(the calibration data ran in fp32/tf32). A dtype without its own figure uses the figure of the
+dtype whose peak stands in for it, else ``efficiency``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ __all__ = [
     "CATALOG_SCHEMA_VERSION",
     "REQUIRED_DTYPES",
     "GpuCatalog",
+    "efficiency_for",
     "example_cluster_path",
     "gpu_specs",
     "load_catalog",
@@ -156,3 +162,14 @@ def peak_tflops(gpu: GpuSpec, dtype: str) -> float:
         f"GPU type {gpu.name} has no peak_tflops for dtype '{dtype}' "
         f"(it lists {', '.join(sorted(gpu.peak_tflops))})"
     )
+
+
+def efficiency_for(gpu: GpuSpec, dtype: str) -> float:
+    """Fraction of ``peak_tflops(gpu, dtype)`` that training achieves (module docstring)."""
+    if dtype in gpu.efficiency_by_dtype:
+        return gpu.efficiency_by_dtype[dtype]
+    if dtype not in gpu.peak_tflops:
+        fallback = _FALLBACK_DTYPE.get(dtype)
+        if fallback in gpu.efficiency_by_dtype:
+            return gpu.efficiency_by_dtype[fallback]
+    return gpu.efficiency

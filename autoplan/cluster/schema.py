@@ -38,6 +38,12 @@ class GpuSpec(_Strict):
     efficiency: float = Field(
         gt=0, le=1, description="Fraction of peak that large training matmuls achieve."
     )
+    efficiency_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="Measured fraction of that dtype's peak where it differs from `efficiency` "
+        "(e.g. fp32/tf32 from calibration data); autoplan.cluster.catalog.efficiency_for "
+        "picks between them.",
+    )
     datasheet_url: str = Field(default="", description="Where the figures come from.")
 
     @property
