@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
+    "DType",
     "LayerKind",
     "LayerProfile",
     "MeasuredTimes",
@@ -36,7 +37,8 @@ class ModelRef(_Strict):
     """Which model: enough for the runtime to build exactly the model that was profiled."""
 
     name: str = Field(
-        description="A zoo name (see `autoplan models`) or a factory path 'package.module:callable'."
+        description="A zoo name (see `autoplan models`) or a factory path "
+        "'package.module:callable'."
     )
     parameter_count: int = Field(ge=0, description="Total parameters of the whole model.")
     num_layers: int = Field(ge=1, description="Number of entries in `layers` (pipeline units).")
@@ -62,6 +64,18 @@ class TensorParallelProfile(_Strict):
     degree_must_divide: int = Field(
         ge=1,
         description="The tp degree must divide this (gcd of heads, kv heads, ffn size, vocab).",
+    )
+    sharded_forward_flops: int | None = Field(
+        default=None, ge=0, description="Part of `forward_flops` that splits across the tp group."
+    )
+    sharded_backward_flops: int | None = Field(
+        default=None, ge=0, description="Part of `backward_flops` that splits across the tp group."
+    )
+    sharded_forward_bytes_moved: int | None = Field(
+        default=None, ge=0, description="Part of `forward_bytes_moved` that splits across tp."
+    )
+    sharded_backward_bytes_moved: int | None = Field(
+        default=None, ge=0, description="Part of `backward_bytes_moved` that splits across tp."
     )
 
 
@@ -125,6 +139,9 @@ class ProfileTotals(_Strict):
     param_count: int = Field(ge=0)
     param_bytes: int = Field(ge=0)
     saved_activation_bytes: int = Field(ge=0)
+    forward_bytes_moved: int | None = Field(default=None, ge=0)
+    backward_bytes_moved: int | None = Field(default=None, ge=0)
+    selective_recompute_saved_bytes: int | None = Field(default=None, ge=0)
 
 
 class Profile(_Strict):
@@ -146,12 +163,18 @@ class Profile(_Strict):
     method: str = Field(
         description="How figures were obtained, e.g. 'FakeTensorMode + FlopCounterMode'."
     )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What a reader should know: how layers were found, which were replicated.",
+    )
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Profile:
         for position, layer in enumerate(self.layers):
             if layer.index != position:
-                raise ValueError(f"layer {position} has index {layer.index}; indices must be 0..n-1")
+                raise ValueError(
+                    f"layer {position} has index {layer.index}; indices must be 0..n-1"
+                )
             if layer.replica_of is not None and layer.replica_of not in self.profiled_layer_indices:
                 raise ValueError(
                     f"layer {position} replicates layer {layer.replica_of}, which was not profiled"

@@ -1,0 +1,51 @@
+"""Bytes moved per aten op, the memory term of a roofline model.
+
+No PyTorch facility counts memory traffic, so this is a small dispatch mode of our own: each
+aten op that is not a view is charged the bytes of every tensor it reads (its tensor arguments)
+plus every tensor it writes (its outputs). This is the traffic of an unfused execution, an
+upper bound on what a fusing compiler moves; views move nothing and are charged nothing.
+Lookups (embedding, index_select, gather) read only the rows they return, not their whole
+table: they are charged the indices plus twice the output (rows read, rows written).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["BytesMovedMode", "Phase"]
+
+Phase = Literal["forward", "backward"]
+
+_aten = torch.ops.aten
+_LOOKUPS = {_aten.embedding.default, _aten.index_select.default, _aten.gather.default}
+
+
+def _tensor_bytes(tree: Any) -> int:
+    return sum(
+        leaf.numel() * leaf.element_size()
+        for leaf in tree_leaves(tree)
+        if isinstance(leaf, torch.Tensor)
+    )
+
+
+class BytesMovedMode(TorchDispatchMode):
+    """Sums input + output tensor bytes of every non-view aten op, per phase."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase: Phase = "forward"
+        self.bytes_by_phase: dict[Phase, int] = {"forward": 0, "backward": 0}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _LOOKUPS:
+            indices = [arg for arg in args[1:] if isinstance(arg, torch.Tensor)]
+            self.bytes_by_phase[self.phase] += _tensor_bytes(indices) + 2 * _tensor_bytes(out)
+        elif not func.is_view:
+            self.bytes_by_phase[self.phase] += _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+        return out

@@ -1,0 +1,143 @@
+"""``--measure``: time the real layers on the local device (CUDA when present, else CPU).
+
+Only the traced layers are timed (replicas share their times). Each layer is fed an input of
+the shape it sees in the model, run ``warmup`` times untimed, then ``repeats`` times timed; the
+median forward and backward times are kept. Before anything is allocated, the memory the run
+needs is compared with what the device has free, and an InputError refuses a model that does
+not fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from autoplan.errors import InputError
+from autoplan.profile.layers import pipeline_layers
+from autoplan.profile.schema import MeasuredTimes
+from autoplan.profile.tracer import loss_of
+from autoplan.zoo.registry import ModelSpec
+
+__all__ = ["device_name", "free_memory_bytes", "measure_layers"]
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1024**3
+
+
+def _device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def device_name(device: torch.device) -> str:
+    """torch's name for a CUDA device; for the CPU its model name from /proc/cpuinfo."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"cpu: {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return "cpu"
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Free memory of the device: CUDA's free bytes, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise InputError("cannot tell how much memory is free (no MemAvailable in /proc/meminfo)")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_layer(
+    layer: nn.Module,
+    layer_input: torch.Tensor,
+    loss: str | None,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+) -> tuple[float, float]:
+    forward_ms, backward_ms = [], []
+    for run in range(warmup + repeats):
+        leaf = layer_input.detach().requires_grad_(layer_input.is_floating_point())
+        _synchronize(device)
+        start = time.perf_counter()
+        output = layer(leaf)
+        scalar = loss_of(output, loss) if loss else None
+        _synchronize(device)
+        middle = time.perf_counter()
+        if scalar is not None:
+            scalar.backward()
+        else:
+            output.backward(torch.ones_like(output))
+        _synchronize(device)
+        end = time.perf_counter()
+        layer.zero_grad(set_to_none=True)
+        if run >= warmup:
+            forward_ms.append((middle - start) * 1e3)
+            backward_ms.append((end - middle) * 1e3)
+    return statistics.median(forward_ms), statistics.median(backward_ms)
+
+
+def measure_layers(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    dtype: torch.dtype,
+    *,
+    profiled_indices: list[int],
+    needed_bytes: int,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> dict[int, MeasuredTimes]:
+    """Median forward/backward times of the layers at ``profiled_indices`` on the local device.
+
+    ``needed_bytes`` is the profile's estimate of what the run needs; more than 90% of the
+    device's free memory is refused.
+    """
+    device = _device()
+    free = free_memory_bytes(device)
+    if needed_bytes > 0.9 * free:
+        raise InputError(
+            f"--measure: {spec.name} needs about {needed_bytes / _GIB:.1f} GiB on {device.type} "
+            f"(weights + one layer's gradients and activations) but only {free / _GIB:.1f} GiB "
+            "is free; profile without --measure"
+        )
+    model, example = spec.build_with_input(micro_batch_size, seq_len)
+    model = model.to(device=device, dtype=dtype)
+    layers, _ = pipeline_layers(model)
+    items = list(example) if isinstance(example, tuple | list) else [example]
+    hidden = [
+        (t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)) for t in items
+    ]
+    name = device_name(device)
+    measured: dict[int, MeasuredTimes] = {}
+    with torch.no_grad():
+        layer_inputs = []
+        for layer in layers:
+            layer_inputs.append(hidden)
+            hidden = [layer.module(*hidden)]
+    for index in profiled_indices:
+        loss = spec.loss if index == len(layers) - 1 else None
+        (layer_input,) = layer_inputs[index][:1]
+        logger.info("timing layer %d on %s", index, name)
+        forward_ms, backward_ms = _time_layer(
+            layers[index].module, layer_input, loss, device, warmup, repeats
+        )
+        measured[index] = MeasuredTimes(
+            device_name=name, forward_ms=forward_ms, backward_ms=backward_ms, repeats=repeats
+        )
+    return measured
