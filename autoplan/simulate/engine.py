@@ -128,6 +128,7 @@ def simulate_order(
                         track="communication",
                         stage=action.stage,
                         micro_batch=action.micro_batch,
+                        peer_rank=target,
                         start_ms=send_start,
                         end_ms=send_end,
                     )

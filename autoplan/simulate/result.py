@@ -33,6 +33,7 @@ class SimulatedEvent(_Strict):
     )
     stage: int | None = Field(default=None, description="Stage the event belongs to, if one.")
     micro_batch: int | None = Field(default=None, description="Micro-batch, if one.")
+    peer_rank: int | None = Field(default=None, description="Pipeline rank a send goes to.")
     start_ms: float = Field(ge=0)
     end_ms: float = Field(ge=0)
 

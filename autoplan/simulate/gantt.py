@@ -1,0 +1,144 @@
+"""A simulated iteration as a PNG: a Gantt chart of the ranks above their memory curves.
+
+Drawn with matplotlib's object API and the Agg canvas (no pyplot state, no display needed).
+Rows are pipeline ranks; forward, backward, sends and optimizer have their own colours, so the
+pipeline bubble is the white space between bars.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from autoplan.simulate.result import SimulationResult
+
+__all__ = ["CATEGORY_COLOURS", "write_gantt_png"]
+
+CATEGORY_COLOURS = {
+    "forward": "#4C72B0",
+    "backward": "#55A868",
+    "communication": "#C44E52",
+    "optimizer": "#8172B2",
+}
+
+_COMPUTE_HEIGHT = 0.62
+_COMM_HEIGHT = 0.18
+
+
+def _memory_unit(peak_bytes: int) -> tuple[float, str]:
+    if peak_bytes >= 2**30:
+        return 2**30, "GiB"
+    if peak_bytes >= 2**20:
+        return 2**20, "MiB"
+    return 1.0, "bytes"
+
+
+def write_gantt_png(
+    path: str | Path, result: SimulationResult, title: str = "", dpi: int = 110
+) -> None:
+    """Draw ``result`` to ``path`` as a PNG."""
+    ranks = result.ranks
+    height = 2.2 + 0.55 * len(ranks) + 2.2
+    figure = Figure(figsize=(13, height), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(figure)
+    gantt, memory_axes = figure.subplots(
+        2, 1, sharex=True, gridspec_kw={"height_ratios": [max(len(ranks), 2), 2.2]}
+    )
+    end_ms = result.iteration_time_ms or 1.0
+    min_label_ms = end_ms / 90  # label a bar with its micro-batch only where the text fits
+
+    for rank in ranks:
+        row = rank.pipeline_rank
+        for category in CATEGORY_COLOURS:
+            on_compute = [e for e in rank.events if e.category == category and e.track == "compute"]
+            if on_compute:
+                gantt.broken_barh(
+                    [(e.start_ms, e.duration_ms) for e in on_compute],
+                    (row - _COMPUTE_HEIGHT / 2, _COMPUTE_HEIGHT),
+                    facecolors=CATEGORY_COLOURS[category],
+                    edgecolor="white",
+                    linewidth=0.4,
+                )
+        sends = [e for e in rank.events if e.track == "communication"]
+        if sends:
+            gantt.broken_barh(
+                [(e.start_ms, e.duration_ms) for e in sends],
+                (row + _COMPUTE_HEIGHT / 2 + 0.02, _COMM_HEIGHT),
+                facecolors=CATEGORY_COLOURS["communication"],
+            )
+        for event in rank.events:
+            if event.track != "compute" or event.duration_ms < min_label_ms:
+                continue
+            label = "opt" if event.micro_batch is None else str(event.micro_batch)
+            if result.virtual_stages_per_rank > 1 and event.stage is not None:
+                label = (
+                    f"{label}\ns{event.stage}" if event.duration_ms > 2 * min_label_ms else label
+                )
+            gantt.text(
+                event.start_ms + event.duration_ms / 2,
+                row,
+                label,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
+    gantt.set_yticks(
+        [rank.pipeline_rank for rank in ranks],
+        [f"rank {rank.pipeline_rank}\n{rank.gpu_type}" for rank in ranks],
+    )
+    gantt.set_ylim(len(ranks) - 0.4, -0.6)
+    gantt.set_xlim(0, end_ms * 1.01)
+    gantt.grid(axis="x", alpha=0.3)
+    predicted = result.predicted_iteration_time_ms
+    summary = (
+        f"{result.schedule}  pp={result.pipeline_degree}  v={result.virtual_stages_per_rank}  "
+        f"m={result.num_micro_batches}  ·  simulated {result.iteration_time_ms:.2f} ms"
+        + (f" (plan predicts {predicted:.2f} ms)" if predicted is not None else "")
+        + f"  ·  bubble {result.bubble_fraction:.0%}"
+    )
+    gantt.set_title(f"{title}\n{summary}" if title else summary, fontsize=10, loc="left")
+    gantt.tick_params(labelbottom=False)
+    gantt.legend(
+        handles=[
+            Patch(color=colour, label="dp all-reduce / send" if name == "communication" else name)
+            for name, colour in CATEGORY_COLOURS.items()
+        ],
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+        ncols=4,
+        frameon=False,
+    )
+
+    scale, unit = _memory_unit(max((rank.peak_bytes for rank in ranks), default=0))
+    for rank in ranks:
+        times = [point.time_ms for point in rank.memory] + [end_ms]
+        levels = [point.allocated_bytes / scale for point in rank.memory]
+        levels.append(levels[-1])
+        capacity = f" of {rank.capacity_bytes / 2**30:.0f} GiB" if rank.capacity_bytes else ""
+        memory_axes.step(
+            times,
+            levels,
+            where="post",
+            linewidth=1.2,
+            label=f"rank {rank.pipeline_rank}: peak {rank.peak_bytes / scale:.2f} {unit}{capacity}",
+        )
+    memory_axes.set_ylabel(f"memory per GPU ({unit})")
+    memory_axes.set_xlabel("time (ms)")
+    memory_axes.set_ylim(bottom=0)
+    memory_axes.grid(alpha=0.3)
+    memory_axes.legend(
+        fontsize=8,
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncols=min(len(ranks), 4),
+        frameon=False,
+    )
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
