@@ -1,0 +1,86 @@
+"""Device classes: the cluster's node groups merged where they are interchangeable.
+
+A stage runs on dp × tp GPUs of one class. Node groups with the same GPU type, GPUs per node
+and intra-node link are one class (the planner cannot tell their nodes apart, so it need not
+search over them separately).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cluster.schema import Cluster, GpuSpec
+
+__all__ = ["DeviceClass", "device_classes", "link_between"]
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """Interchangeable nodes: ``num_nodes`` nodes of ``gpus_per_node`` GPUs of ``gpu``."""
+
+    index: int
+    gpu: GpuSpec
+    groups: tuple[str, ...]
+    gpus_per_node: int
+    num_nodes: int
+    intra_node_bandwidth_gb_per_s: float
+    intra_node_latency_us: float
+    inter_node_bandwidth_gb_per_s: float
+    inter_node_latency_us: float
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+    @property
+    def label(self) -> str:
+        return "+".join(self.groups)
+
+    def group_link(self, group_gpus: int) -> tuple[float, float]:
+        """(bandwidth GB/s, latency us) of the slowest link a group of ``group_gpus``
+        consecutive GPUs of this class spans: inside one node if it fits, else between nodes."""
+        if group_gpus <= self.gpus_per_node:
+            return self.intra_node_bandwidth_gb_per_s, self.intra_node_latency_us
+        return self.inter_node_bandwidth_gb_per_s, self.inter_node_latency_us
+
+
+def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceClass]:
+    """The cluster's device classes, in order of first appearance in the file."""
+    merged: dict[tuple[str, int, float, float], list] = {}
+    for group in cluster.node_groups:
+        key = (
+            group.gpu,
+            group.gpus_per_node,
+            group.intra_node_bandwidth_gb_per_s,
+            group.intra_node_latency_us,
+        )
+        merged.setdefault(key, []).append(group)
+    classes = []
+    for index, ((gpu, gpn, bw, lat), groups) in enumerate(merged.items()):
+        names = tuple(group.name for group in groups)
+        classes.append(
+            DeviceClass(
+                index=index,
+                gpu=specs[gpu],
+                groups=names,
+                gpus_per_node=gpn,
+                num_nodes=sum(group.count for group in groups),
+                intra_node_bandwidth_gb_per_s=bw,
+                intra_node_latency_us=lat,
+                inter_node_bandwidth_gb_per_s=cluster.inter_node_bandwidth(set(names)),
+                inter_node_latency_us=cluster.inter_node_latency_us,
+            )
+        )
+    return classes
+
+
+def link_between(
+    cluster: Cluster, first: DeviceClass, second: DeviceClass, group_gpus: int
+) -> tuple[float, float]:
+    """(bandwidth GB/s, latency us) between consecutive pipeline ranks of ``group_gpus`` GPUs
+    each: inside one node when both are of one class and two groups fit in a node (the rank
+    convention puts consecutive pipeline ranks on consecutive GPUs), else between nodes."""
+    if first.index == second.index and 2 * group_gpus <= first.gpus_per_node:
+        return first.intra_node_bandwidth_gb_per_s, first.intra_node_latency_us
+    bandwidth = cluster.inter_node_bandwidth(set(first.groups) | set(second.groups))
+    return bandwidth, cluster.inter_node_latency_us

@@ -1,0 +1,122 @@
+"""``solve``: profile + cluster + global batch → the best executable Plan.
+
+Public API: ``SolveOptions`` and ``solve``. The search is in ``autoplan.solve.search``, the
+cost model in ``autoplan.cost``, the algorithms in ``solvers``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from autoplan.cluster.catalog import gpu_specs
+from autoplan.cluster.schema import Cluster
+from autoplan.cost.model import CostModel
+from autoplan.errors import InfeasibleError, InputError
+from autoplan.plan.emit import emit_plan
+from autoplan.plan.schema import Plan, PlanInputs
+from autoplan.profile.schema import Profile
+from autoplan.solve.baselines import equal_share_candidates, megatron_search
+from autoplan.solve.diagnose import explain_infeasible
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.search import Candidate, SearchResult, search
+
+__all__ = ["SolveOptions", "cost_model", "solve", "solve_candidates"]
+
+logger = logging.getLogger(__name__)
+
+
+def cost_model(profile: Profile, cluster: Cluster, options: SolveOptions) -> CostModel:
+    """The cost model of ``profile`` on ``cluster`` with the options' efficiency overrides."""
+    specs = gpu_specs(cluster)
+    unknown = sorted(set(options.efficiency) - set(specs))
+    if unknown:
+        raise InputError(f"efficiency given for unknown GPU types {unknown}")
+    for name, value in options.efficiency.items():
+        if not 0 < value <= 1:
+            raise InputError(f"efficiency of {name} must be in (0, 1]; got {value}")
+    return CostModel(profile, cluster, specs, efficiency=options.efficiency)
+
+
+def _check_options(profile: Profile, global_batch_size: int, options: SolveOptions) -> None:
+    layers = len(profile.layers)
+    if global_batch_size < 1:
+        raise InputError(f"global batch size must be >= 1; got {global_batch_size}")
+    if options.layer_split is not None:
+        if sum(options.layer_split) != layers or min(options.layer_split) < 1:
+            raise InputError(
+                f"--layer-split {options.layer_split} must be positive and add up to the "
+                f"model's {layers} layers"
+            )
+        if options.pp is not None and options.pp != len(options.layer_split):
+            raise InputError(
+                f"--pp {options.pp} disagrees with --layer-split of {len(options.layer_split)} "
+                "stages"
+            )
+
+
+def solve_candidates(
+    model: CostModel,
+    global_batch_size: int,
+    options: SolveOptions,
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
+    """The ranked candidates of the options' strategy (best first); no plan is built."""
+    if options.strategy == "megatron":
+        return megatron_search(model, global_batch_size, options)
+    result = search(model, global_batch_size, options, progress)
+    if options.strategy == "data-parallel":
+        extra = equal_share_candidates(model, global_batch_size, options)
+        merged = sorted(result.candidates + extra, key=lambda c: c.iteration_ms)
+        result = SearchResult(
+            merged[: options.top_k + 1],
+            result.configs_considered,
+            result.partitions_solved,
+            result.timed_out,
+        )
+    return result
+
+
+def solve(
+    profile: Profile,
+    cluster: Cluster,
+    global_batch_size: int,
+    options: SolveOptions,
+    *,
+    profile_sha256: str = "",
+    progress: Callable[[int, int], None] | None = None,
+) -> Plan:
+    """The best plan under ``options`` (pinned knobs restrict the search).
+
+    Raises InfeasibleError naming the binding constraint when no plan exists.
+    """
+    _check_options(profile, global_batch_size, options)
+    model = cost_model(profile, cluster, options)
+    result = solve_candidates(model, global_batch_size, options, progress)
+    feasible: list[Candidate] = [c for c in result.candidates if c.cost.feasible]
+    if not result.candidates:
+        raise InfeasibleError(explain_infeasible(model, global_batch_size, options))
+    if not feasible:
+        best = result.candidates[0]
+        logger.warning("the %s plan does not fit: %s", options.strategy, best.cost.violations[0])
+        feasible = result.candidates
+    best, runners = feasible[0], feasible[1 : options.top_k + 1]
+    inputs = PlanInputs(
+        model=profile.model,
+        profile_sha256=profile_sha256,
+        seq_len=profile.seq_len,
+        dtype=profile.dtype,
+        cluster=cluster,
+        global_batch_size=global_batch_size,
+        strategy=options.strategy,
+        pinned=options.pinned(),
+    )
+    placement = "file_order" if options.strategy == "megatron" else "by_class"
+    return emit_plan(
+        model,
+        best.config,
+        best.cost,
+        inputs,
+        [(c.config, c.cost) for c in runners],
+        placement=placement,
+    )

@@ -1,0 +1,140 @@
+"""Baseline strategies, costed with the true (heterogeneous) cost model.
+
+- ``megatron``: a grid search that sees every GPU as the slowest type (least compute, least
+  memory, slowest links) on one homogeneous pool, with even layer splits; its ranks are then
+  placed on the real nodes in file order, as a heterogeneity-blind launcher would.
+- ``even-split`` and ``data-parallel`` are restrictions of the main search (``search``).
+- ``data-parallel`` also tries plain DDP over every GPU of every class with equal shares.
+"""
+
+from __future__ import annotations
+
+from autoplan.cluster.catalog import peak_tflops
+from autoplan.cluster.schema import Cluster, GpuSpec, NodeGroup
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.model import CostModel
+from autoplan.plan.emit import place
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.search import Candidate, SearchResult, search, share_sizes
+from autoplan.solve.space import divisors, recompute_modes
+
+__all__ = ["blind_model", "equal_share_candidates", "megatron_search"]
+
+
+def blind_model(model: CostModel, efficiency: dict[str, float]) -> CostModel:
+    """The cluster as a heterogeneity-blind planner sees it: one pool of the slowest GPU."""
+    dtype = model.profile.dtype
+    gpus = [c.gpu for c in model.classes]
+    slowest = min(gpus, key=lambda g: (peak_tflops(g, dtype) * g.efficiency, g.name))
+    blind = GpuSpec(
+        name=f"blind-{slowest.name}",
+        memory_gib=min(g.memory_gib for g in gpus),
+        memory_bandwidth_gb_per_s=min(g.memory_bandwidth_gb_per_s for g in gpus),
+        peak_tflops={dtype: peak_tflops(slowest, dtype)},
+        efficiency=slowest.efficiency,
+        datasheet_url="derived: the slowest GPU type of the cluster",
+    )
+    gpn = min(c.gpus_per_node for c in model.classes)
+    total = model.cluster.total_gpus()
+    cluster = Cluster(
+        name=f"{model.cluster.name}-blind",
+        gpu_types=[blind],
+        node_groups=[
+            NodeGroup(
+                name="pool",
+                gpu=blind.name,
+                gpus_per_node=gpn,
+                count=max(1, total // gpn),
+                intra_node_bandwidth_gb_per_s=min(
+                    c.intra_node_bandwidth_gb_per_s for c in model.classes
+                ),
+                intra_node_latency_us=max(c.intra_node_latency_us for c in model.classes),
+            )
+        ],
+        inter_node_bandwidth_gb_per_s=min(c.inter_node_bandwidth_gb_per_s for c in model.classes),
+        inter_node_latency_us=model.cluster.inter_node_latency_us,
+    )
+    return CostModel(model.profile, cluster, {blind.name: blind}, efficiency=None)
+
+
+def megatron_search(model: CostModel, batch: int, options: SolveOptions) -> SearchResult:
+    """Search as if homogeneous, then place in file order and cost on the real cluster."""
+    blind = blind_model(model, options.efficiency)
+    blind_options = options.model_copy(update={"strategy": "even-split"})
+    found = search(blind, batch, blind_options)
+    real = []
+    for candidate in found.candidates:
+        config = _on_real_nodes(model, candidate.config)
+        if config is None:
+            continue
+        cost = model.evaluate(config)
+        real.append(Candidate(cost.iteration_ms, config, cost))
+    real.sort(key=lambda c: (not c.cost.feasible, c.iteration_ms))
+    return SearchResult(real, found.configs_considered, found.partitions_solved, found.timed_out)
+
+
+def _on_real_nodes(model: CostModel, config: PlanConfig) -> PlanConfig | None:
+    """The blind config with each rank's class = the slowest class its file-order GPUs use."""
+    try:
+        slices = place(model, config, "file_order")
+    except ValueError:
+        return None
+    dtype = model.profile.dtype
+    rank_class = []
+    for rank_slices in slices:
+        names = {piece.node.group for piece in rank_slices}
+        classes = [c for c in model.classes if set(c.groups) & names]
+        slowest = min(
+            classes, key=lambda c: (peak_tflops(c.gpu, dtype) * c.gpu.efficiency, c.index)
+        )
+        rank_class.append(slowest.index)
+    pp = config.pipeline_degree
+    stages = tuple(
+        StageChoice(s.layer_start, s.layer_end, rank_class[i % pp], s.recompute)
+        for i, s in enumerate(config.stages)
+    )
+    return PlanConfig(
+        config.tp,
+        config.dp,
+        config.micro_batch_size,
+        config.num_micro_batches,
+        config.schedule,
+        config.chunks,
+        config.zero1,
+        stages,
+    )
+
+
+def equal_share_candidates(model: CostModel, batch: int, options: SolveOptions) -> list[Candidate]:
+    """Plain DDP over every GPU of every class (tp = 1), equal micro-batches."""
+    total = sum(c.total_gpus for c in model.classes)
+    if len(model.classes) < 2 or batch % total:
+        return []
+    modes = recompute_modes(options)
+    zero1 = total > 1 and options.zero1 is not False
+    out = []
+    for m in divisors(batch // total):
+        b = batch // (m * total)
+        groups = []
+        for c in model.classes:
+            sizes = share_sizes(model, 1, total, zero1, c.index, b, modes)
+            if b not in sizes:
+                break
+            groups.append(ReplicaGroup(c.index, c.total_gpus, b, sizes[b][2]))
+        else:
+            config = PlanConfig(
+                1,
+                total,
+                b,
+                m,
+                "1f1b",
+                1,
+                zero1,
+                (StageChoice(0, model.num_layers, groups[0].device_class, groups[0].recompute),),
+                tuple(groups),
+            )
+            cost = model.evaluate(config)
+            if cost.feasible:
+                out.append(Candidate(cost.iteration_ms, config, cost))
+    out.sort(key=lambda c: (c.iteration_ms, c.config.num_micro_batches))
+    return out[:1] if out else []

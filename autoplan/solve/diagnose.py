@@ -1,0 +1,66 @@
+"""Why no plan exists: the binding constraint, with numbers."""
+
+from __future__ import annotations
+
+from autoplan.cost.model import CostModel
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.space import divisors, tp_choices
+
+__all__ = ["explain_infeasible"]
+
+
+def _gb(value: float) -> str:
+    return f"{value / 1e12:.2f} TB" if value >= 1e12 else f"{value / 1e9:.1f} GB"
+
+
+def explain_infeasible(model: CostModel, batch: int, options: SolveOptions) -> str:
+    """One line naming the constraint that leaves no plan (GPU count, divisibility, memory)."""
+    gpus = model.cluster.total_gpus()
+    if options.tp is not None and not tp_choices(model, options):
+        limits = sorted(
+            {
+                layer.tensor_parallel.degree_must_divide
+                for layer in model.profile.layers
+                if layer.tensor_parallel is not None
+            }
+        )
+        per_node = sorted({c.gpus_per_node for c in model.classes})
+        return (
+            f"tp={options.tp} must divide the layers' tensor-parallel limit {limits or [1]} "
+            f"and the GPUs per node {per_node}"
+        )
+    if options.dp is not None and batch % options.dp:
+        return f"dp={options.dp} does not divide the global batch {batch}"
+    asked = 1
+    for value in (options.tp, options.dp, options.pp):
+        asked *= value or 1
+    if asked > gpus:
+        return f"pp × dp × tp = {asked} GPUs asked; the cluster has {gpus}"
+    if options.micro_batch_size is not None:
+        dps = [options.dp] if options.dp else divisors(batch)
+        if not any(batch % (dp * options.micro_batch_size) == 0 for dp in dps):
+            return (
+                f"micro-batch size {options.micro_batch_size} × dp does not divide the "
+                f"global batch {batch}"
+            )
+    params = sum(layer.param_count for layer in model.profile.layers)
+    static = params * (2 * model.dtype_bytes + model.optimizer_bytes_per_param)
+    memory = sum(c.gpu.memory_bytes * c.total_gpus for c in model.classes)
+    if static > memory:
+        return (
+            f"weights, gradients and optimizer states need {_gb(static)}; "
+            f"the cluster has {_gb(memory)}"
+        )
+    largest = max(c.gpu.memory_bytes for c in model.classes)
+    biggest_layer = max(
+        model.tables(c.index, 1, 1).layers[i].params_per_gpu
+        for c in model.classes
+        for i in range(model.num_layers)
+    )
+    pinned = options.pinned()
+    knobs = f" with {pinned}" if pinned else ""
+    return (
+        f"no configuration{knobs} fits in memory: the cluster has {gpus} GPUs of at most "
+        f"{_gb(largest)}; the model needs {_gb(static)} for weights, gradients and optimizer "
+        f"states (largest layer {biggest_layer / 1e6:.0f} M parameters) plus activations"
+    )

@@ -1,0 +1,136 @@
+"""Exact dynamic programming over contiguous layer partitions of a pipeline.
+
+Problem. Split layers 0..L-1 into p contiguous, non-empty stages (stage s = layers
+[b_s, b_{s+1}), b_0 = 0, b_p = L). Stage s on layers [i, j) has a per-micro-batch time
+c_s(i, j) and a tail t_s(i, j) (work after the last backward: exposed gradient all-reduce,
+optimizer step), or is infeasible (does not fit in memory). Minimise
+
+    F = (m - 1) · max_s c_s + Σ_s c_s + max_s t_s
+
+the 1F1B / GPipe iteration time with m micro-batches plus the slowest tail.
+
+Method. F is nondecreasing in each of (M, S, U) = (max c, Σ c, max t) and what later stages
+add depends only on where the prefix ends, so for every (stages placed s, layers covered i) it
+suffices to keep the Pareto front of (M, S, U) over partial partitions: a dominated triple can
+never end better. The answer is the best F on the front at (p, L). Optional pruning by an
+upper bound u: a partial triple with (m-1)·M + S + U >= u cannot beat u (F only grows).
+
+The stage-cost callback may signal that stage s from i is infeasible for every end >= j by
+returning None at j (memory only grows with more layers); the DP then stops extending i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["PartitionResult", "StageCost", "best_partition", "pipeline_objective"]
+
+# (time per micro-batch, tail) of stage s on layers [i, j), or None if it does not fit; None
+# at j promises None at every larger j (so the search stops there).
+StageCost = Callable[[int, int, int], tuple[float, float] | None]
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """The best split: ``boundaries`` = [0, b_1, ..., L]; ``objective`` = F."""
+
+    boundaries: tuple[int, ...]
+    objective: float
+    max_stage_ms: float
+    sum_stage_ms: float
+    max_tail_ms: float
+
+
+def pipeline_objective(max_stage: float, sum_stage: float, max_tail: float, m: int) -> float:
+    """F = (m - 1) · max + sum + tail (module docstring)."""
+    return (m - 1) * max_stage + sum_stage + max_tail
+
+
+@dataclass
+class _Entry:
+    max_stage: float
+    sum_stage: float
+    max_tail: float
+    previous: _Entry | None
+    end: int
+
+
+def _insert(front: list[_Entry], new: _Entry) -> None:
+    for old in front:
+        if (
+            old.max_stage <= new.max_stage
+            and old.sum_stage <= new.sum_stage
+            and old.max_tail <= new.max_tail
+        ):
+            return
+    front[:] = [
+        old
+        for old in front
+        if not (
+            new.max_stage <= old.max_stage
+            and new.sum_stage <= old.sum_stage
+            and new.max_tail <= old.max_tail
+        )
+    ]
+    front.append(new)
+
+
+def best_partition(
+    num_layers: int,
+    num_stages: int,
+    num_micro_batches: int,
+    stage_cost: StageCost,
+    upper_bound: float = float("inf"),
+) -> PartitionResult | None:
+    """The partition minimising F, or None when none is feasible (or none beats
+    ``upper_bound``). Ties keep the first found, scanning ends in increasing order, so the
+    answer is deterministic."""
+    m = num_micro_batches
+    if num_stages > num_layers or num_stages < 1:
+        return None
+    fronts: list[dict[int, list[_Entry]]] = [{0: [_Entry(0.0, 0.0, 0.0, None, 0)]}]
+    for s in range(num_stages):
+        last = s == num_stages - 1
+        nxt: dict[int, list[_Entry]] = {}
+        max_end = num_layers - (num_stages - s - 1)
+        for i in sorted(fronts[s]):
+            front = fronts[s][i]
+            ends = [num_layers] if last else range(i + 1, max_end + 1)
+            for j in ends:
+                cost = stage_cost(s, i, j)
+                if cost is None:
+                    break
+                c, t = cost
+                for entry in front:
+                    new = _Entry(
+                        max(entry.max_stage, c),
+                        entry.sum_stage + c,
+                        max(entry.max_tail, t),
+                        entry,
+                        j,
+                    )
+                    bound = pipeline_objective(new.max_stage, new.sum_stage, new.max_tail, m)
+                    if bound >= upper_bound:
+                        continue
+                    _insert(nxt.setdefault(j, []), new)
+        fronts.append(nxt)
+    final = fronts[num_stages].get(num_layers, [])
+    if not final:
+        return None
+    best = min(
+        final,
+        key=lambda e: pipeline_objective(e.max_stage, e.sum_stage, e.max_tail, m),
+    )
+    boundaries = []
+    entry: _Entry | None = best
+    while entry is not None:
+        boundaries.append(entry.end)
+        entry = entry.previous
+    return PartitionResult(
+        boundaries=tuple(reversed(boundaries)),
+        objective=pipeline_objective(best.max_stage, best.sum_stage, best.max_tail, m),
+        max_stage_ms=best.max_stage,
+        sum_stage_ms=best.sum_stage,
+        max_tail_ms=best.max_tail,
+    )

@@ -1,0 +1,192 @@
+r"""Uneven data-parallel shares across GPU classes: an integer program (HAP-style).
+
+A single-stage plan replicates the whole model on ``n_k`` replicas of each class k. Each
+iteration runs m micro-batches; a replica of class k takes b_k samples per micro-batch, so
+that m · Σ_k n_k b_k = B (the global batch). A faster class takes a larger share.
+
+Data: candidate micro-batch counts M (divisors of B); for each m ∈ M and class k the allowed
+sizes b ∈ S_{m,k} (they fit in memory), with per-micro-batch time τ_k(b) and backward time
+β_k(b); the gradient all-reduce time A and the optimizer step O (independent of the shares).
+
+Variables: w_m ∈ {0,1} (m is chosen), x_{m,k,b} ∈ {0,1} (class k uses b under m),
+T ≥ 0 (compute time of the iteration), E ≥ 0 (all-reduce time not hidden).
+
+    minimise    T + E + O
+    subject to  Σ_m w_m = 1                                     (one_micro_batch_count)
+                Σ_b x_{m,k,b} = w_m                    ∀ m, k   (one_size_per_class)
+                Σ_k n_k Σ_b b · x_{m,k,b} = (B / m) · w_m  ∀ m   (global_batch)
+                T ≥ m · Σ_b τ_k(b) · x_{m,k,b}          ∀ m, k   (slowest_replica)
+                E ≥ A − Σ_m Σ_b β_k(b) · x_{m,k,b}       ∀ k      (exposed_allreduce)
+
+The all-reduce can hide behind the last backward of the replica that finishes it first
+(the shortest backward), hence the per-class E constraints. Solved with CBC (HiGHS when
+highspy is installed) under a time limit; the answer is re-checked against the constraints
+and its objective recomputed from the chosen sizes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import pulp
+
+__all__ = ["ShareClass", "ShareProblem", "ShareSolution", "share_objective", "solve_shares"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShareClass:
+    """One class's replicas and, per allowed micro-batch size, (time, backward) in ms."""
+
+    replicas: int
+    sizes: dict[int, tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class ShareProblem:
+    """See the module docstring; ``micro_batch_counts`` are the candidate m."""
+
+    global_batch: int
+    micro_batch_counts: tuple[int, ...]
+    classes: tuple[ShareClass, ...]
+    allreduce_ms: float
+    optimizer_ms: float
+
+
+@dataclass(frozen=True)
+class ShareSolution:
+    """The chosen m and per-class micro-batch sizes, and the objective (ms)."""
+
+    num_micro_batches: int
+    sizes: tuple[int, ...]
+    objective: float
+
+
+def share_objective(problem: ShareProblem, m: int, sizes: tuple[int, ...]) -> float:
+    """The objective of a given choice, computed directly (used to re-check the ILP)."""
+    times = [c.sizes[b][0] for c, b in zip(problem.classes, sizes, strict=True)]
+    backwards = [c.sizes[b][1] for c, b in zip(problem.classes, sizes, strict=True)]
+    exposed = max(0.0, problem.allreduce_ms - min(backwards))
+    return m * max(times) + exposed + problem.optimizer_ms
+
+
+class _ShareModel:
+    """The PuLP model, one method per constraint family."""
+
+    def __init__(self, problem: ShareProblem) -> None:
+        self.p = problem
+        self.lp = pulp.LpProblem("uneven_shares", pulp.LpMinimize)
+        self.counts = [
+            m
+            for m in problem.micro_batch_counts
+            if problem.global_batch % m == 0
+            and all(
+                any(b * c.replicas <= problem.global_batch // m for b in c.sizes)
+                for c in problem.classes
+            )
+        ]
+        self.w = {m: pulp.LpVariable(f"w_{m}", cat=pulp.LpBinary) for m in self.counts}
+        self.x = {
+            (m, k, b): pulp.LpVariable(f"x_{m}_{k}_{b}", cat=pulp.LpBinary)
+            for m in self.counts
+            for k, c in enumerate(problem.classes)
+            for b in sorted(c.sizes)
+            if b * c.replicas <= problem.global_batch // m
+        }
+        self.t = pulp.LpVariable("T", lowBound=0)
+        self.e = pulp.LpVariable("E", lowBound=0)
+        self.lp += self.t + self.e + problem.optimizer_ms, "iteration_time"
+
+    def _sizes(self, m: int, k: int) -> list[int]:
+        return [b for (mm, kk, b) in self.x if mm == m and kk == k]
+
+    def add_one_micro_batch_count_constraints(self) -> None:
+        self.lp += pulp.lpSum(self.w.values()) == 1, "one_micro_batch_count"
+
+    def add_one_size_per_class_constraints(self) -> None:
+        for m in self.counts:
+            for k in range(len(self.p.classes)):
+                self.lp += (
+                    pulp.lpSum(self.x[m, k, b] for b in self._sizes(m, k)) == self.w[m],
+                    f"one_size_per_class_m{m}_k{k}",
+                )
+
+    def add_global_batch_constraints(self) -> None:
+        for m in self.counts:
+            self.lp += (
+                pulp.lpSum(
+                    c.replicas * b * self.x[m, k, b]
+                    for k, c in enumerate(self.p.classes)
+                    for b in self._sizes(m, k)
+                )
+                == (self.p.global_batch // m) * self.w[m],
+                f"global_batch_m{m}",
+            )
+
+    def add_slowest_replica_constraints(self) -> None:
+        for m in self.counts:
+            for k, c in enumerate(self.p.classes):
+                self.lp += (
+                    self.t
+                    >= pulp.lpSum(m * c.sizes[b][0] * self.x[m, k, b] for b in self._sizes(m, k)),
+                    f"slowest_replica_m{m}_k{k}",
+                )
+
+    def add_exposed_allreduce_constraints(self) -> None:
+        for k, c in enumerate(self.p.classes):
+            self.lp += (
+                self.e
+                >= self.p.allreduce_ms
+                - pulp.lpSum(
+                    c.sizes[b][1] * self.x[m, k, b] for m in self.counts for b in self._sizes(m, k)
+                ),
+                f"exposed_allreduce_k{k}",
+            )
+
+    def solve(self, time_limit_s: float) -> ShareSolution | None:
+        if not self.counts:
+            return None
+        self.add_one_micro_batch_count_constraints()
+        self.add_one_size_per_class_constraints()
+        self.add_global_batch_constraints()
+        self.add_slowest_replica_constraints()
+        self.add_exposed_allreduce_constraints()
+        solver = _solver(time_limit_s)
+        status = self.lp.solve(solver)
+        if status != pulp.LpStatusOptimal:
+            logger.info("share ILP: %s", pulp.LpStatus[status])
+            return None
+        return self._checked_solution()
+
+    def _checked_solution(self) -> ShareSolution:
+        chosen_m = [m for m in self.counts if (self.w[m].value() or 0) > 0.5]
+        if len(chosen_m) != 1:
+            raise RuntimeError(f"share ILP chose {len(chosen_m)} micro-batch counts")
+        m = chosen_m[0]
+        sizes = []
+        for k in range(len(self.p.classes)):
+            picked = [b for b in self._sizes(m, k) if (self.x[m, k, b].value() or 0) > 0.5]
+            if len(picked) != 1:
+                raise RuntimeError(f"share ILP chose {len(picked)} sizes for class {k}")
+            sizes.append(picked[0])
+        total = m * sum(c.replicas * b for c, b in zip(self.p.classes, sizes, strict=True))
+        if total != self.p.global_batch:
+            raise RuntimeError(f"share ILP covers {total} samples, not {self.p.global_batch}")
+        objective = share_objective(self.p, m, tuple(sizes))
+        reported = pulp.value(self.lp.objective)
+        if abs(objective - reported) > 1e-6 * max(1.0, abs(objective)):
+            raise RuntimeError(f"share ILP objective {reported} != recomputed {objective}")
+        return ShareSolution(num_micro_batches=m, sizes=tuple(sizes), objective=objective)
+
+
+def _solver(time_limit_s: float) -> pulp.LpSolver:
+    if "HiGHS" in pulp.listSolvers(onlyAvailable=True):
+        return pulp.HiGHS(msg=False, timeLimit=time_limit_s)
+    return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
+
+
+def solve_shares(problem: ShareProblem, time_limit_s: float = 10.0) -> ShareSolution | None:
+    """The best m and per-class micro-batch sizes, or None if no choice covers the batch."""
+    return _ShareModel(problem).solve(time_limit_s)

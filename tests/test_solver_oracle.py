@@ -1,0 +1,232 @@
+"""Oracle tests: on hundreds of random small instances the solver's best equals brute force.
+
+The brute force here enumerates the search space (``autoplan.solve.space``) directly: every
+tp, dp, micro-batch size, pp, schedule (GPipe included even where 1F1B exists), ZeRO-1 on and
+off, every class sequence (generated as all sequences, then filtered), every layer split and
+every recompute per stage, each costed by ``CostModel.evaluate`` (the layer-by-layer path,
+not the prefix sums the solver uses). The solver's dominance rules and pruning must not lose
+the optimum.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.solve import SolveOptions, cost_model, solve_candidates
+from autoplan.solve.space import (
+    MAX_SHARE_MICRO_BATCH,
+    class_caps,
+    divisors,
+    even_split,
+    micro_batch_choices,
+    pipeline_degrees,
+    schedules,
+    tp_choices,
+)
+from solvers.oracle import compositions, oracle_partition, oracle_shares
+from solvers.partition_dp import best_partition
+from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
+from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
+
+MODES = ("none", "selective", "full")
+
+
+def _contiguous(seq: tuple[int, ...]) -> bool:
+    seen = []
+    for k in seq:
+        if seen and seen[-1] == k:
+            continue
+        if k in seen:
+            return False
+        seen.append(k)
+    return True
+
+
+def brute_force(model, batch: int, options: SolveOptions) -> float:
+    best = math.inf
+    n = model.num_layers
+    for tp in tp_choices(model, options):
+        for dp in divisors(batch):
+            caps = class_caps(model, tp, dp)
+            for zero1 in [False, True] if dp > 1 else [False]:
+                for mbs in micro_batch_choices(batch // dp, options):
+                    m = batch // (dp * mbs)
+                    for pp in pipeline_degrees(n, options):
+                        for schedule, v in schedules(pp, m, n, options):
+                            for seq in itertools.product(range(len(model.classes)), repeat=pp):
+                                if not _contiguous(seq) or any(
+                                    seq.count(k) > caps[k] for k in set(seq)
+                                ):
+                                    continue
+                                splits = compositions(n, pp) if v == 1 else [even_split(n, pp * v)]
+                                for sizes in splits:
+                                    bounds = [0, *itertools.accumulate(sizes)]
+                                    for modes in itertools.product(MODES, repeat=pp):
+                                        stages = tuple(
+                                            StageChoice(
+                                                bounds[s],
+                                                bounds[s + 1],
+                                                seq[s % pp],
+                                                modes[s % pp],
+                                            )
+                                            for s in range(pp * v)
+                                        )
+                                        cost = model.evaluate(
+                                            PlanConfig(tp, dp, mbs, m, schedule, v, zero1, stages)
+                                        )
+                                        if cost.feasible:
+                                            best = min(best, cost.iteration_ms)
+        best = min(best, _brute_force_shared(model, batch, tp))
+    return best
+
+
+def _brute_force_shared(model, batch: int, tp: int) -> float:
+    best = math.inf
+    usable = [c.index for c in model.classes if c.gpus_per_node % tp == 0]
+    for size in range(2, len(usable) + 1):
+        for subset in itertools.combinations(usable, size):
+            replicas = [model.classes[k].total_gpus // tp for k in subset]
+            dp = sum(replicas)
+            for m in divisors(batch):
+                per_micro = batch // m
+                ranges = [range(1, min(MAX_SHARE_MICRO_BATCH, per_micro) + 1) for _ in subset]
+                for sizes in itertools.product(*ranges):
+                    if sum(r * b for r, b in zip(replicas, sizes, strict=True)) != per_micro:
+                        continue
+                    for modes in itertools.product(MODES, repeat=len(subset)):
+                        groups = tuple(
+                            ReplicaGroup(k, r, b, mode)
+                            for k, r, b, mode in zip(subset, replicas, sizes, modes, strict=True)
+                        )
+                        for zero1 in [False, True]:
+                            config = PlanConfig(
+                                tp,
+                                dp,
+                                max(sizes),
+                                m,
+                                "1f1b",
+                                1,
+                                zero1,
+                                (StageChoice(0, model.num_layers, subset[0], modes[0]),),
+                                groups,
+                            )
+                            cost = model.evaluate(config)
+                            if cost.feasible:
+                                best = min(best, cost.iteration_ms)
+    return best
+
+
+@st.composite
+def instances(draw):
+    num_layers = draw(st.integers(2, 4))
+    layers = [
+        layer(
+            i,
+            flops=draw(st.integers(1, 50)) * 10**10,
+            params=draw(st.integers(1, 40)) * 10**6,
+            saved=draw(st.integers(1, 40)) * 10**7,
+            output=draw(st.integers(1, 20)) * 10**6,
+            tp_divides=draw(st.sampled_from([None, 1, 2, 4])),
+        )
+        for i in range(num_layers)
+    ]
+    profile = make_profile(layers)
+    groups = []
+    for index in range(draw(st.integers(1, 2))):
+        spec = gpu(
+            f"G{index}",
+            tflops=draw(st.sampled_from([10.0, 25.0, 60.0])),
+            memory_gib=draw(st.sampled_from([0.3, 0.6, 1.5, 8.0])),
+            bandwidth=draw(st.sampled_from([100.0, 1000.0])),
+        )
+        groups.append((f"g{index}", spec, draw(st.sampled_from([1, 2])), draw(st.integers(1, 2))))
+    cluster = make_cluster(
+        groups,
+        intra_gb_per_s=draw(st.sampled_from([5.0, 100.0])),
+        inter_gb_per_s=draw(st.sampled_from([0.5, 10.0])),
+    )
+    batch = draw(st.sampled_from([1, 2, 4]))
+    return profile, cluster, batch
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(instances())
+def test_solver_best_equals_brute_force(instance) -> None:
+    profile, cluster, batch = instance
+    options = SolveOptions(top_k=1)
+    model = cost_model(profile, cluster, options)
+    expected = brute_force(model, batch, options)
+    found = [c for c in solve_candidates(model, batch, options).candidates if c.cost.feasible]
+    if math.isinf(expected):
+        assert not found
+        return
+    assert found, f"brute force found {expected} ms; the solver found nothing"
+    assert math.isclose(found[0].iteration_ms, expected, rel_tol=1e-9), (
+        found[0].config.summary(),
+        found[0].iteration_ms,
+        expected,
+    )
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 4),
+    st.lists(st.tuples(st.floats(0.1, 10), st.floats(0, 3)), min_size=36, max_size=36),
+    st.integers(1, 8),
+)
+def test_partition_dp_equals_oracle(layers, stages, table, m) -> None:
+    """The DP alone against enumeration of every split, with arbitrary stage costs."""
+    if stages > layers:
+        stages = layers
+
+    def cost(s: int, i: int, j: int):
+        c, t = table[(s * 7 + i * 3) % 36]
+        extra, _ = table[(j * 5 + s) % 36]
+        # None once c × (j - i) passes 25: never again for larger j, as the DP may assume.
+        return (c * (j - i) + extra, t + extra / 3) if c * (j - i) < 25 else None
+
+    dp = best_partition(layers, stages, m, cost)
+    brute = oracle_partition(layers, stages, m, cost)
+    assert (dp is None) == (brute is None)
+    if dp is not None and brute is not None:
+        assert math.isclose(dp.objective, brute.objective, rel_tol=1e-12)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.floats(0.5, 5.0), st.integers(2, 6)),
+        min_size=2,
+        max_size=3,
+    ),
+    st.sampled_from([4, 6, 8, 12]),
+    st.floats(0, 20),
+)
+def test_share_ilp_equals_oracle(classes, batch, allreduce) -> None:
+    """The uneven-share ILP against enumeration of every (m, sizes)."""
+    problem = ShareProblem(
+        global_batch=batch,
+        micro_batch_counts=tuple(divisors(batch)),
+        classes=tuple(
+            ShareClass(n, {b: (per * b + 0.3, per * b * 0.6) for b in range(1, top + 1)})
+            for n, per, top in classes
+        ),
+        allreduce_ms=allreduce,
+        optimizer_ms=1.0,
+    )
+    ilp = solve_shares(problem)
+    brute = oracle_shares(problem)
+    assert (ilp is None) == (brute is None)
+    if ilp is not None and brute is not None:
+        assert math.isclose(ilp.objective, brute.objective, rel_tol=1e-6, abs_tol=1e-6)
