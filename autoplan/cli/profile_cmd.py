@@ -11,9 +11,7 @@ from rich.table import Table
 
 from autoplan.cli.app import command
 from autoplan.files import write_json_model
-from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import DType, Profile
-from autoplan.zoo.registry import get_model_spec, model_names
 
 __all__ = ["models", "profile"]
 
@@ -80,6 +78,10 @@ def profile(
     ] = _DEFAULT_OUTPUT,
 ) -> None:
     """Profile a model per layer (FLOPs, bytes, parameters, activations) without allocating it."""
+    # torch is imported here, not at module level: `autoplan solve` loads every command module
+    # and must start without torch.
+    from autoplan.profile.profiler import profile_model
+
     dtype_name: DType = dtype  # type: ignore[assignment]  # checked by profile_model
     result = profile_model(
         model, seq, micro_batch, dtype_name, measure=measure, replicate=not all_layers
@@ -99,6 +101,8 @@ def profile(
 @command("models")
 def models() -> None:
     """List the model zoo."""
+    from autoplan.zoo.registry import get_model_spec, model_names
+
     table = Table(title="autoplan model zoo")
     for column in (
         "name",
