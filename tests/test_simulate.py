@@ -117,7 +117,8 @@ def test_sends_all_reduce_and_optimizer_by_hand() -> None:
     """pp=2, m=2, f=b=1, send 0.5, dp all-reduce 2, optimizer 0.5. By hand:
     rank 0: 0F0 [0,1] 0F1 [1,2]; sends arrive at 1.5 and 2.5 (one link, in turn).
     rank 1: 1F0 [1.5,2.5] 1B0 [2.5,3.5] 1F1 [3.5,4.5] 1B1 [4.5,5.5]; grads arrive 4 and 6.
-    rank 0: 0B0 [4,5] 0B1 [6,7], all-reduce [7,9], optimizer [9,9.5]."""
+    rank 0: 0B0 [4,5] 0B1 [6,7]; DDP all-reduces during the last backward: [6,8];
+    optimizer [8,8.5]. Rank 1: 1B1 [4.5,5.5], all-reduce [4.5,6.5], optimizer [6.5,7]."""
     plan = _with(
         _plan("1f1b", [(1, 1), (1, 1)], 2, send_ms=0.5, data_parallel=2, dp_allreduce_ms=2.0),
         optimizer_ms=0.5,
@@ -134,10 +135,17 @@ def test_sends_all_reduce_and_optimizer_by_hand() -> None:
     assert spans["B s0 mb0"] == (4.0, 5.0)
     assert spans["B s0 mb1"] == (6.0, 7.0)
     assert result.pipeline_time_ms == pytest.approx(7.0)
-    assert result.iteration_time_ms == pytest.approx(9.5)
+    assert result.iteration_time_ms == pytest.approx(8.5)
+    reduces = [
+        (e.start_ms, e.end_ms)
+        for rank in result.ranks
+        for e in rank.events
+        if e.name == "dp all-reduce"
+    ]
+    assert reduces == [(6.0, 8.0), (4.5, 6.5)]
     rank0 = result.ranks[0]
     assert rank0.busy_ms == pytest.approx(4.5)
-    assert rank0.idle_ms == pytest.approx(5.0)
+    assert rank0.idle_ms == pytest.approx(4.0)
     assert rank0.communication_ms == pytest.approx(0.5 + 0.5 + 2.0)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import struct
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -186,3 +188,34 @@ def test_unrunnable_schedule_is_one_line_exit_2(tmp_path: Path) -> None:
     assert result.output.strip() == (
         "error: 1F1B needs at least as many micro-batches (2) as pipeline stages (3)"
     )
+
+
+_RUN_WITHOUT_TORCH = """
+import importlib.abc, sys
+
+class BlockTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torch" or fullname.startswith("torch."):
+            raise ImportError(f"torch is blocked (importing {fullname})")
+        return None
+
+sys.meta_path.insert(0, BlockTorch())
+import autoplan.schedule, autoplan.simulate, autoplan.view
+from autoplan.cli import app
+app(sys.argv[1:], standalone_mode=False)
+assert not any(m == "torch" or m.startswith("torch.") for m in sys.modules), "torch loaded"
+"""
+
+
+def test_show_and_simulate_run_with_torch_blocked(plan_file: Path, tmp_path: Path) -> None:
+    png = tmp_path / "g.png"
+    for arguments in (["show", str(plan_file)], ["simulate", str(plan_file), "--png", str(png)]):
+        completed = subprocess.run(
+            [sys.executable, "-c", _RUN_WITHOUT_TORCH, *arguments],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        assert completed.returncode == 0, completed.stderr[-2000:]
+    assert png.read_bytes()[:4] == b"\x89PNG"

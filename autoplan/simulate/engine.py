@@ -14,9 +14,12 @@ does not wait for them (PyTorch's pipelining posts isend/irecv and waits only wh
 data). Both directions of the boundary between stages s and s+1 take ``stage_timings[s].send_ms``:
 the gradient has the activation's shape. Stages on the same rank hand over for free.
 
-After its last backward, a rank all-reduces its gradients over dp (``dp_allreduce_ms``, the
-whole all-reduce: pipelining defers the DDP sync to the last micro-batch, so this simulator
-models no overlap with backward) and then steps its optimizer (``breakdown.optimizer_ms``).
+Gradients are all-reduced over dp once per iteration (``dp_allreduce_ms``, the whole
+all-reduce of the stage). PyTorch's PipelineStage runs every backward but the last under DDP's
+``no_sync`` and lets DDP's hooks all-reduce during the last one (torch 2.13,
+``distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``), so the all-reduce starts
+with the rank's last backward and ends no earlier than it: it hides under that one backward at
+most. Then the rank steps its optimizer (``breakdown.optimizer_ms``).
 
 Why hand-written: the model is a few dozen lines of list scheduling over a fixed order; a
 general discrete-event library (e.g. SimPy) would add a dependency and coroutines for nothing.
@@ -84,6 +87,7 @@ def simulate_order(
         )
     position = [0] * pipeline_degree
     rank_free_ms = [0.0] * pipeline_degree
+    rank_last_start_ms = [0.0] * pipeline_degree
     input_ready_ms: dict[Action, float] = {}
     link_free_ms: dict[tuple[int, int], float] = {}
     events: list[list[SimulatedEvent]] = [[] for _ in range(pipeline_degree)]
@@ -103,6 +107,7 @@ def simulate_order(
                 event = _compute_event(action, start, timing_of[action.stage])
                 events[rank].append(event)
                 rank_free_ms[rank] = event.end_ms
+                rank_last_start_ms[rank] = event.start_ms
                 position[rank] += 1
                 remaining -= 1
                 progressed = True
@@ -142,15 +147,16 @@ def simulate_order(
             raise InvalidScheduleError(f"schedule deadlocks; ranks wait at {stuck}")
 
     for rank in range(pipeline_degree):
-        last_backward_end = rank_free_ms[rank]
-        reduce_end = last_backward_end + dp_allreduce_ms
+        # A rank's list ends with a backward (each backward follows its forward).
+        last_start = rank_last_start_ms[rank]
+        reduce_end = max(rank_free_ms[rank], last_start + dp_allreduce_ms)
         if dp_allreduce_ms > 0:
             events[rank].append(
                 SimulatedEvent(
                     name="dp all-reduce",
                     category="communication",
                     track="communication",
-                    start_ms=last_backward_end,
+                    start_ms=last_start,
                     end_ms=reduce_end,
                 )
             )
