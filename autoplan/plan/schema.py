@@ -204,6 +204,11 @@ class Prediction(_Strict):
     mfu: float = Field(ge=0, description="Model FLOPs / (iteration time × Σ used GPUs' peak).")
     stage_timings: list[StageTiming]
     dp_allreduce_ms: float = Field(ge=0, description="Full gradient all-reduce time.")
+    rank_dp_allreduce_ms: list[float] = Field(
+        default_factory=list,
+        description="Gradient all-reduce time of each pipeline rank (index = pipeline rank); "
+        "the simulator uses it when given, else scales dp_allreduce_ms by gradient bytes.",
+    )
     memory: list[MemoryEstimate]
 
 
