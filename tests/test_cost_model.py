@@ -1,0 +1,168 @@
+"""Unit tests of the cost model, against hand computations and known answers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
+from autoplan.cost.config import PlanConfig, StageChoice
+from autoplan.cost.layers import layer_time_ms, matches_device
+from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
+from autoplan.profile.schema import MeasuredTimes
+from autoplan.solve import SolveOptions, cost_model, solve
+from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile, transformer_profile
+
+
+def test_ring_allreduce_formula() -> None:
+    # 2 (n-1)/n × bytes / bandwidth + latency: 1.5 GB over 100 GB/s = 15 ms, + 10 us.
+    assert ring_allreduce_ms(1e9, 4, 100.0, 10.0) == pytest.approx(15.0 + 0.01)
+    assert ring_allreduce_ms(1e9, 1, 100.0, 10.0) == 0.0
+    assert p2p_ms(2e9, 100.0, 0.0) == pytest.approx(20.0)
+
+
+def test_1f1b_closed_form_and_interleaving() -> None:
+    # Equal stages: (m + p - 1) × c. Unequal: (m - 1) × slowest + sum.
+    assert pipeline_time_ms([2.0] * 4, 8) == pytest.approx(11 * 2.0)
+    assert pipeline_time_ms([1.0, 3.0, 2.0], 5) == pytest.approx(4 * 3.0 + 6.0)
+    # Interleaving with v chunks divides the fill-and-drain part (3 × 2 ms) by v.
+    assert pipeline_time_ms([2.0] * 4, 8, chunks=2) == pytest.approx(8 * 2.0 + 6.0 / 2)
+
+
+def test_in_flight_micro_batches() -> None:
+    assert [in_flight_chunks("1f1b", 4, r, 8) for r in range(4)] == [4, 3, 2, 1]
+    assert in_flight_chunks("1f1b", 4, 0, 2) == 2  # never more than m
+    assert in_flight_chunks("gpipe", 4, 3, 8) == 8
+    # PyTorch's Interleaved1F1B, p = 4, v = 2, m = 8: rank 0 runs (v-1)·4 + 2·3 = 10
+    # warm-up forwards, then one more before its first backward.
+    assert in_flight_chunks("interleaved_1f1b", 4, 0, 8, 2) == 11
+    assert in_flight_chunks("interleaved_1f1b", 4, 3, 8, 2) == 5
+
+
+def test_roofline_and_measured_times() -> None:
+    spec = gpu("A100-80GB", tflops=300.0, memory_gib=80, bandwidth=2000.0)
+    big = layer(0, flops=10**12, params=10**6, saved=10**6, output=10**6)
+    forward, backward = layer_time_ms(big, spec, "bf16", 1, 1)
+    assert forward == pytest.approx(1e12 / (300e12 * 0.5) * 1e3)  # compute-bound
+    assert backward == pytest.approx(2 * forward)
+    # Twice the micro-batch, tp = 2: the same time.
+    assert layer_time_ms(big, spec, "bf16", 2, 2)[0] == pytest.approx(forward)
+    memory_bound = layer(0, flops=10, params=10**9, saved=1, output=1)
+    assert layer_time_ms(memory_bound, spec, "bf16", 1, 1)[0] == pytest.approx(
+        (2e9 + 2) / 2000e9 * 1e3
+    )
+    measured = big.model_copy(
+        update={
+            "measured": [
+                MeasuredTimes(
+                    device_name="NVIDIA A100-SXM4-80GB", forward_ms=7.0, backward_ms=9.0, repeats=5
+                )
+            ]
+        }
+    )
+    assert layer_time_ms(measured, spec, "bf16", 1, 3) == pytest.approx((21.0, 27.0))
+    assert matches_device("A100-80GB", "NVIDIA A100-SXM4-80GB")
+    assert not matches_device("A100-40GB", "NVIDIA A100-SXM4-80GB")
+    assert matches_device("H200", "NVIDIA H200")
+
+
+def test_memory_of_a_known_case_equals_hand_computation() -> None:
+    params, saved, out = 10**8, 3 * 10**8, 10**7
+    layers = [layer(i, flops=10**12, params=params, saved=saved, output=out) for i in range(4)]
+    profile = make_profile(layers)
+    spec = gpu("G", 100.0, 80.0)
+    cluster = make_cluster([("g", spec, 8, 1)])
+    model = cost_model(profile, cluster, SolveOptions())
+    stages = (StageChoice(0, 2, 0, "none"), StageChoice(2, 4, 0, "selective"))
+    config = PlanConfig(1, 2, 2, 4, "1f1b", 1, True, stages)
+    cost = model.evaluate(config)
+    first = cost.memory[0]
+    # Rank 0: 2 layers × 1e8 params; bf16 weights and gradients, Adam states 12 B/param
+    # halved by ZeRO-1 over dp = 2; 1F1B holds p - 0 = 2 micro-batches of 2 samples of
+    # 2 layers × 3e8 bytes; transient: two boundary tensors of 2 samples.
+    assert first.weights_bytes == 2 * params * 2
+    assert first.gradients_bytes == 2 * params * 2
+    assert first.optimizer_bytes == 2 * params * 12 / 2
+    assert first.activations_bytes == 2 * (2 * 2 * saved)
+    assert first.transient_bytes == 2 * (2 * out)
+    second = cost.memory[1]
+    # Rank 1, selective recompute keeps 3/4 of the saved bytes, one micro-batch in flight;
+    # the transient is one layer's full activations (recomputed).
+    assert second.activations_bytes == 1 * (2 * 2 * saved * 3 // 4)
+    assert second.transient_bytes == 2 * saved
+    total = 2 * params * (2 + 2 + 6) + 8 * saved + 4 * out
+    assert first.total_bytes == total
+    # 16 bytes per parameter for mixed-precision Adam without ZeRO.
+    plain = model.evaluate(PlanConfig(1, 2, 2, 4, "1f1b", 1, False, stages))
+    mem = plain.memory[0]
+    assert (mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes) == 2 * params * 16
+
+
+def test_slower_gpu_gets_fewer_layers() -> None:
+    profile = transformer_profile(blocks=12, hidden=1024, seq_len=512, heads=16)
+    cluster = make_cluster(
+        [("fast", gpu("FAST", 300.0, 40.0), 1, 1), ("slow", gpu("SLOW", 100.0, 40.0), 1, 1)]
+    )
+    plan = solve(profile, cluster, 16, SolveOptions(pp=2, dp=1, tp=1))
+    layers = {s.gpu_types[0]: s.layer_end - s.layer_start for s in plan.stages}
+    assert layers["SLOW"] < layers["FAST"], layers
+    # Roughly in proportion to speed (3 : 1), within a layer or two.
+    assert layers["FAST"] >= 2 * layers["SLOW"], layers
+
+
+def test_unlimited_memory_and_free_communication_give_pure_data_parallel() -> None:
+    layers = [
+        layer(i, flops=10**12, params=10**7, saved=10**6, output=10**6, tp_divides=None)
+        for i in range(6)
+    ]
+    profile = make_profile(layers)
+    huge = gpu("BIG", 100.0, 10_000.0, bandwidth=1e9)
+    cluster = make_cluster([("n", huge, 4, 2)], intra_gb_per_s=1e12, inter_gb_per_s=1e12)
+    cluster = cluster.model_copy(update={"inter_node_latency_us": 0.0})
+    cluster = cluster.model_copy(
+        update={
+            "node_groups": [
+                g.model_copy(update={"intra_node_latency_us": 0.0}) for g in cluster.node_groups
+            ]
+        }
+    )
+    plan = solve(profile, cluster, 64, SolveOptions())
+    par = plan.parallelism
+    assert (par.pipeline_degree, par.tensor_parallel_degree, par.data_parallel_degree) == (1, 1, 8)
+    # And the time is the ideal: all FLOPs spread over 8 GPUs at peak × efficiency.
+    ideal_ms = 64 * 6 * 3e12 / (8 * 100e12 * 0.5) * 1e3
+    assert plan.prediction.iteration_time_ms == pytest.approx(ideal_ms, rel=1e-6)
+    assert math.isclose(plan.prediction.mfu, 0.5, rel_tol=1e-6)
+
+
+def test_tflops_per_gpu_counts_profile_flops_without_recompute() -> None:
+    profile = transformer_profile(blocks=4, hidden=1024, seq_len=512, heads=16)
+    cluster = make_cluster([("g", gpu("G", 100.0, 80.0), 4, 1)])
+    plan = solve(profile, cluster, 8, SolveOptions(recompute="full", pp=1, tp=1, dp=4))
+    flops = sum(x.forward_flops + x.backward_flops for x in profile.layers) * 8
+    seconds = plan.prediction.iteration_time_ms / 1e3
+    assert plan.prediction.model_flops_per_iteration == flops
+    assert plan.prediction.tflops_per_gpu == pytest.approx(flops / seconds / 4 / 1e12, rel=1e-5)
+
+
+def test_single_stage_shares_follow_speed() -> None:
+    """With replicas on a 3× faster and a slower type, the faster takes 3× the samples."""
+    layers = [
+        layer(i, flops=10**12, params=10**6, saved=10**6, output=10**6, tp_divides=None)
+        for i in range(3)
+    ]
+    profile = make_profile(layers)
+    cluster = make_cluster(
+        [
+            ("fast", gpu("FAST", 300.0, 80.0, 1e9), 2, 1),
+            ("slow", gpu("SLOW", 100.0, 80.0, 1e9), 2, 1),
+        ],
+        intra_gb_per_s=1e9,
+        inter_gb_per_s=1e9,
+    )
+    plan = solve(profile, cluster, 32, SolveOptions(pp=1, tp=1))
+    shares = plan.parallelism.replica_micro_batch_sizes
+    assert plan.parallelism.data_parallel_degree == 4
+    assert shares[0] == 3 * shares[-1], shares
+    assert {entry.gpu_type for entry in plan.rank_map} == {"FAST", "SLOW"}
