@@ -1,0 +1,21 @@
+"""Run a plan under torchrun: ``python -m autoplan.runtime plan.json --steps N --report PATH``.
+
+The only part of autoplan that imports ``torch.distributed``. Public API: :func:`train` (one
+rank's training, with an optional data source and gradient hook) and :class:`RunReport`.
+``train`` is imported on first use, so reading a report (``autoplan.runtime.report``) or
+checking a launch (``autoplan.runtime.launch_check``) does not load torch.
+"""
+
+from typing import Any
+
+from autoplan.runtime.report import RunReport, StepRecord
+
+__all__ = ["GradientHook", "RunReport", "StepRecord", "plan_summary", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in {"GradientHook", "plan_summary", "train"}:
+        from autoplan.runtime import train as train_module
+
+        return getattr(train_module, name)
+    raise AttributeError(f"module 'autoplan.runtime' has no attribute {name!r}")

@@ -1,0 +1,65 @@
+"""Data parallelism over the mesh's "dp" dimension: DDP for single-stage plans, else FSDP2.
+
+A single-stage plan without tensor parallelism uses ``DistributedDataParallel`` (gradient
+buckets overlap the all-reduce with backward; optimizer states sharded by
+``ZeroRedundancyOptimizer`` when the plan says ZeRO-1). Two cases need FSDP2 ``fully_shard``
+over the "dp" sub-mesh instead, as torchtitan composes them:
+
+- tensor parallelism: DDP cannot hold DTensor parameters;
+- pipelining: with several stages, DDP's first-iteration bucket rebuild miscounts the
+  parameters when the schedule runs backwards of several micro-batches (``params_.size() ==
+  rebuilt_param_indices_.size()`` assert; with ``static_graph=True`` the last stage's gradients
+  came out wrong in our float64 test), whereas pipelining drives FSDP2's gradient sync itself.
+
+FSDP2 shards parameters, gradients and optimizer states across the replicas, so it needs no
+ZeRO-1 on top; its parameters stay gathered between forward and backward
+(``reshard_after_forward=False``), since each micro-batch would otherwise gather them again.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = ["make_optimizer", "wrap_data_parallel"]
+
+
+def wrap_data_parallel(
+    model: nn.Module, dp_mesh: DeviceMesh, device: torch.device, *, shard: bool
+) -> nn.Module:
+    """The module to hand to the pipeline stage: ``model`` replicated over ``dp_mesh``
+    (DDP), or sharded over it (FSDP2) when ``shard``."""
+    if dp_mesh.size() == 1:
+        return model
+    if shard:
+        for layer in model.layers.values():
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer, mesh=dp_mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=False)
+        return model
+    return DistributedDataParallel(
+        model,
+        process_group=dp_mesh.get_group(),
+        device_ids=[device.index] if device.type == "cuda" else None,
+    )
+
+
+def make_optimizer(
+    params: list[nn.Parameter], dp_mesh: DeviceMesh, zero1: bool, learning_rate: float
+) -> torch.optim.Optimizer:
+    """AdamW; with ``zero1`` and dp > 1 its states are sharded across the replicas (ZeRO-1).
+
+    (Under FSDP2 the parameters, and so the states, are sharded already.)
+    """
+    if zero1 and dp_mesh.size() > 1 and not any(hasattr(p, "placements") for p in params):
+        return ZeroRedundancyOptimizer(
+            params,
+            optimizer_class=torch.optim.AdamW,
+            process_group=dp_mesh.get_group(),
+            lr=learning_rate,
+        )
+    return torch.optim.AdamW(params, lr=learning_rate)

@@ -1,0 +1,105 @@
+"""Does this process belong to the launch the plan describes? Checked before any training.
+
+torchrun tells each worker where it is through environment variables (``WORLD_SIZE``, ``RANK``,
+``LOCAL_RANK``, ``GROUP_RANK`` = the node rank, ``LOCAL_WORLD_SIZE``). The plan fixes the same
+facts in its rank map; a launch that disagrees would put stages on the wrong GPUs (or deadlock in
+the first collective), so it is refused here with one line that names both sides.
+
+This module imports no torch: it runs first, and fast.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autoplan.errors import LaunchMismatchError
+from autoplan.plan.schema import Plan, RankEntry
+
+__all__ = ["LaunchEnv", "check_launch"]
+
+_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Where torchrun says this worker is."""
+
+    world_size: int
+    rank: int
+    local_rank: int
+    node_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> LaunchEnv:
+        """Read torchrun's variables; a process started without torchrun is rank 0 of 1."""
+        environ = os.environ if environ is None else environ
+        present = [name for name in _VARIABLES if name in environ]
+        if not present:
+            return cls(world_size=1, rank=0, local_rank=0, node_rank=0, local_world_size=1)
+        values: dict[str, int] = {}
+        for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+            if name not in environ:
+                raise LaunchMismatchError(
+                    f"{name} is not set but {', '.join(present)} are: launch with torchrun"
+                )
+            values[name] = _as_int(name, environ[name])
+        node_rank = _as_int("GROUP_RANK", environ.get("GROUP_RANK", "0"))
+        local_world = _as_int(
+            "LOCAL_WORLD_SIZE", environ.get("LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])
+        )
+        return cls(
+            world_size=values["WORLD_SIZE"],
+            rank=values["RANK"],
+            local_rank=values["LOCAL_RANK"],
+            node_rank=node_rank,
+            local_world_size=local_world,
+        )
+
+
+def _as_int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise LaunchMismatchError(f"{name}={text!r} is not an integer") from None
+
+
+def check_launch(plan: Plan, env: LaunchEnv) -> RankEntry:
+    """This worker's entry of the plan's rank map; LaunchMismatchError when the launch differs."""
+    par = plan.parallelism
+    if env.world_size != par.world_size:
+        layout = ", ".join(f"{node.name}×{node.nproc_per_node}" for node in plan.nodes)
+        raise LaunchMismatchError(
+            f"launched with WORLD_SIZE={env.world_size}, but the plan needs {par.world_size} "
+            f"processes (pp {par.pipeline_degree} × dp {par.data_parallel_degree} × "
+            f"tp {par.tensor_parallel_degree}) on {len(plan.nodes)} node(s): {layout}"
+        )
+    if not 0 <= env.rank < env.world_size:
+        raise LaunchMismatchError(f"RANK={env.rank} is outside 0..{env.world_size - 1}")
+    entry = plan.rank_map[env.rank]
+    if entry.rank != env.rank:
+        raise LaunchMismatchError(
+            f"the plan's rank_map is out of order: entry {env.rank} is rank {entry.rank}"
+        )
+    node = next((n for n in plan.nodes if n.node_rank == entry.node_rank), None)
+    if node is None:
+        raise LaunchMismatchError(f"rank {env.rank}'s node rank {entry.node_rank} is not in nodes")
+    if env.node_rank != entry.node_rank:
+        raise LaunchMismatchError(
+            f"rank {env.rank} started on node rank {env.node_rank} (GROUP_RANK), but the plan "
+            f"puts it on node rank {entry.node_rank} ({entry.node}, {entry.gpu_type}): "
+            f"start node {entry.node} with --node-rank {entry.node_rank}"
+        )
+    if env.local_world_size != node.nproc_per_node:
+        raise LaunchMismatchError(
+            f"node rank {env.node_rank} started {env.local_world_size} processes "
+            f"(LOCAL_WORLD_SIZE), but the plan runs {node.nproc_per_node} on {node.name}"
+        )
+    if env.local_rank != entry.local_rank:
+        raise LaunchMismatchError(
+            f"rank {env.rank} has LOCAL_RANK={env.local_rank}, but the plan gives it local rank "
+            f"{entry.local_rank} on {entry.node}"
+        )
+    return entry

@@ -1,0 +1,318 @@
+"""Train a plan: build this rank's stages, wrap them as the plan says, run the schedule.
+
+The public entry point is :func:`train`. Per rank it
+
+1. checks the launch against the plan (before touching any process group),
+2. joins the default group (NCCL on CUDA, gloo on CPU) and builds the (pp, dp, tp) DeviceMesh,
+3. builds the model from a fixed seed in the plan's dtype and keeps its stage(s)' layers,
+4. applies tensor parallelism (DTensor, "tp" sub-mesh), activation recompute, and data
+   parallelism over the "dp" sub-mesh (DDP, with ZeRO-1 when the plan says so, for one stage;
+   FSDP2 with pipelining or tensor parallelism: see ``data_parallel``),
+5. wraps each stage in a ``PipelineStage`` on the "pp" group and runs the plan's schedule
+   (GPipe, 1F1B, Interleaved 1F1B) with the plan's micro-batches,
+6. logs and reports each step's time, loss and peak memory.
+
+Uneven data-parallel shares (pp = 1 only) scale replica r's loss by dp × its samples / global
+batch, so that DDP's plain average of the replicas' gradients is the full-batch mean.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import get_schedule_class
+from torch.distributed.tensor import DTensor
+
+from autoplan.errors import InputError
+from autoplan.plan.schema import Plan
+from autoplan.runtime.data import replica_rows, synthetic_batches
+from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
+from autoplan.runtime.launch_check import LaunchEnv, check_launch
+from autoplan.runtime.mesh import build_mesh, init_distributed
+from autoplan.runtime.model_stage import build_stage_models
+from autoplan.runtime.recompute import apply_recompute
+from autoplan.runtime.report import RunReport, StepRecord
+from autoplan.runtime.tensor_parallel import apply_tensor_parallel
+from autoplan.zoo import get_model_spec
+
+__all__ = [
+    "SCHEDULE_CLASSES",
+    "GradientHook",
+    "check_schedule",
+    "language_model_loss",
+    "plan_summary",
+    "train",
+]
+
+logger = logging.getLogger(__name__)
+
+GradientHook = Callable[[int, dict[str, torch.Tensor]], None]
+"""Called on every rank after each step's backward, before the optimizer: (step, gradients of
+this rank's stage parameters by name, tensor-parallel shards gathered to full tensors)."""
+
+SCHEDULE_CLASSES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+
+
+def plan_summary(plan: Plan) -> str:
+    """The plan's knobs in one line, e.g. 'pp=2 dp=1 tp=1 m=4 mbs=[2] 1f1b layers=[3, 3]'."""
+    par = plan.parallelism
+    layers = [stage.layer_end - stage.layer_start for stage in plan.stages]
+    virtual = f" v={par.virtual_stages_per_rank}" if par.virtual_stages_per_rank > 1 else ""
+    return (
+        f"pp={par.pipeline_degree} dp={par.data_parallel_degree} tp={par.tensor_parallel_degree}"
+        f"{virtual} m={par.num_micro_batches} mbs={par.replica_micro_batch_sizes} "
+        f"{par.schedule} layers={layers}" + (" zero1" if par.zero1 else "")
+    )
+
+
+def check_schedule(plan: Plan) -> None:
+    """Refuse, before any process starts work, schedules that torch's pipelining would reject."""
+    par = plan.parallelism
+    m, stages = par.num_micro_batches, par.num_stages
+    if par.schedule == "1f1b" and m < par.pipeline_degree:
+        raise InputError(f"1F1B needs micro-batches ({m}) >= pipeline stages ({stages})")
+    if par.schedule == "interleaved_1f1b":
+        rounds = max(1, m // par.pipeline_degree)
+        if m % rounds:
+            raise InputError(
+                f"interleaved 1F1B needs micro-batches ({m}) to be a multiple of "
+                f"{rounds} = max(1, micro-batches // pp {par.pipeline_degree})"
+            )
+
+
+@dataclass
+class _RankSetup:
+    entry_dp_index: int
+    is_first: bool
+    is_last: bool
+    loss_weight: float
+    models: list[nn.Module]  # unwrapped stage modules, for gradient names
+    schedule: object
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+
+
+def language_model_loss(
+    weight: float = 1.0,
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Mean cross-entropy of logits against target ids, times ``weight`` (a replica's share)."""
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # Half-precision logits are upcast: a vocabulary's softmax loses too much in 16 bits.
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return value * weight if weight != 1.0 else value
+
+    return loss
+
+
+def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _RankSetup:
+    entry = check_launch(plan, env)
+    check_schedule(plan)
+    par = plan.parallelism
+    device = init_distributed(env)
+    mesh = build_mesh(plan, device, entry)
+
+    my_stages = [s for s in plan.stages if s.pipeline_rank == entry.pipeline_rank]
+    my_stages.sort(key=lambda stage: stage.index)
+    models = build_stage_models(plan, my_stages, seed)
+    spec = get_model_spec(plan.inputs.model.name)
+    heads = plan.inputs.model.num_attention_heads or spec.num_attention_heads
+
+    pipeline_stages = []
+    for stage, model in zip(my_stages, models, strict=True):
+        if par.tensor_parallel_degree > 1:
+            apply_tensor_parallel(model, mesh["tp"], heads)
+        apply_recompute(model, stage.recompute)
+        model.to(device)
+        module = wrap_data_parallel(
+            model,
+            mesh["dp"],
+            device,
+            shard=par.tensor_parallel_degree > 1 or par.num_stages > 1,
+        )
+        pipeline_stages.append(
+            PipelineStage(module, stage.index, par.num_stages, device, group=mesh["pp"].get_group())
+        )
+
+    dp_samples = par.replica_micro_batch_sizes[entry.dp_index] * par.num_micro_batches
+    loss_weight = par.data_parallel_degree * dp_samples / plan.inputs.global_batch_size
+    schedule_class = get_schedule_class(SCHEDULE_CLASSES[par.schedule])
+    loss_fn = language_model_loss(loss_weight)
+    if par.schedule == "interleaved_1f1b":
+        schedule = schedule_class(pipeline_stages, par.num_micro_batches, loss_fn=loss_fn)
+    else:
+        schedule = schedule_class(pipeline_stages[0], par.num_micro_batches, loss_fn=loss_fn)
+
+    params = [p for model in models for p in model.parameters()]
+    optimizer = make_optimizer(params, mesh["dp"], par.zero1, learning_rate)
+    return _RankSetup(
+        entry_dp_index=entry.dp_index,
+        is_first=any(stage.index == 0 for stage in my_stages),
+        is_last=any(stage.index == par.num_stages - 1 for stage in my_stages),
+        loss_weight=loss_weight,
+        models=models,
+        schedule=schedule,
+        optimizer=optimizer,
+        device=device,
+    )
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # ru_maxrss is in KiB on Linux and in bytes on macOS.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _gradients(models: list[nn.Module]) -> dict[str, torch.Tensor]:
+    gathered: dict[str, torch.Tensor] = {}
+    for model in models:
+        for name, param in model.named_parameters():
+            grad = param.grad
+            if grad is None:
+                continue
+            if isinstance(grad, DTensor):
+                grad = grad.full_tensor()  # a collective: every tp rank calls it in this order
+            gathered[name] = grad.detach().cpu().clone()
+    return gathered
+
+
+def _predicted_peak_memory_bytes(plan: Plan) -> int:
+    return max((estimate.total_bytes for estimate in plan.prediction.memory), default=0)
+
+
+def train(
+    plan: Plan,
+    steps: int,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    *,
+    seed: int = 0,
+    learning_rate: float = 1e-3,
+    on_gradients: GradientHook | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> RunReport:
+    """Train ``plan`` for ``steps`` steps in this process (one rank of the plan's launch).
+
+    ``batches`` yields (inputs, targets) *global* batches, ``(global_batch_size, seq_len)`` token
+    ids each, identical on every rank (for example a loader seeded alike everywhere); each
+    replica trains on its own rows of it. Without ``batches``, seeded synthetic tokens are used
+    (targets = next tokens). The model is initialised from ``seed`` on every rank. Returns the
+    run report (the same on every rank). The default process group is created if absent and
+    left for the caller to destroy.
+    """
+    if steps < 1:
+        raise InputError(f"steps must be >= 1, got {steps}")
+    env = LaunchEnv.from_environ(environ)
+    setup = _setup(plan, env, seed, learning_rate)
+    par = plan.parallelism
+    spec = get_model_spec(plan.inputs.model.name)
+    global_batch, seq_len = plan.inputs.global_batch_size, plan.inputs.seq_len
+    source: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(
+        batches
+        if batches is not None
+        else synthetic_batches(spec.vocab_size, global_batch, seq_len, seed + 1)
+    )
+    rows = replica_rows(plan, setup.entry_dp_index)
+    records: list[StepRecord] = []
+    for step in range(steps):
+        try:
+            inputs, targets = next(source)
+        except StopIteration:
+            raise InputError(f"the data ran out after {step} of {steps} steps") from None
+        if tuple(inputs.shape) != (global_batch, seq_len) or inputs.shape != targets.shape:
+            raise InputError(
+                f"batch {step} has inputs {tuple(inputs.shape)} and targets "
+                f"{tuple(targets.shape)}; the plan trains on ({global_batch}, {seq_len})"
+            )
+        args = (inputs[rows].to(setup.device),) if setup.is_first else ()
+        target = targets[rows].to(setup.device) if setup.is_last else None
+        losses: list[torch.Tensor] = []
+
+        setup.optimizer.zero_grad(set_to_none=True)
+        _synchronize(setup.device)
+        started = time.perf_counter()
+        setup.schedule.step(*args, target=target, losses=losses)  # type: ignore[attr-defined]
+        _synchronize(setup.device)
+        backward_done = time.perf_counter()
+        if on_gradients is not None:
+            on_gradients(step, _gradients(setup.models))
+        optimizer_started = time.perf_counter()
+        setup.optimizer.step()
+        _synchronize(setup.device)
+        elapsed_s = (backward_done - started) + (time.perf_counter() - optimizer_started)
+
+        # Each last-stage replica holds weighted micro-batch losses w_r × mean; their sum over
+        # replicas and micro-batches divided by dp × m is the global batch's mean loss.
+        # (Tensors live on the device: NCCL reduces only device tensors.)
+        share = 0.0
+        if setup.is_last and plan.rank_map[dist.get_rank()].tp_index == 0:
+            total = sum(float(value.detach().double().sum()) for value in losses)
+            share = total / (par.data_parallel_degree * par.num_micro_batches)
+        loss_share = torch.tensor([share], dtype=torch.float64, device=setup.device)
+        slowest = torch.tensor(
+            [elapsed_s, _peak_memory_bytes(setup.device)], dtype=torch.float64, device=setup.device
+        )
+        dist.all_reduce(loss_share)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        loss_share, slowest = loss_share.cpu(), slowest.cpu()
+        record = StepRecord(
+            step=step,
+            time_ms=float(slowest[0]) * 1000,
+            loss=float(loss_share[0]),
+            peak_memory_bytes=int(slowest[1]),
+        )
+        records.append(record)
+        if dist.get_rank() == 0:
+            logger.info(
+                "step %d: %.1f ms, loss %.6f, peak memory %.1f MiB",
+                step,
+                record.time_ms,
+                record.loss,
+                record.peak_memory_bytes / 2**20,
+            )
+    return _report(plan, setup.device, records)
+
+
+def _report(plan: Plan, device: torch.device, records: list[StepRecord]) -> RunReport:
+    mine = torch.tensor([_peak_memory_bytes(device)], dtype=torch.float64, device=device)
+    per_rank = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(per_rank, mine)
+    timed = records[1:] if len(records) > 1 else records
+    mean_ms = sum(r.time_ms for r in timed) / len(timed)
+    tokens = plan.inputs.global_batch_size * plan.inputs.seq_len
+    return RunReport(
+        plan_summary=plan_summary(plan),
+        model=plan.inputs.model.name,
+        world_size=dist.get_world_size(),
+        backend=dist.get_backend(),
+        device_type=device.type,
+        global_batch_size=plan.inputs.global_batch_size,
+        seq_len=plan.inputs.seq_len,
+        steps=records,
+        memory_measure="cuda_max_allocated" if device.type == "cuda" else "cpu_max_rss",
+        measured_step_time_ms=mean_ms,
+        predicted_iteration_time_ms=plan.prediction.iteration_time_ms,
+        measured_peak_memory_bytes=max(int(t[0]) for t in per_rank),
+        predicted_peak_memory_bytes=_predicted_peak_memory_bytes(plan),
+        peak_memory_per_rank_bytes=[int(t[0]) for t in per_rank],
+        measured_tokens_per_s=tokens / (mean_ms / 1000) if mean_ms > 0 else 0.0,
+        predicted_tokens_per_s=plan.prediction.tokens_per_s,
+    )

@@ -1,0 +1,49 @@
+"""Test driver run under torchrun: trains every plan of a folder in one launch, dumping gradients.
+
+``python -m torch.distributed.run --nproc-per-node W tests/distributed_driver.py PLANS OUT``
+runs, one after another in the same processes, each ``PLANS/*.json`` whose world size is W
+(so one launch serves many plans: launches cost seconds each), for ``STEPS`` steps. Every rank
+saves its stages' gradients of each step to ``OUT/<plan>/rank<r>_step<s>.pt`` and rank 0 the
+run report to ``OUT/<plan>/report.json``; the pytest process compares them with single-process
+training.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from autoplan.files import read_json_model, write_json_model
+from autoplan.plan.schema import Plan
+from autoplan.runtime.train import train
+
+STEPS = 2
+
+
+def main(plans_dir: Path, out_dir: Path) -> None:
+    world_size = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    for path in sorted(plans_dir.glob("*.json")):
+        plan = read_json_model(path, Plan)
+        if plan.parallelism.world_size != world_size:
+            continue
+        target = out_dir / path.stem
+        target.mkdir(parents=True, exist_ok=True)
+
+        def save(step: int, gradients: dict[str, torch.Tensor], target: Path = target) -> None:
+            torch.save(gradients, target / f"rank{rank}_step{step}.pt")
+
+        report = train(plan, STEPS, on_gradients=save)
+        if rank == 0:
+            write_json_model(target / "report.json", report)
+        dist.barrier()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,119 @@
+"""The runtime's checks that need no process group: launch vs plan, ties, schedules, shares."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoplan.errors import InputError, LaunchMismatchError
+from autoplan.files import write_json_model
+from autoplan.runtime.data import replica_rows
+from autoplan.runtime.launch_check import LaunchEnv, check_launch
+from autoplan.runtime.model_stage import check_tied_parameters
+from autoplan.runtime.train import check_schedule
+from autoplan.zoo.gpt import GPT, GPTConfig
+from tests.plan_factory import make_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _torchrun_env(world: int, rank: int, local: int, node: int, local_world: int) -> dict:
+    return {
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local),
+        "GROUP_RANK": str(node),
+        "LOCAL_WORLD_SIZE": str(local_world),
+    }
+
+
+def _run_runtime(plan_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in env and k != "MASTER_ADDR"}
+    return subprocess.run(
+        [sys.executable, "-m", "autoplan.runtime", str(plan_path), "--steps", "1"],
+        capture_output=True,
+        text=True,
+        env={**clean, **env, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_wrong_world_size_is_refused_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    plan_path = tmp_path / "plan.json"
+    write_json_model(plan_path, make_plan([3, 3], data_parallel=2))  # 4 processes
+    result = _run_runtime(plan_path, _torchrun_env(2, 0, 0, 0, 2))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "WORLD_SIZE=2" in lines[0] and "needs 4 processes" in lines[0]
+    assert "pp 2 × dp 2 × tp 1" in lines[0]
+
+
+def test_unknown_plan_schema_version_is_refused(tmp_path: Path) -> None:
+    data = json.loads(make_plan([6]).model_dump_json())
+    data["schema_version"] = 99
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(data))
+    result = _run_runtime(plan_path, {})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {plan_path}: schema_version 99 is not one this autoplan reads (it reads 1)"
+    ]
+
+
+def test_launch_check_names_node_and_local_rank_mismatches() -> None:
+    plan = make_plan([3, 3], data_parallel=2)
+    assert check_launch(plan, LaunchEnv(4, 3, 3, 0, 4)).pipeline_rank == 1
+    with pytest.raises(LaunchMismatchError, match=r"GROUP_RANK.*--node-rank 0"):
+        check_launch(plan, LaunchEnv(4, 3, 3, 1, 4))
+    with pytest.raises(LaunchMismatchError, match=r"LOCAL_RANK=2.*local rank 3"):
+        check_launch(plan, LaunchEnv(4, 3, 2, 0, 4))
+    with pytest.raises(LaunchMismatchError, match="started 2 processes"):
+        check_launch(plan, LaunchEnv(4, 3, 3, 0, 2))
+
+
+def test_launch_env_reads_torchrun_variables_and_defaults_to_one_process() -> None:
+    assert LaunchEnv.from_environ({}) == LaunchEnv(1, 0, 0, 0, 1)
+    assert LaunchEnv.from_environ(_torchrun_env(8, 5, 1, 1, 4)) == LaunchEnv(8, 5, 1, 1, 4)
+    with pytest.raises(LaunchMismatchError, match="RANK is not set"):
+        LaunchEnv.from_environ({"WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    with pytest.raises(LaunchMismatchError, match="not an integer"):
+        LaunchEnv.from_environ({"WORLD_SIZE": "two", "RANK": "0", "LOCAL_RANK": "0"})
+
+
+def test_tied_embedding_split_across_stages_is_refused() -> None:
+    tied = GPT(GPTConfig(2, 16, 2, 32, 16, tie_embeddings=True))  # layers: embed, 2 blocks, head
+    check_tied_parameters(tied, make_plan([4]))  # embedding and head in one stage: fine
+    with pytest.raises(
+        InputError,
+        match=r"ties layers\.embed\.token\.weight and "
+        r"layers\.head\.output\.weight .* stages 0, 1",
+    ):
+        check_tied_parameters(tied, make_plan([2, 2]))
+    untied = GPT(GPTConfig(2, 16, 2, 32, 16, tie_embeddings=False))
+    check_tied_parameters(untied, make_plan([2, 2]))
+
+
+def test_schedules_torch_would_reject_are_refused_before_running() -> None:
+    with pytest.raises(InputError, match=r"1F1B needs micro-batches \(1\) >= pipeline stages"):
+        check_schedule(make_plan([3, 3], schedule="1f1b", num_micro_batches=1))
+    check_schedule(make_plan([3, 3], schedule="gpipe", num_micro_batches=1))
+    check_schedule(
+        make_plan(
+            [2, 1, 1, 2],
+            virtual_stages_per_rank=2,
+            schedule="interleaved_1f1b",
+            num_micro_batches=4,
+        )
+    )
+
+
+def test_replica_rows_follow_uneven_shares() -> None:
+    plan = make_plan([6], data_parallel=3, num_micro_batches=2, replica_micro_batch_sizes=[3, 1, 2])
+    assert [replica_rows(plan, i) for i in range(3)] == [slice(0, 6), slice(6, 8), slice(8, 12)]

@@ -1,0 +1,149 @@
+"""Real torchrun processes on gloo, float64: every plan's loss and gradients equal single-process
+training's (AdamW steps included: step 1's gradients follow step 0's update).
+
+One torchrun launch per world size runs all the plans of that size (tests/distributed_driver.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoplan.files import read_json_model, write_json_model
+from autoplan.plan.schema import Plan
+from autoplan.runtime.data import synthetic_batches
+from autoplan.runtime.model_stage import build_full_model
+from autoplan.runtime.report import RunReport
+from autoplan.runtime.train import language_model_loss
+from autoplan.zoo import get_model_spec
+from tests.distributed_driver import STEPS
+from tests.plan_factory import make_plan
+
+pytestmark = pytest.mark.distributed
+
+ROOT = Path(__file__).resolve().parent.parent
+TOLERANCE = 1e-10
+SEED = 0
+LEARNING_RATE = 1e-3  # train()'s default
+
+
+def _with_zero1(plan: Plan) -> Plan:
+    return plan.model_copy(
+        update={"parallelism": plan.parallelism.model_copy(update={"zero1": True})}
+    )
+
+
+def _plans() -> dict[str, Plan]:
+    """Name → plan; gpt-tiny has 6 layers (embed, 4 blocks, head)."""
+    return {
+        # world size 2
+        "pp2_uneven_1f1b": make_plan([2, 4], schedule="1f1b", num_micro_batches=4),
+        "pp2_uneven_gpipe_selective": make_plan(
+            [4, 2],
+            schedule="gpipe",
+            num_micro_batches=2,
+            micro_batch_size=3,
+            recompute="selective",
+        ),
+        # DDP with ZeRO-1 (the optimizer step is checked by step 1's loss and gradients).
+        "dp2_uneven_shares_zero1": _with_zero1(
+            make_plan(
+                [6],
+                data_parallel=2,
+                schedule="1f1b",
+                num_micro_batches=2,
+                replica_micro_batch_sizes=[3, 1],
+            )
+        ),
+        "pp2_interleaved_full_recompute": make_plan(
+            [1, 2, 2, 1],
+            virtual_stages_per_rank=2,
+            schedule="interleaved_1f1b",
+            num_micro_batches=4,
+            recompute="full",
+        ),
+        # world size 4
+        "pp2_dp2": make_plan([3, 3], data_parallel=2, schedule="1f1b", num_micro_batches=2),
+        "pp2_tp2": make_plan([2, 4], tensor_parallel=2, schedule="1f1b", num_micro_batches=2),
+        "dp2_tp2": make_plan(
+            [6], data_parallel=2, tensor_parallel=2, schedule="gpipe", num_micro_batches=2
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    plans_dir = tmp_path_factory.mktemp("plans")
+    out_dir = tmp_path_factory.mktemp("runs")
+    for name, plan in _plans().items():
+        write_json_model(plans_dir / f"{name}.json", plan)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for world_size in sorted({plan.parallelism.world_size for plan in _plans().values()}):
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={world_size}",
+                str(ROOT / "tests" / "distributed_driver.py"),
+                str(plans_dir),
+                str(out_dir),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+    return out_dir
+
+
+def _reference(plan: Plan) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+    """Single-process training of the whole model on the whole global batch."""
+    model = build_full_model(plan.inputs.model.name, plan.inputs.dtype, SEED)
+    spec = get_model_spec(plan.inputs.model.name)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    batches = synthetic_batches(
+        spec.vocab_size, plan.inputs.global_batch_size, plan.inputs.seq_len, SEED + 1
+    )
+    loss_fn = language_model_loss(1.0)
+    losses, gradients = [], []
+    for _ in range(STEPS):
+        inputs, targets = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        losses.append(loss.item())
+        gradients.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        optimizer.step()
+    return losses, gradients
+
+
+@pytest.mark.parametrize("name", list(_plans()))
+def test_distributed_training_equals_single_process(runs: Path, name: str) -> None:
+    plan = _plans()[name]
+    losses, reference = _reference(plan)
+    report = read_json_model(runs / name / "report.json", RunReport)
+    assert [record.step for record in report.steps] == list(range(STEPS))
+    for record, expected in zip(report.steps, losses, strict=True):
+        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
+    assert report.measured_step_time_ms > 0
+    for step in range(STEPS):
+        covered: set[str] = set()
+        for rank in range(plan.parallelism.world_size):
+            dumped = torch.load(runs / name / f"rank{rank}_step{step}.pt")
+            assert dumped, f"rank {rank} dumped no gradients"
+            for param_name, grad in dumped.items():
+                expected = reference[step][param_name]
+                assert grad.shape == expected.shape, param_name
+                error = (grad - expected).abs().max().item()
+                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
+                covered.add(param_name)
+        assert covered == set(reference[step]), set(reference[step]) ^ covered
