@@ -5,7 +5,9 @@ aten op that is not a view is charged the bytes of every tensor it reads (its te
 plus every tensor it writes (its outputs). This is the traffic of an unfused execution, an
 upper bound on what a fusing compiler moves; views move nothing and are charged nothing.
 Lookups (embedding, index_select, gather) read only the rows they return, not their whole
-table: they are charged the indices plus twice the output (rows read, rows written).
+table: they are charged the indices plus twice the output (rows read, rows written). Ops that
+return no tensor (metadata queries such as ``prim.device``) and ``_unsafe_view`` (a reshape
+that shares its input's storage though its schema does not say so) move nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ Phase = Literal["forward", "backward"]
 
 _aten = torch.ops.aten
 _LOOKUPS = {_aten.embedding.default, _aten.index_select.default, _aten.gather.default}
+_FREE = {_aten._unsafe_view.default}
 
 
 def _tensor_bytes(tree: Any) -> int:
@@ -39,10 +42,14 @@ class BytesMovedMode(TorchDispatchMode):
         super().__init__()
         self.phase: Phase = "forward"
         self.bytes_by_phase: dict[Phase, int] = {"forward": 0, "backward": 0}
+        self.paused = False
+        """While True nothing is charged (e.g. creating the gradient a stage would receive)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self.paused or func in _FREE or not _tensor_bytes(out):
+            return out
         if func in _LOOKUPS:
             indices = [arg for arg in args[1:] if isinstance(arg, torch.Tensor)]
             self.bytes_by_phase[self.phase] += _tensor_bytes(indices) + 2 * _tensor_bytes(out)

@@ -89,7 +89,12 @@ def trace_layer(
         if scalar is not None:
             scalar.backward()
         elif output.requires_grad:
-            output.backward(torch.ones_like(output))
+            # The output's gradient arrives from the next stage: creating it is not this
+            # layer's traffic.
+            moved.paused = True
+            seed = torch.ones_like(output)
+            moved.paused = False
+            output.backward(seed)
         backward_flops = flops.get_total_flops() - forward_flops
     for parameter in layer.parameters():
         parameter.grad = None
