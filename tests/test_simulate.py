@@ -214,3 +214,28 @@ def test_simulating_a_deadlocked_order_fails_clearly() -> None:
 def test_simulate_order_needs_a_timing_per_stage() -> None:
     with pytest.raises(InvalidScheduleError, match=r"expected 0\.\.1"):
         simulate_order(schedule_order("1f1b", 2, 2), _timings([(1, 1)]))
+
+
+def _reduce_spans(plan: Plan) -> list[tuple[float, float]]:
+    result = simulate_plan(plan)
+    return [
+        (event.start_ms, event.end_ms)
+        for rank in result.ranks
+        for event in rank.events
+        if event.name == "dp all-reduce"
+    ]
+
+
+def test_all_reduce_per_rank_from_the_plan_or_scaled_by_gradient_bytes() -> None:
+    """Same pipeline as the hand-worked one (last backwards [6,7] and [4.5,5.5])."""
+    base = _plan("1f1b", [(1, 1), (1, 1)], 2, send_ms=0.5, data_parallel=2, dp_allreduce_ms=2.0)
+    given = base.model_copy(
+        update={
+            "prediction": base.prediction.model_copy(update={"rank_dp_allreduce_ms": [0.5, 3.0]})
+        }
+    )
+    assert _reduce_spans(given) == [(6.0, 7.0), (4.5, 7.5)]
+    small_first = [_estimate(0, 0), _estimate(1, 0).model_copy(update={"gradients_bytes": 4000})]
+    scaled = _with(base, memory=small_first)  # rank 0 has 1/4 of rank 1's gradients
+    assert _reduce_spans(scaled) == [(6.0, 7.0), (4.5, 6.5)]
+    assert any("scaled by each rank's gradient bytes" in n for n in simulate_plan(scaled).notes)

@@ -82,14 +82,10 @@ def simulate(
     console.print(
         f"iteration time: simulated {simulated:,.3f} ms, plan predicts {predicted:,.3f} ms "
         f"(simulated / predicted = {simulated / predicted:.3f}); "
-        f"pipeline bubble {result.bubble_fraction:.1%}"
+        f"ranks idle (no forward/backward) {result.bubble_fraction:.1%} of the pipeline time"
     )
-    if result.activation_bytes_source == "derived":
-        console.print(
-            "memory curve: per-micro-batch activations derived from the plan's activation "
-            "totals (the plan has no StageTiming.saved_activation_bytes)",
-            style="dim",
-        )
+    for note in result.notes:
+        console.print(f"note: {note}", style="dim")
     if trace is not None:
         write_chrome_trace(trace, result, title)
         console.print(f"wrote {trace} (Chrome trace: open in ui.perfetto.dev or chrome://tracing)")

@@ -71,12 +71,13 @@ def simulate_order(
     order: PipelineOrder,
     stage_timings: list[StageTiming],
     *,
-    dp_allreduce_ms: float = 0.0,
+    dp_allreduce_ms: list[float] | None = None,
     optimizer_ms: float = 0.0,
 ) -> list[list[SimulatedEvent]]:
     """Timed events of every pipeline rank (``order[r]`` runs on rank r), in start order.
 
-    ``stage_timings[s]`` gives stage s's times; the order must be valid (see validate_order).
+    ``stage_timings[s]`` gives stage s's times; ``dp_allreduce_ms[r]`` rank r's gradient
+    all-reduce (none when omitted). The order must be valid (see validate_order).
     """
     pipeline_degree = len(order)
     num_stages = 1 + max((action.stage for actions in order for action in actions), default=-1)
@@ -149,8 +150,9 @@ def simulate_order(
     for rank in range(pipeline_degree):
         # A rank's list ends with a backward (each backward follows its forward).
         last_start = rank_last_start_ms[rank]
-        reduce_end = max(rank_free_ms[rank], last_start + dp_allreduce_ms)
-        if dp_allreduce_ms > 0:
+        reduce_ms = dp_allreduce_ms[rank] if dp_allreduce_ms else 0.0
+        reduce_end = max(rank_free_ms[rank], last_start + reduce_ms)
+        if reduce_ms > 0:
             events[rank].append(
                 SimulatedEvent(
                     name="dp all-reduce",
@@ -180,6 +182,26 @@ def _memory_of_rank(plan: Plan, pipeline_rank: int) -> MemoryEstimate | None:
     return max(candidates, key=lambda m: m.total_bytes, default=None)
 
 
+def _allreduce_per_rank(plan: Plan, memory: list[MemoryEstimate | None]) -> tuple[list[float], str]:
+    """Each rank's gradient all-reduce time, and a note when it had to be estimated."""
+    par = plan.parallelism
+    prediction = plan.prediction
+    if par.data_parallel_degree == 1:
+        return [0.0] * par.pipeline_degree, ""
+    if len(prediction.rank_dp_allreduce_ms) == par.pipeline_degree:
+        return list(prediction.rank_dp_allreduce_ms), ""
+    gradients = [estimate.gradients_bytes if estimate else 0 for estimate in memory]
+    largest = max(gradients, default=0)
+    if largest == 0:
+        return [prediction.dp_allreduce_ms] * par.pipeline_degree, (
+            "all-reduce: every rank takes the plan's dp_allreduce_ms (no per-rank figures)"
+        )
+    return [prediction.dp_allreduce_ms * g / largest for g in gradients], (
+        "all-reduce: the plan's dp_allreduce_ms scaled by each rank's gradient bytes "
+        "(the plan has no rank_dp_allreduce_ms)"
+    )
+
+
 def simulate_plan(plan: Plan) -> SimulationResult:
     """Play ``plan``'s schedule with its predicted stage times; see the module docstring."""
     par = plan.parallelism
@@ -188,14 +210,22 @@ def simulate_plan(plan: Plan) -> SimulationResult:
     )
     validate_order(order, par.pipeline_degree, par.num_stages, par.num_micro_batches)
     timings = plan.prediction.stage_timings
+    memory = [_memory_of_rank(plan, rank) for rank in range(par.pipeline_degree)]
+    allreduce_ms, allreduce_note = _allreduce_per_rank(plan, memory)
     events = simulate_order(
         order,
         timings,
-        dp_allreduce_ms=plan.prediction.dp_allreduce_ms if par.data_parallel_degree > 1 else 0.0,
+        dp_allreduce_ms=allreduce_ms,
         optimizer_ms=plan.prediction.breakdown.optimizer_ms,
     )
-    memory = [_memory_of_rank(plan, rank) for rank in range(par.pipeline_degree)]
     activation_bytes, source = activation_bytes_per_stage(order, timings, memory)
+    notes = [note for note in [allreduce_note] if note]
+    if source == "derived":
+        notes.append(
+            "memory: saved activations per micro-batch derived from each rank's "
+            "activations_bytes / its peak in-flight micro-batches (the plan has no "
+            "StageTiming.saved_activation_bytes)"
+        )
 
     compute_events = [e for rank_events in events for e in rank_events if e.track == "compute"]
     all_events = [e for rank_events in events for e in rank_events]
@@ -251,5 +281,6 @@ def simulate_plan(plan: Plan) -> SimulationResult:
         bubble_fraction=min(max(bubble, 0.0), 1.0),
         predicted_iteration_time_ms=plan.prediction.iteration_time_ms,
         activation_bytes_source=source,
+        notes=notes,
         ranks=ranks,
     )

@@ -49,19 +49,24 @@ def write_gantt_png(
     )
     end_ms = result.iteration_time_ms or 1.0
     min_label_ms = end_ms / 90  # label a bar with its micro-batch only where the text fits
+    min_outline_ms = end_ms / 400
 
     for rank in ranks:
         row = rank.pipeline_rank
         for category in CATEGORY_COLOURS:
             on_compute = [e for e in rank.events if e.category == category and e.track == "compute"]
-            if on_compute:
-                gantt.broken_barh(
-                    [(e.start_ms, e.duration_ms) for e in on_compute],
-                    (row - _COMPUTE_HEIGHT / 2, _COMPUTE_HEIGHT),
-                    facecolors=CATEGORY_COLOURS[category],
-                    edgecolor="white",
-                    linewidth=0.4,
-                )
+            # A white outline separates neighbouring bars but would hide a bar thinner than
+            # itself, so thin bars are drawn without one.
+            for wide in (True, False):
+                bars = [e for e in on_compute if (e.duration_ms >= min_outline_ms) == wide]
+                if bars:
+                    gantt.broken_barh(
+                        [(e.start_ms, e.duration_ms) for e in bars],
+                        (row - _COMPUTE_HEIGHT / 2, _COMPUTE_HEIGHT),
+                        facecolors=CATEGORY_COLOURS[category],
+                        edgecolor="white" if wide else CATEGORY_COLOURS[category],
+                        linewidth=0.4,
+                    )
         sends = [e for e in rank.events if e.track == "communication"]
         if sends:
             gantt.broken_barh(
@@ -98,17 +103,16 @@ def write_gantt_png(
         f"{result.schedule}  pp={result.pipeline_degree}  v={result.virtual_stages_per_rank}  "
         f"m={result.num_micro_batches}  ·  simulated {result.iteration_time_ms:.2f} ms"
         + (f" (plan predicts {predicted:.2f} ms)" if predicted is not None else "")
-        + f"  ·  bubble {result.bubble_fraction:.0%}"
+        + f"  ·  ranks idle {result.bubble_fraction:.0%} of the pipeline"
     )
     gantt.set_title(f"{title}\n{summary}" if title else summary, fontsize=10, loc="left")
     gantt.tick_params(labelbottom=False)
-    gantt.legend(
+    figure.legend(
         handles=[
             Patch(color=colour, label="dp all-reduce / send" if name == "communication" else name)
             for name, colour in CATEGORY_COLOURS.items()
         ],
-        loc="lower right",
-        bbox_to_anchor=(1.0, 1.0),
+        loc="outside lower center",
         fontsize=8,
         ncols=4,
         frameon=False,

@@ -58,7 +58,7 @@ def memory_curve(
     transient_bytes: int,
 ) -> list[MemoryPoint]:
     """Step curve of one rank's memory from its events (see the module docstring)."""
-    changes: Counter[float] = Counter({0.0: 0})
+    changes: Counter[float] = Counter()
     for event in events:
         if event.category not in ("forward", "backward") or event.stage is None:
             continue
@@ -69,7 +69,9 @@ def memory_curve(
             changes[event.start_ms] += saved
         else:
             changes[event.end_ms] -= saved
-    points = []
+    # The first point is the static memory before anything runs; a change at time 0 follows
+    # it at the same time, so the curve shows the jump.
+    points = [MemoryPoint(time_ms=0.0, allocated_bytes=static_bytes)]
     level = static_bytes
     for time_ms in sorted(changes):
         level += changes[time_ms]

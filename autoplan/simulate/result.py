@@ -84,4 +84,7 @@ class SimulationResult(_Strict):
         description="'plan': StageTiming.saved_activation_bytes; 'derived': the rank's "
         "MemoryEstimate.activations_bytes spread over its peak in-flight micro-batches."
     )
+    notes: list[str] = Field(
+        default_factory=list, description="Figures the plan lacked and how they were estimated."
+    )
     ranks: list[RankTimeline]
