@@ -2,14 +2,17 @@
 
 Drawn with matplotlib's object API and the Agg canvas (no pyplot state, no display needed).
 Rows are pipeline ranks; forward, backward, sends and optimizer have their own colours, so the
-pipeline bubble is the white space between bars.
+pipeline bubble is the white space between bars. Under interleaving, a rank's odd chunks are
+drawn in a lighter shade so that its stages can be told apart.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
@@ -26,6 +29,15 @@ CATEGORY_COLOURS = {
 
 _COMPUTE_HEIGHT = 0.62
 _COMM_HEIGHT = 0.18
+
+
+def _is_odd_chunk(stage: int | None, pipeline_degree: int) -> bool:
+    return stage is not None and (stage // pipeline_degree) % 2 == 1
+
+
+def _lighter(colour: str) -> tuple[float, float, float]:
+    red, green, blue = to_rgb(colour)
+    return (red + (1 - red) * 0.4, green + (1 - green) * 0.4, blue + (1 - blue) * 0.4)
 
 
 def _memory_unit(peak_bytes: int) -> tuple[float, str]:
@@ -57,14 +69,25 @@ def write_gantt_png(
             on_compute = [e for e in rank.events if e.category == category and e.track == "compute"]
             # A white outline separates neighbouring bars but would hide a bar thinner than
             # itself, so thin bars are drawn without one.
-            for wide in (True, False):
-                bars = [e for e in on_compute if (e.duration_ms >= min_outline_ms) == wide]
+            # With interleaving, a rank's odd chunks (stages p..2p-1, 3p..) are drawn lighter.
+            for wide, odd_chunk in itertools.product((True, False), (False, True)):
+                bars = [
+                    e
+                    for e in on_compute
+                    if (e.duration_ms >= min_outline_ms) == wide
+                    and _is_odd_chunk(e.stage, result.pipeline_degree) == odd_chunk
+                ]
                 if bars:
+                    colour = (
+                        _lighter(CATEGORY_COLOURS[category])
+                        if odd_chunk
+                        else CATEGORY_COLOURS[category]
+                    )
                     gantt.broken_barh(
                         [(e.start_ms, e.duration_ms) for e in bars],
                         (row - _COMPUTE_HEIGHT / 2, _COMPUTE_HEIGHT),
-                        facecolors=CATEGORY_COLOURS[category],
-                        edgecolor="white" if wide else CATEGORY_COLOURS[category],
+                        facecolors=colour,
+                        edgecolor="white" if wide else colour,
                         linewidth=0.4,
                     )
         sends = [e for e in rank.events if e.track == "communication"]
@@ -107,14 +130,19 @@ def write_gantt_png(
     )
     gantt.set_title(f"{title}\n{summary}" if title else summary, fontsize=10, loc="left")
     gantt.tick_params(labelbottom=False)
+    handles = [
+        Patch(color=colour, label="dp all-reduce / send" if name == "communication" else name)
+        for name, colour in CATEGORY_COLOURS.items()
+    ]
+    if result.virtual_stages_per_rank > 1:
+        handles.append(
+            Patch(color=_lighter(CATEGORY_COLOURS["forward"]), label="lighter: odd chunks")
+        )
     figure.legend(
-        handles=[
-            Patch(color=colour, label="dp all-reduce / send" if name == "communication" else name)
-            for name, colour in CATEGORY_COLOURS.items()
-        ],
+        handles=handles,
         loc="outside lower center",
         fontsize=8,
-        ncols=4,
+        ncols=len(handles),
         frameon=False,
     )
 
