@@ -67,6 +67,22 @@ def _compute_event(action: Action, start_ms: float, timing: StageTiming) -> Simu
     )
 
 
+def _send_event(
+    action: Action, consumer: Action, *, peer_rank: int, start_ms: float, duration_ms: float
+) -> SimulatedEvent:
+    what = "act" if action.kind == "F" else "grad"
+    return SimulatedEvent(
+        name=f"send {what} s{action.stage}→s{consumer.stage} mb{action.micro_batch}",
+        category="communication",
+        track="communication",
+        stage=action.stage,
+        micro_batch=action.micro_batch,
+        peer_rank=peer_rank,
+        start_ms=start_ms,
+        end_ms=start_ms + duration_ms,
+    )
+
+
 def simulate_order(
     order: PipelineOrder,
     stage_timings: list[StageTiming],
@@ -119,26 +135,18 @@ def simulate_order(
                 if target == rank:
                     input_ready_ms[consumer] = event.end_ms
                     continue
+                # Both directions across the boundary of stages s, s+1 take stage s's send_ms.
                 boundary = min(action.stage, consumer.stage)
-                link = (rank, target)
-                send_start = max(event.end_ms, link_free_ms.get(link, 0.0))
-                send_end = send_start + timing_of[boundary].send_ms
-                link_free_ms[link] = send_end
-                input_ready_ms[consumer] = send_end
-                what = "act" if action.kind == "F" else "grad"
-                hop = f"s{action.stage}→s{consumer.stage}"
-                events[rank].append(
-                    SimulatedEvent(
-                        name=f"send {what} {hop} mb{action.micro_batch}",
-                        category="communication",
-                        track="communication",
-                        stage=action.stage,
-                        micro_batch=action.micro_batch,
-                        peer_rank=target,
-                        start_ms=send_start,
-                        end_ms=send_end,
-                    )
+                send = _send_event(
+                    action,
+                    consumer,
+                    peer_rank=target,
+                    start_ms=max(event.end_ms, link_free_ms.get((rank, target), 0.0)),
+                    duration_ms=timing_of[boundary].send_ms,
                 )
+                link_free_ms[(rank, target)] = send.end_ms
+                input_ready_ms[consumer] = send.end_ms
+                events[rank].append(send)
         if not progressed:
             stuck = {
                 rank: str(order[rank][position[rank]])
