@@ -7,7 +7,9 @@ from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    _Action,
     _ComputationType,
+    _validate_schedule,
 )
 
 from autoplan.errors import InputError
@@ -178,3 +180,34 @@ def test_validator_finds_deadlock_and_marks_the_stuck_step() -> None:
 def test_validator_rejects_malformed_lists(rows: list[str], expected: str) -> None:
     with pytest.raises(InvalidScheduleError, match=expected):
         validate_order(_parse(rows), 2, 2, 1)
+
+
+def _as_pytorch(order: list[list[Action]]) -> dict[int, list]:
+    """Our lists in PyTorch's IR, through its own parser of the "2F0" text form."""
+    return {
+        rank: [_Action.from_str(str(action)) for action in actions]
+        for rank, actions in enumerate(order)
+    }
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pp", "m", "v"),
+    [
+        ("gpipe", 3, 4, 1),
+        ("1f1b", 4, 6, 1),
+        ("interleaved_1f1b", 4, 8, 2),
+        ("interleaved_1f1b", 2, 6, 3),
+    ],
+)
+def test_pytorch_validator_accepts_our_lists(schedule: str, pp: int, m: int, v: int) -> None:
+    order = schedule_order(schedule, pp, m, v)  # type: ignore[arg-type]
+    stage_to_rank = _validate_schedule(_as_pytorch(order), pp, pp * v, m)
+    assert stage_to_rank == {stage: stage % pp for stage in range(pp * v)}
+
+
+def test_both_validators_reject_a_backward_before_its_forward() -> None:
+    order = _parse(["0F0 0B0 0F1 0B1", "1F0 1B1 1F1 1B0"])
+    with pytest.raises(AssertionError, match="Rank 1, step 1: Running Full Backward"):
+        _validate_schedule(_as_pytorch(order), 2, 2, 2)
+    with pytest.raises(InvalidScheduleError, match="rank 1, step 1"):
+        validate_order(order, 2, 2, 2)

@@ -219,3 +219,19 @@ def test_show_and_simulate_run_with_torch_blocked(plan_file: Path, tmp_path: Pat
         )
         assert completed.returncode == 0, completed.stderr[-2000:]
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulate_grid_prints_the_schedule_like_pytorch(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    write_json_model(path, make_plan([1, 1], schedule="1f1b", num_micro_batches=2))
+    result = runner.invoke(app, ["simulate", str(path), "--grid"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    grid = [line.rstrip() for line in result.output.splitlines() if line.startswith("Step")]
+    assert grid == [
+        "Step 0: 0F0",
+        "Step 1: 0F1    1F0",
+        "Step 2:        1B0",
+        "Step 3: 0B0    1F1",
+        "Step 4:        1B1",
+        "Step 5: 0B1",
+    ]

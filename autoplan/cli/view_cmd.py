@@ -12,6 +12,7 @@ from rich.table import Table
 from autoplan.cli.app import command
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
+from autoplan.schedule import format_grid, schedule_order, unit_step_grid
 from autoplan.simulate import SimulationResult, simulate_plan
 from autoplan.simulate.chrome_trace import write_chrome_trace
 from autoplan.simulate.gantt import write_gantt_png
@@ -70,10 +71,23 @@ def simulate(
     out: Annotated[
         Path | None, typer.Option("--out", help="Write the full simulation result as JSON.")
     ] = None,
+    grid: Annotated[
+        bool,
+        typer.Option(
+            "--grid", help="Also print the schedule as a step × rank grid (one step per action)."
+        ),
+    ] = False,
 ) -> None:
     """Play the plan's schedule event by event; compare with the plan's closed-form prediction."""
     plan = read_json_model(plan_path, Plan)
     result = simulate_plan(plan)
+    if grid:
+        par = plan.parallelism
+        order = schedule_order(
+            par.schedule, par.pipeline_degree, par.num_micro_batches, par.virtual_stages_per_rank
+        )
+        steps, _ = unit_step_grid(order, par.num_stages)
+        typer.echo(format_grid(steps))
     title = _title(plan_path, plan)
     console = Console()
     console.print(_rank_table(result))
