@@ -40,6 +40,7 @@ from autoplan.profile import profile_model
 from autoplan.profile.schema import LayerProfile, Profile
 from autoplan.solve import SolveOptions, solve
 from autoplan.zoo.gpt import GPT, GPTConfig
+from autoplan.zoo.registry import model_names
 
 __all__ = ["MEGATRON_TABLE1", "MegatronRow", "main", "megatron_flops_per_iteration"]
 
@@ -333,6 +334,10 @@ class CalibrationGroup:
             intra_node_latency_us=CALIBRATION_LINK_LATENCY_US,
         )
 
+    def comparable(self, m: Measurement) -> bool:
+        """tp > 1 needs the layer's tensor-parallel profile (factory models have none)."""
+        return m.tp == 1 or self.layer.tensor_parallel is not None
+
     def precision(self) -> str:
         """The source does not record the precision. Where some configuration ran faster than
         the GPU's FP32 peak, the stack used TF32 tensor cores (PyTorch allowed TF32 matmuls by
@@ -356,7 +361,7 @@ def _ratios(
 ) -> list[float]:
     ratios = []
     for m in group.measurements:
-        if tp1_only and m.tp != 1:
+        if (tp1_only and m.tp != 1) or not group.comparable(m):
             continue
         forward, backward = group.predicted_ms(m, precision, efficiency)
         ratios += [forward / m.forward_ms, backward / m.backward_ms]
@@ -389,7 +394,12 @@ def opt_30b_shape(batch_size: int, seq_len: int) -> tuple[Any, Any]:
 
 
 # The zoo (or factory) model whose transformer layer matches each calibration model.
-CALIBRATION_MODELS = {"OPT-350": "opt-350m", "OPT-30": "bench.bench_fidelity:opt_30b_shape"}
+# A zoo 'opt-30b' is used when the zoo has one; the factory's layer has no tensor-parallel
+# profile (the profiler takes the tp divisor from zoo metadata), so its tp > 1 rows are skipped.
+CALIBRATION_MODELS = {
+    "OPT-350": "opt-350m",
+    "OPT-30": "opt-30b" if "opt-30b" in model_names() else "bench.bench_fidelity:opt_30b_shape",
+}
 
 
 def _block_layer(profile: Profile) -> LayerProfile:
@@ -434,12 +444,16 @@ def report_calibration() -> None:
         f"{'bwd meas':>9} {'bwd pred':>9} {'ratio':>6}"
     )
     summary: list[tuple[str, str, float, float, list[float], list[float]]] = []
+    skipped: list[str] = []
     for (gpu_name, precision), members in sorted(by_fit.items()):
         efficiency = fitted[(gpu_name, precision)]
         single: list[float] = []
         multi: list[float] = []
         for g in members:
             for m in g.measurements:
+                if not g.comparable(m):
+                    skipped.append(f"{m.model}/{gpu_name}/tp{m.tp}/mb{m.micro_batch}")
+                    continue
                 forward, backward = g.predicted_ms(m, precision, efficiency)
                 ratios = [forward / m.forward_ms, backward / m.backward_ms]
                 (single if m.tp == 1 else multi).extend(ratios)
@@ -469,6 +483,12 @@ def report_calibration() -> None:
             f"{gpu_name:<10} {precision:<5} {efficiency:>10.3f} {catalog_value:>8.3f} "
             + " ".join(cells)
         )
+    if skipped:
+        counts: dict[str, int] = defaultdict(int)
+        for name in skipped:
+            counts[name.rsplit("/", 2)[0]] += 1
+        listed = ", ".join(f"{key} ({count})" for key, count in sorted(counts.items()))
+        print(f"\nSkipped tp > 1 runs (the layer has no tensor-parallel profile): {listed}")
     median, worst = _ratio_summary(everything)
     within = sum(abs(math.log(r)) <= math.log(1.25) for r in everything) / len(everything)
     print(
