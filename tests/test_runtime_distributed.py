@@ -16,20 +16,15 @@ import torch
 
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
-from autoplan.runtime.data import synthetic_batches
-from autoplan.runtime.model_stage import build_full_model
 from autoplan.runtime.report import RunReport
-from autoplan.runtime.train import language_model_loss
-from autoplan.zoo import get_model_spec
 from tests.distributed_driver import STEPS
 from tests.plan_factory import make_plan
+from tests.single_process_reference import reference_training
 
 pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
-SEED = 0
-LEARNING_RATE = 1e-3  # train()'s default
 
 
 def _with_zero1(plan: Plan) -> Plan:
@@ -105,31 +100,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out_dir
 
 
-def _reference(plan: Plan) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
-    """Single-process training of the whole model on the whole global batch."""
-    model = build_full_model(plan.inputs.model.name, plan.inputs.dtype, SEED)
-    spec = get_model_spec(plan.inputs.model.name)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    batches = synthetic_batches(
-        spec.vocab_size, plan.inputs.global_batch_size, plan.inputs.seq_len, SEED + 1
-    )
-    loss_fn = language_model_loss(1.0)
-    losses, gradients = [], []
-    for _ in range(STEPS):
-        inputs, targets = next(batches)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(inputs), targets)
-        loss.backward()
-        losses.append(loss.item())
-        gradients.append({n: p.grad.clone() for n, p in model.named_parameters()})
-        optimizer.step()
-    return losses, gradients
-
-
 @pytest.mark.parametrize("name", list(_plans()))
 def test_distributed_training_equals_single_process(runs: Path, name: str) -> None:
     plan = _plans()[name]
-    losses, reference = _reference(plan)
+    losses, reference = reference_training(plan, STEPS)
     report = read_json_model(runs / name / "report.json", RunReport)
     assert [record.step for record in report.steps] == list(range(STEPS))
     for record, expected in zip(report.steps, losses, strict=True):

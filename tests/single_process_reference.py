@@ -1,0 +1,41 @@
+"""Single-process training of a plan's whole model on its whole global batch: the reference
+that distributed runs must equal (same seed, same synthetic batches, same AdamW)."""
+
+from __future__ import annotations
+
+import torch
+
+from autoplan.plan.schema import Plan
+from autoplan.runtime.data import synthetic_batches
+from autoplan.runtime.model_stage import build_full_model
+from autoplan.runtime.train import language_model_loss
+from autoplan.zoo import get_model_spec
+
+__all__ = ["reference_training"]
+
+
+def reference_training(
+    plan: Plan, steps: int, seed: int = 0, learning_rate: float = 1e-3
+) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+    """Per step: the loss, and every parameter's gradient by name (before the update).
+
+    ``seed`` and ``learning_rate`` are ``autoplan.runtime.train``'s defaults; the data seed is
+    ``seed + 1`` as there.
+    """
+    model = build_full_model(plan.inputs.model.name, plan.inputs.dtype, seed)
+    spec = get_model_spec(plan.inputs.model.name)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    batches = synthetic_batches(
+        spec.vocab_size, plan.inputs.global_batch_size, plan.inputs.seq_len, seed + 1
+    )
+    loss_fn = language_model_loss()
+    losses, gradients = [], []
+    for _ in range(steps):
+        inputs, targets = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        losses.append(loss.item())
+        gradients.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        optimizer.step()
+    return losses, gradients
