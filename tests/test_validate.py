@@ -441,3 +441,31 @@ def test_cli_validates_a_plan_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(bad)])
     assert result.exit_code == 2
     assert "share GPU 0 of node local-0" in result.output
+
+
+# ---- plans the solver makes pass the independent checks --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cluster_name", "batch", "profile_shape"),
+    [
+        ("a100x8", 64, (8, 1024, 512)),
+        ("a100-v100", 128, (8, 1024, 512)),
+        ("h100-a100-l4", 192, (8, 1024, 512)),
+        ("cpu-local", 8, (4, 64, 32)),
+        ("cpu-hetero", 8, (4, 64, 32)),
+    ],
+)
+@pytest.mark.parametrize("strategy", ["optimal", "megatron"])
+def test_solved_plans_pass(
+    cluster_name: str, batch: int, profile_shape: tuple[int, int, int], strategy: str
+) -> None:
+    from autoplan.cluster.catalog import example_cluster_path, load_cluster
+    from autoplan.solve import SolveOptions, solve
+    from tests.synthetic_profiles import transformer_profile
+
+    blocks, hidden, seq_len = profile_shape
+    profile = transformer_profile(blocks, hidden, seq_len, vocab=1000, heads=8)
+    cluster = load_cluster(example_cluster_path(cluster_name))
+    plan = solve(profile, cluster, batch, SolveOptions(strategy=strategy, time_limit_s=10))
+    assert plan_problems(plan, profile) == []
