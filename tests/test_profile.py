@@ -189,3 +189,30 @@ def test_measure_times_every_layer_of_a_tiny_model() -> None:
         assert measured.repeats == 3
         assert measured.forward_ms > 0 and measured.backward_ms > 0
         assert measured.device_name.startswith(("cpu", "NVIDIA"))
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "profiles"
+
+
+@pytest.mark.parametrize("name", ["megatron-1.7b", "megatron-145.6b", "megatron-1t"])
+def test_shipped_megatron_profiles_match_the_papers_flops_per_iteration(name: str) -> None:
+    """SC'21 (eq. 3 without recompute): 72·B·s·l·h²(1 + s/6h + V/12lh) per step, assuming
+    backward = 2x forward everywhere. Flash attention's backward is 2.5x its forward (it
+    recomputes QKᵀ), so that extra half of the attention FLOPs is taken out to compare."""
+    from autoplan.zoo.presets import MEGATRON_TABLE1
+
+    profile = read_json_model(REFERENCE / f"{name}.profile.json", Profile)
+    _, h, layers = MEGATRON_TABLE1[name]
+    b, s, vocab = profile.micro_batch_size, profile.seq_len, 51200
+    paper = 72 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (12 * layers * h))
+    total = profile.totals.forward_flops + profile.totals.backward_flops
+    attention = sum(layer.selective_recompute_flops for layer in profile.layers)
+    assert total - attention // 2 == pytest.approx(paper, rel=1e-6)
+    assert total == pytest.approx(paper, rel=0.025)
+
+
+def test_shipped_reference_profile_is_current() -> None:
+    """The shipped profiles are what `autoplan profile` writes today (regenerate them with
+    `autoplan profile MODEL --seq S -o profiles/MODEL.profile.json` when this fails)."""
+    shipped = read_json_model(REFERENCE / "gpt2-small.profile.json", Profile)
+    assert shipped == profile_model("gpt2-small", shipped.seq_len, shipped.micro_batch_size)
