@@ -170,6 +170,7 @@ def test_a_factory_module_is_one_layer_with_exact_bytes_moved() -> None:
         (("gpt2-small", 0, 1), "sequence length must be at least 1, got 0"),
         (("gpt2-smal", 128, 1), "did you mean gpt2-small"),
         (("tests.test_profile:nope", 8, 1), "has no 'nope'"),
+        (("tests.test_profile:make_single_linear", 5, 4), r"shape \(2, 5, 16\), not 4 samples"),
     ],
 )
 def test_bad_sizes_and_names_raise_input_errors(args: tuple, message: str) -> None:

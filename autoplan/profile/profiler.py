@@ -102,6 +102,19 @@ def _as_fake_inputs(example: Any, mode: FakeTensorMode, dtype: torch.dtype) -> l
     return inputs
 
 
+def _check_factory_input(name: str, inputs: list[torch.Tensor], micro_batch_size: int) -> str:
+    """A factory's input must hold ``micro_batch_size`` samples; returns a note of its shapes."""
+    shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
+    first = inputs[0]
+    if first.dim() == 0 or first.shape[0] != micro_batch_size:
+        raise InputError(
+            f"factory '{name}' returned an input of shape {tuple(first.shape)}, not "
+            f"{micro_batch_size} samples: give the factory a batch_size parameter or pass "
+            f"--micro-batch {first.shape[0] if first.dim() else 1}"
+        )
+    return f"factory input shape(s): {shapes}; seq_len is recorded as given"
+
+
 def _signature(layer: PipelineLayer, inputs: list[TensorMeta], loss: str | None) -> tuple:
     """Layers with equal signatures compute the same thing on the same shapes."""
     parameters = tuple(
@@ -154,6 +167,8 @@ def profile_model(
         layers, layering_note = pipeline_layers(model)
         results = _trace_layers(spec, layers, inputs, replicate)
     notes = [layering_note]
+    if spec.vocab_size is None:
+        notes.append(_check_factory_input(spec.name, inputs, micro_batch_size))
     profiled = [index for index, (_, _, replica_of, _) in enumerate(results) if replica_of is None]
     replicas = len(layers) - len(profiled)
     if replicas:
