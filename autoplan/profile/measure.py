@@ -116,7 +116,14 @@ def measure_layers(
             f"(weights + one layer's gradients and activations) but only {free / _GIB:.1f} GiB "
             "is free; profile without --measure"
         )
-    model, example = spec.build_with_input(micro_batch_size, seq_len)
+    # Built directly on the device in the training dtype: no full-precision host copy first.
+    previous_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model, example = spec.build_with_input(micro_batch_size, seq_len)
+    finally:
+        torch.set_default_dtype(previous_dtype)
     model = model.to(device=device, dtype=dtype)
     layers, _ = pipeline_layers(model)
     items = list(example) if isinstance(example, tuple | list) else [example]
