@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,25 @@ def test_models_lists_the_zoo() -> None:
         assert name in result.output
     assert "68,976,648,192" in result.output  # llama2-70b
     assert "1,008,038,758,400" in result.output  # megatron-1t
+
+
+def test_a_users_factory_file_in_the_current_directory(tmp_path: Path) -> None:
+    """The installed `autoplan` command imports 'my_model:build' from where it is run."""
+    (tmp_path / "my_model.py").write_text(
+        "import torch\n"
+        "def build(batch_size=1):\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), "
+        "torch.randn(batch_size, 8)\n"
+    )
+    script = Path(sys.executable).parent / "autoplan"
+    result = subprocess.run(
+        [str(script), "profile", "my_model:build", "--seq", "1", "--micro-batch", "3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    profile = read_json_model(tmp_path / "profile.json", Profile)
+    assert [layer.param_count for layer in profile.layers] == [72, 0]
+    assert profile.layers[0].forward_flops == 2 * 3 * 8 * 8

@@ -89,6 +89,8 @@ def profile(
     write_json_model(output, result)
     console = _console()
     console.print(_summary_table(result))
+    for note in result.notes:
+        console.print(f"note: {note}")
     totals = result.totals
     console.print(
         f"wrote {output}: {len(result.layers)} layers ({len(result.profiled_layer_indices)} "

@@ -2,13 +2,16 @@
 ``(module, example_input)``.
 
 If the callable takes ``batch_size`` and/or ``seq_len`` keyword parameters it is given the sizes
-asked for; otherwise its example input is used as it is.
+asked for; otherwise its example input is used as it is. The module is imported with the
+current directory on ``sys.path`` (as ``python -m`` has it), so a user's own file is found.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +33,8 @@ def load_factory(path: str) -> Callable[..., Any]:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise InputError(f"factory '{path}' must have the form 'package.module:callable'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # any import failure of user code is the user's input problem
