@@ -350,19 +350,19 @@ class CalibrationGroup:
         return m.tp == 1 or self.layer.tensor_parallel is not None
 
     def precision(self) -> str:
-        """The source does not record the precision. Where some configuration ran faster than
-        the GPU's FP32 peak, the stack used TF32 tensor cores (PyTorch allowed TF32 matmuls by
-        default before 1.12); otherwise plain FP32. GPUs without TF32 fall back to FP32."""
+        """The source does not record the precision. Where a forward or backward pass ran
+        faster than the GPU's FP32 peak, the stack used TF32 tensor cores (PyTorch allowed TF32
+        matmuls by default before 1.12); otherwise plain FP32. GPUs without TF32 use FP32."""
+        if "tf32" not in self.gpu.peak_tflops:
+            return "fp32"
         fp32 = peak_tflops(self.gpu, "fp32")
         for m in self.measurements:
-            flops = (self.layer.forward_flops + self.layer.backward_flops) * m.micro_batch
-            rate_tflops = (
-                flops
-                / self.profile_micro_batch_size
-                / m.tp
-                / ((m.forward_ms + m.backward_ms) * 1e9)
-            )
-            if rate_tflops > fp32 and "tf32" in self.gpu.peak_tflops:
+            scale = m.micro_batch / self.profile_micro_batch_size / m.tp / 1e9  # → TFLOP/s
+            rates = [
+                self.layer.forward_flops * scale / m.forward_ms,
+                self.layer.backward_flops * scale / m.backward_ms,
+            ]
+            if max(rates) > fp32:
                 return "tf32"
         return "fp32"
 
