@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,45 @@ def test_schedules_torch_would_reject_are_refused_before_running() -> None:
 def test_replica_rows_follow_uneven_shares() -> None:
     plan = make_plan([6], data_parallel=3, num_micro_batches=2, replica_micro_batch_sizes=[3, 1, 2])
     assert [replica_rows(plan, i) for i in range(3)] == [slice(0, 6), slice(6, 8), slice(8, 12)]
+
+
+def _ops_run_in_backward(model_name: str, recompute: str) -> Counter[str]:
+    """How often each aten op runs during backward: recompute shows up as forward ops."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from autoplan.runtime.model_stage import build_full_model
+    from autoplan.runtime.recompute import apply_recompute
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.counts: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.counts[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    model = build_full_model(model_name, "fp64", seed=0)
+    apply_recompute(model, recompute)
+    loss = model(torch.randint(0, 64, (2, 16))).sum()
+    with CountOps() as counter:
+        loss.backward()
+    return counter.counts
+
+
+@pytest.mark.parametrize("model_name", ["gpt-tiny", "llama-tiny"])
+def test_recompute_reruns_what_the_mode_says(model_name: str) -> None:
+    attention = "aten._scaled_dot_product_flash_attention_for_cpu"
+    none, selective, full = (
+        _ops_run_in_backward(model_name, mode) for mode in ("none", "selective", "full")
+    )
+    blocks = 4
+    # The attention core's forward reruns in backward under both modes, once per block.
+    assert (none[attention], selective[attention], full[attention]) == (0, blocks, blocks)
+
+    # Selective keeps the matmuls; full recomputes them (one more mm per linear layer).
+    def matmuls(counts: Counter[str]) -> int:
+        return counts["aten.mm"] + counts["aten.addmm"]
+
+    assert matmuls(selective) == matmuls(none) < matmuls(full)

@@ -68,6 +68,15 @@ def _plans() -> dict[str, Plan]:
         "dp2_tp2": make_plan(
             [6], data_parallel=2, tensor_parallel=2, schedule="gpipe", num_micro_batches=2
         ),
+        # Llama: grouped-query attention (2 kv heads split over tp 2), RoPE, SwiGLU's gate.
+        "llama_pp2_tp2_selective": make_plan(
+            [3, 3],
+            model="llama-tiny",
+            tensor_parallel=2,
+            schedule="1f1b",
+            num_micro_batches=2,
+            recompute="selective",
+        ),
     }
 
 

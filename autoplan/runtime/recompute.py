@@ -1,10 +1,10 @@
-"""Activation recompute per stage: 'full' recomputes each block, 'selective' only attention.
+"""Activation recompute per stage: 'full' recomputes each block, 'selective' all but matmuls.
 
 Both use ``torch.utils.checkpoint`` (non-reentrant) around each block's forward, set on the
 instance, so the module tree and parameter names stay as in single-process training (a
 ``checkpoint_wrapper`` would insert ``_checkpoint_wrapped_module`` into every name). 'selective'
-is Megatron's selective recompute: a checkpoint policy that saves every op's output except the
-attention core's (scaled dot-product attention), which backward recomputes.
+follows Megatron's selective recompute with a checkpoint policy: the matmul outputs are kept,
+the attention core (scaled dot-product attention) and the elementwise ops are recomputed.
 """
 
 from __future__ import annotations
@@ -25,28 +25,27 @@ from autoplan.plan.schema import Recompute
 
 __all__ = ["apply_recompute"]
 
-_ATTENTION_CORE_OPS = {
-    op
-    for op in (
-        getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None),
-        getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None),
-        getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None),
-        getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None),
-        getattr(torch.ops.aten, "_scaled_dot_product_attention_math", None),
-    )
-    if op is not None
+# Outputs kept under 'selective': the matmuls (the FLOPs). Everything else in a block is
+# recomputed in backward: the attention core (the point of selective recompute: its softmax
+# inputs are the s² activations) and the cheap elementwise ops around it. Keeping only a known
+# list, rather than "everything but attention", is what makes it safe: PyTorch refuses a saved
+# output that is later changed in place (RMSNorm's ``add_``, a collective's ``wait_tensor``).
+_SAVED_OPS = {
+    torch.ops.aten.mm,
+    torch.ops.aten.addmm,
+    torch.ops.aten.bmm,
+    torch.ops.aten.baddbmm,
 }
 
 
-def _attention_core_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    packet = getattr(op, "overloadpacket", op)
-    if packet in _ATTENTION_CORE_OPS:
-        return CheckpointPolicy.PREFER_RECOMPUTE
-    return CheckpointPolicy.PREFER_SAVE
+def _matmuls_only_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    if getattr(op, "overloadpacket", op) in _SAVED_OPS:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_context() -> Any:
-    return create_selective_checkpoint_contexts(_attention_core_policy)
+    return create_selective_checkpoint_contexts(_matmuls_only_policy)
 
 
 def _checkpointed(forward: Callable[..., Any], selective: bool) -> Callable[..., Any]:
