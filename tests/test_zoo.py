@@ -14,6 +14,7 @@ from torch import nn
 
 from autoplan.errors import InputError
 from autoplan.zoo import get_model_spec, keep_layers, model_names
+from autoplan.zoo.gpt import SelfAttention
 from autoplan.zoo.presets import MEGATRON_TABLE1, PRESET_CONFIGS
 
 
@@ -181,3 +182,18 @@ def make_two_linears(batch_size: int = 1, seq_len: int = 1) -> tuple[nn.Module, 
 
 def test_every_preset_config_is_in_the_zoo() -> None:
     assert set(PRESET_CONFIGS) == set(model_names())
+
+
+def test_gpt_neo_alternates_global_and_local_attention() -> None:
+    with torch.device("meta"):
+        model = get_model_spec("gpt-neo-2.7b").build()
+    windows = [model.layers[f"block_{i}"].attn.window for i in range(4)]
+    assert windows == [None, 256, None, 256]
+    # A local window of 4: the first token reaches positions 0..3 only.
+    attention = SelfAttention(16, 2, causal=True, window=4, scale=1.0).double()
+    x = torch.randn(1, 8, 16, dtype=torch.float64)
+    nudged = x.clone()
+    nudged[0, 0] += 1.0
+    changed = (attention(x) - attention(nudged)).abs().amax(dim=-1)[0]
+    assert (changed[:4] > 0).all()
+    assert (changed[4:] == 0).all()

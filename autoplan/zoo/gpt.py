@@ -23,6 +23,8 @@ class GPTConfig:
     """Shape of a GPT model; parameter count 12lh² + 13lh + (V + s)h + 2h when tied.
 
     ``qkv_bias=False`` (GPT-Neo) drops the 3h biases of q, k and v in every block.
+    ``local_attention_window`` (GPT-Neo: 256) makes every odd block attend only to the last
+    that many tokens; ``attention_scale`` replaces 1/sqrt(head_dim) (GPT-Neo: 1.0, unscaled).
     """
 
     num_layers: int
@@ -33,6 +35,8 @@ class GPTConfig:
     ffn_hidden_size: int | None = None
     tie_embeddings: bool = True
     qkv_bias: bool = True
+    local_attention_window: int | None = None
+    attention_scale: float | None = None
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -67,11 +71,22 @@ class SelfAttention(nn.Module):
     columns, so heads are inferred from the projection's output with ``head_dim`` fixed.
     """
 
-    def __init__(self, hidden: int, num_heads: int, *, causal: bool, qkv_bias: bool = True) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        num_heads: int,
+        *,
+        causal: bool,
+        qkv_bias: bool = True,
+        window: int | None = None,
+        scale: float | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = hidden // num_heads
         self.causal = causal
+        self.window = window
+        self.scale = scale
         self.q = nn.Linear(hidden, hidden, bias=qkv_bias)
         self.k = nn.Linear(hidden, hidden, bias=qkv_bias)
         self.v = nn.Linear(hidden, hidden, bias=qkv_bias)
@@ -84,11 +99,28 @@ class SelfAttention(nn.Module):
         q = self.q(x).view(shape).transpose(1, 2)
         k = self.k(x).view(shape).transpose(1, 2)
         v = self.v(x).view(shape).transpose(1, 2)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if self.window is None:
+            attended = F.scaled_dot_product_attention(
+                q, k, v, is_causal=self.causal, scale=self.scale
+            )
+        else:
+            attended = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=self._local_mask(seq, x.device), scale=self.scale
+            )
         return self.out(attended.transpose(1, 2).reshape(batch, seq, -1))
 
+    def _local_mask(self, seq: int, device: torch.device) -> torch.Tensor:
+        """Causal sliding window: query i sees keys i - window + 1 … i."""
+        assert self.window is not None
+        query = torch.arange(seq, device=device)[:, None]
+        key = torch.arange(seq, device=device)[None, :]
+        return (key <= query) & (query - key < self.window)
+
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}"
+        return (
+            f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
+            f"window={self.window}, scale={self.scale}"
+        )
 
 
 class GPTMLP(nn.Module):
@@ -106,11 +138,16 @@ class GPTMLP(nn.Module):
 class GPTBlock(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, *, local: bool = False) -> None:
         super().__init__()
         self.attn_norm = nn.LayerNorm(config.hidden_size)
         self.attn = SelfAttention(
-            config.hidden_size, config.num_heads, causal=True, qkv_bias=config.qkv_bias
+            config.hidden_size,
+            config.num_heads,
+            causal=True,
+            qkv_bias=config.qkv_bias,
+            window=config.local_attention_window if local else None,
+            scale=config.attention_scale,
         )
         self.mlp_norm = nn.LayerNorm(config.hidden_size)
         self.mlp = GPTMLP(config.hidden_size, config.ffn)
@@ -143,6 +180,7 @@ class GPT(LayeredModel):
         embed = GPTEmbedding(config)
         layers: dict[str, nn.Module] = {"embed": embed}
         for index in range(config.num_layers):
-            layers[f"block_{index}"] = GPTBlock(config)
+            # GPT-Neo alternates global (even) and local (odd) attention when a window is set.
+            layers[f"block_{index}"] = GPTBlock(config, local=index % 2 == 1)
         layers["head"] = GPTHead(config, embed.token if config.tie_embeddings else None)
         self.layers = nn.ModuleDict(layers)

@@ -39,10 +39,18 @@ PRESET_CONFIGS: dict[str, PresetConfig] = {
     "gpt2-small": GPTConfig(12, 768, 12, _GPT2_VOCAB, 1024),
     "gpt2-medium": GPTConfig(24, 1024, 16, _GPT2_VOCAB, 1024),
     "gpt2-xl": GPTConfig(48, 1600, 25, _GPT2_VOCAB, 1024),
-    # GPT-Neo alternates global and 256-token local attention; both have the same parameters
-    # and (as Hugging Face computes local attention with a mask over the full score matrix)
-    # the same FLOPs, so every block here uses global causal attention.
-    "gpt-neo-2.7b": GPTConfig(32, 2560, 20, _GPT2_VOCAB, 2048, qkv_bias=False),
+    # GPT-Neo: no q/k/v biases, unscaled attention scores, global and 256-token local
+    # attention alternating (Hugging Face's attention_types [["global", "local"], 16]).
+    "gpt-neo-2.7b": GPTConfig(
+        32,
+        2560,
+        20,
+        _GPT2_VOCAB,
+        2048,
+        qkv_bias=False,
+        local_attention_window=256,
+        attention_scale=1.0,
+    ),
     "opt-350m": OPTConfig(24, 1024, 16, 4096, 50272, 2048, word_embed_size=512),
     **{
         name: GPTConfig(layers, hidden, heads, 51200, 2048)
