@@ -24,6 +24,7 @@ from autoplan.profile.measure import measure_layers
 from autoplan.profile.schema import (
     DType,
     LayerProfile,
+    MeasuredTimes,
     ModelRef,
     Profile,
     ProfileTotals,
@@ -164,11 +165,15 @@ def profile_model(
         model, example = spec.build_with_input(micro_batch_size, seq_len)
         _cast_floating_parameters(model, torch_dtype)
         inputs = _as_fake_inputs(example, fake_mode, torch_dtype)
+        # Checked before tracing, which is the slow part for a big factory model.
+        input_note = (
+            _check_factory_input(spec.name, inputs, micro_batch_size)
+            if spec.vocab_size is None
+            else None
+        )
         layers, layering_note = pipeline_layers(model)
         results = _trace_layers(spec, layers, inputs, replicate)
-    notes = [layering_note]
-    if spec.vocab_size is None:
-        notes.append(_check_factory_input(spec.name, inputs, micro_batch_size))
+    notes = [layering_note] if input_note is None else [layering_note, input_note]
     profiled = [index for index, (_, _, replica_of, _) in enumerate(results) if replica_of is None]
     replicas = len(layers) - len(profiled)
     if replicas:
@@ -181,7 +186,7 @@ def profile_model(
         notes.append("the last layer's figures include the fp32 token cross-entropy loss")
     else:
         notes.append("the last layer's backward is seeded with ones (the loss is not known)")
-    measured: dict[int, Any] = {}
+    measured: dict[int, MeasuredTimes] = {}
     if measure:
         measured = measure_layers(
             spec,
