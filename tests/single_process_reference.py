@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from autoplan.plan.schema import Plan
-from autoplan.runtime.data import synthetic_batches
+from autoplan.runtime.data import training_batches
+from autoplan.runtime.loss import loss_function
 from autoplan.runtime.model_stage import build_full_model
-from autoplan.runtime.train import language_model_loss
 from autoplan.zoo import get_model_spec
 
 __all__ = ["reference_training"]
@@ -17,7 +17,8 @@ __all__ = ["reference_training"]
 def reference_training(
     plan: Plan, steps: int, seed: int = 0, learning_rate: float = 1e-3
 ) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
-    """Per step: the loss, and every parameter's gradient by name (before the update).
+    """Per step: the loss, and every parameter's gradient by name (before the update); a tied
+    weight's gradient appears under each of its names.
 
     ``seed`` and ``learning_rate`` are ``autoplan.runtime.train``'s defaults; the data seed is
     ``seed + 1`` as there.
@@ -25,17 +26,17 @@ def reference_training(
     model = build_full_model(plan.inputs.model.name, plan.inputs.dtype, seed)
     spec = get_model_spec(plan.inputs.model.name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
-    batches = synthetic_batches(
-        spec.vocab_size, plan.inputs.global_batch_size, plan.inputs.seq_len, seed + 1
-    )
-    loss_fn = language_model_loss()
+    batches = training_batches(plan, seed + 1)
+    loss_fn = loss_function(spec.loss)
     losses, gradients = [], []
     for _ in range(steps):
         inputs, targets = next(batches)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(inputs), targets)
+        loss = loss_fn(model(*inputs), targets)
         loss.backward()
         losses.append(loss.item())
-        gradients.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        gradients.append(
+            {n: p.grad.clone() for n, p in model.named_parameters(remove_duplicate=False)}
+        )
         optimizer.step()
     return losses, gradients

@@ -1,4 +1,5 @@
-"""The runtime's checks that need no process group: launch vs plan, ties, schedules, shares."""
+"""The runtime's parts that need no process group: launch vs plan, ties, schedules, shares,
+recompute."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from autoplan.errors import InputError, LaunchMismatchError
 from autoplan.files import write_json_model
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
-from autoplan.runtime.model_stage import check_tied_parameters
+from autoplan.runtime.model_stage import TiedWeight, find_tied_weights
 from autoplan.runtime.train import check_schedule
 from autoplan.zoo.gpt import GPT, GPTConfig
 from tests.plan_factory import make_plan
@@ -88,17 +89,14 @@ def test_launch_env_reads_torchrun_variables_and_defaults_to_one_process() -> No
         LaunchEnv.from_environ({"WORLD_SIZE": "two", "RANK": "0", "LOCAL_RANK": "0"})
 
 
-def test_tied_embedding_split_across_stages_is_refused() -> None:
+def test_tied_weights_across_stages_are_found_by_name() -> None:
     tied = GPT(GPTConfig(2, 16, 2, 32, 16, tie_embeddings=True))  # layers: embed, 2 blocks, head
-    check_tied_parameters(tied, make_plan([4]))  # embedding and head in one stage: fine
-    with pytest.raises(
-        InputError,
-        match=r"ties layers\.embed\.token\.weight and "
-        r"layers\.head\.output\.weight .* stages 0, 1",
-    ):
-        check_tied_parameters(tied, make_plan([2, 2]))
+    assert find_tied_weights(tied, make_plan([4])) == []  # one stage holds both uses
+    assert find_tied_weights(tied, make_plan([2, 2])) == [
+        TiedWeight(names=("layers.embed.token.weight", "layers.head.output.weight"), stages=(0, 1))
+    ]
     untied = GPT(GPTConfig(2, 16, 2, 32, 16, tie_embeddings=False))
-    check_tied_parameters(untied, make_plan([2, 2]))
+    assert find_tied_weights(untied, make_plan([2, 2])) == []
 
 
 def test_schedules_torch_would_reject_are_refused_before_running() -> None:

@@ -1,4 +1,4 @@
-"""Training batches: seeded synthetic token ids, and each replica's rows of a global batch."""
+"""Training batches: seeded synthetic data, and each replica's rows of a global batch."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ import torch
 
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan
+from autoplan.runtime.model_stage import torch_dtype
+from autoplan.zoo import get_model_spec
 
-__all__ = ["replica_rows", "synthetic_batches"]
+__all__ = ["Batch", "replica_rows", "synthetic_batches", "training_batches"]
+
+Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
+"""(model inputs, targets) of one global batch; every tensor's first dimension is the batch."""
 
 
 def synthetic_batches(
@@ -23,6 +28,31 @@ def synthetic_batches(
     while True:
         tokens = torch.randint(0, vocab_size, (global_batch_size, seq_len + 1), generator=generator)
         yield tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def training_batches(plan: Plan, seed: int) -> Iterator[Batch]:
+    """The synthetic data of the plan's model: token ids for the zoo; for a factory, its own
+    example input at the global batch size (the same every step; targets unused)."""
+    spec = get_model_spec(plan.inputs.model.name)
+    batch, seq_len = plan.inputs.global_batch_size, plan.inputs.seq_len
+    if spec.vocab_size is not None:
+        for inputs, targets in synthetic_batches(spec.vocab_size, batch, seq_len, seed):
+            yield (inputs,), targets
+        return
+    torch.manual_seed(seed)
+    _, example = spec.build_with_input(batch, seq_len)
+    tensors = (example,) if isinstance(example, torch.Tensor) else tuple(example)
+    dtype = torch_dtype(plan.inputs.dtype)
+    tensors = tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
+    for tensor in tensors:
+        if tensor.dim() == 0 or tensor.shape[0] != batch:
+            raise InputError(
+                f"factory '{spec.name}' gave an input of shape {tuple(tensor.shape)}; the runtime "
+                f"splits inputs along a first dimension of the global batch ({batch})"
+            )
+    targets = torch.zeros(batch)
+    while True:
+        yield tensors, targets
 
 
 def replica_rows(plan: Plan, dp_index: int) -> slice:

@@ -18,12 +18,16 @@ ZeRO-1 on top; its parameters stay gathered between forward and backward
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
+
+from autoplan.runtime.model_stage import pipeline_layers
 
 __all__ = ["make_optimizer", "wrap_data_parallel"]
 
@@ -36,8 +40,12 @@ def wrap_data_parallel(
     if dp_mesh.size() == 1:
         return model
     if shard:
-        for layer in model.layers.values():
-            if any(True for _ in layer.parameters()):
+        layers = [layer for _, layer in pipeline_layers(model) if layer is not model]
+        uses = Counter(id(p) for layer in layers for p in layer.parameters())
+        for layer in layers:
+            params = list(layer.parameters())
+            # A weight two layers share (tied embeddings) is left to the stage-level group.
+            if params and all(uses[id(p)] == 1 for p in params):
                 fully_shard(layer, mesh=dp_mesh, reshard_after_forward=False)
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=False)
         return model

@@ -2,9 +2,14 @@
 
 Every rank builds the whole model from the same seed, so the weights of layer i are the same
 bits on the rank that keeps layer i as in single-process training; then it keeps only its
-stage's layers (``keep_layers``), which leaves parameter names unchanged
-(``layers.block_3.attn.q.weight``). Building the whole model first costs host memory for big
-models; it is the simple way to guarantee identical initial weights without a checkpoint.
+stage's layers, which leaves parameter names unchanged (``layers.block_3.attn.q.weight``).
+Building the whole model first costs host memory for big models; it is the simple way to
+guarantee identical initial weights without a checkpoint.
+
+Pipeline layers are what the profiler measured: the ``layers`` entries of a zoo
+``LayeredModel``, the children of a factory's ``nn.Sequential``, or a factory's whole module.
+Weights shared by layers of different stages (tied embeddings) become one copy per stage:
+:func:`find_tied_weights` lists them so that the runtime can sum their gradients.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, Stage
@@ -21,9 +28,12 @@ from autoplan.zoo import LayeredModel, get_model_spec, keep_layers
 
 __all__ = [
     "DTYPES",
+    "TiedWeight",
     "build_full_model",
     "build_stage_models",
-    "check_tied_parameters",
+    "find_tied_weights",
+    "keep_stage_layers",
+    "pipeline_layers",
     "torch_dtype",
 ]
 
@@ -58,7 +68,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def build_full_model(model_name: str, dtype: str, seed: int) -> LayeredModel:
+def build_full_model(model_name: str, dtype: str, seed: int) -> nn.Module:
     """The whole model, initialised from ``seed`` in ``dtype``: the same on every call."""
     spec = get_model_spec(model_name)
     torch_type = torch_dtype(dtype)
@@ -69,38 +79,65 @@ def build_full_model(model_name: str, dtype: str, seed: int) -> LayeredModel:
     return model.to(torch_type)
 
 
-def check_tied_parameters(model: LayeredModel, plan: Plan) -> None:
-    """Refuse plans that put two layers sharing a parameter (tied embeddings) in different stages.
+def pipeline_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(parameter-name prefix, module) of each pipeline layer, in order."""
+    if isinstance(model, LayeredModel):
+        return [(f"layers.{name}", layer) for name, layer in model.layers.items()]
+    if isinstance(model, nn.Sequential):
+        return list(model.named_children())
+    return [("", model)]
 
-    Each stage is its own module, so a weight shared across stages would become two independent
-    copies with diverging gradients. (Megatron keeps two copies and all-reduces their gradients
-    between the first and last stage; autoplan's runtime does not do that yet.)
-    """
+
+def keep_stage_layers(model: nn.Module, start: int, end: int) -> nn.Module:
+    """The module of layers ``[start, end)``, parameter names as in the whole model."""
+    if isinstance(model, LayeredModel):
+        return keep_layers(model, start, end)
+    if isinstance(model, nn.Sequential):
+        return model[start:end]  # a slice keeps the children's original names
+    if (start, end) != (0, 1):
+        raise InputError(
+            f"{type(model).__name__} is one pipeline layer; cannot keep layers [{start}, {end})"
+        )
+    return model
+
+
+@dataclass(frozen=True)
+class TiedWeight:
+    """One weight shared by layers that the plan puts in different stages."""
+
+    names: tuple[str, ...]
+    """Its parameter name in each stage that uses it (e.g. the embedding's and the head's)."""
+    stages: tuple[int, ...]
+    """The stage of each name."""
+
+
+def find_tied_weights(model: nn.Module, plan: Plan) -> list[TiedWeight]:
+    """The weights that layers of different stages share (tied embeddings), per the plan."""
     stage_of_layer = {
         layer: stage.index
         for stage in plan.stages
         for layer in range(stage.layer_start, stage.layer_end)
     }
-    users: dict[int, list[tuple[int, str]]] = {}
-    for index, (layer_name, layer) in enumerate(model.layers.items()):
-        for param_name, param in layer.named_parameters(remove_duplicate=False):
-            users.setdefault(id(param), []).append((index, f"layers.{layer_name}.{param_name}"))
-    for uses in users.values():
-        stages = sorted({stage_of_layer.get(index, -1) for index, _ in uses})
-        if len(stages) > 1:
-            names = " and ".join(name for _, name in uses)
-            raise InputError(
-                f"model '{plan.inputs.model.name}' ties {names} (layers "
-                f"{', '.join(str(index) for index, _ in uses)}), which the plan puts in stages "
-                f"{', '.join(map(str, stages))}; the runtime needs tied layers in one stage "
-                "(untie the weights or plan those layers together)"
-            )
+    users: dict[int, dict[int, str]] = {}
+    for index, (prefix, layer) in enumerate(pipeline_layers(model)):
+        for name, param in layer.named_parameters(remove_duplicate=False):
+            full_name = f"{prefix}.{name}" if prefix else name
+            # Per stage, the first name is the one named_parameters() reports there.
+            users.setdefault(id(param), {}).setdefault(stage_of_layer[index], full_name)
+    return [
+        TiedWeight(names=tuple(names.values()), stages=tuple(names))
+        for names in users.values()
+        if len(names) > 1
+    ]
 
 
-def build_stage_models(plan: Plan, stages: list[Stage], seed: int) -> list[LayeredModel]:
-    """One module per stage in ``stages``, each holding that stage's layers with their weights."""
+def build_stage_models(
+    plan: Plan, stages: list[Stage], seed: int
+) -> tuple[list[nn.Module], list[TiedWeight]]:
+    """One module per stage in ``stages``, each holding that stage's layers with their weights,
+    and the weights tied across the plan's stages."""
     full = build_full_model(plan.inputs.model.name, plan.inputs.dtype, seed)
-    num_layers = len(full.layer_names())
+    num_layers = len(pipeline_layers(full))
     if num_layers != plan.inputs.model.num_layers:
         raise InputError(
             f"model '{plan.inputs.model.name}' has {num_layers} layers; the plan was made for "
@@ -111,9 +148,10 @@ def build_stage_models(plan: Plan, stages: list[Stage], seed: int) -> list[Layer
             f"the plan's stages cover layers [{plan.stages[0].layer_start}, "
             f"{plan.stages[-1].layer_end}); the model has {num_layers}"
         )
-    check_tied_parameters(full, plan)
+    tied = find_tied_weights(full, plan)
     models = []
     for position, stage in enumerate(stages):
+        # Each stage slices its own copy, so a weight shared with another stage is a copy too.
         source = full if position == len(stages) - 1 else copy.deepcopy(full)
-        models.append(keep_layers(source, stage.layer_start, stage.layer_end))
-    return models
+        models.append(keep_stage_layers(source, stage.layer_start, stage.layer_end))
+    return models, tied

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import (
 )
 
 from autoplan.plan.schema import Recompute
+from autoplan.runtime.model_stage import pipeline_layers
 
 __all__ = ["apply_recompute"]
 
@@ -65,11 +66,11 @@ def _is_block(layer: nn.Module) -> bool:
 
 
 def apply_recompute(model: nn.Module, mode: Recompute) -> int:
-    """Checkpoint each block of ``model.layers`` per ``mode``; returns how many were wrapped."""
+    """Checkpoint each block among ``model``'s pipeline layers per ``mode``; returns how many."""
     if mode == "none":
         return 0
     wrapped = 0
-    for layer in model.layers.values():
+    for _, layer in pipeline_layers(model):
         if _is_block(layer):
             layer.forward = _checkpointed(layer.forward, selective=mode == "selective")
             wrapped += 1

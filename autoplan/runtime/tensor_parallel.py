@@ -14,6 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from autoplan.errors import InputError
+from autoplan.runtime.model_stage import pipeline_layers
 
 __all__ = ["COLUMN_PROJECTIONS", "ROW_PROJECTIONS", "apply_tensor_parallel"]
 
@@ -59,14 +60,14 @@ def _tp_plan(layer_name: str, layer: nn.Module, degree: int) -> dict[str, object
 def apply_tensor_parallel(
     model: nn.Module, tp_mesh: DeviceMesh, num_attention_heads: int | None
 ) -> None:
-    """Split, in place, every block of ``model.layers`` over the 1-D ``tp_mesh``."""
+    """Split, in place, every block among ``model``'s pipeline layers over the 1-D ``tp_mesh``."""
     degree = tp_mesh.size()
     if num_attention_heads is not None and num_attention_heads % degree:
         raise InputError(
             f"{num_attention_heads} attention heads are not divisible by tensor parallel "
             f"degree {degree}"
         )
-    for layer_name, layer in model.layers.items():
-        plan = _tp_plan(layer_name, layer, degree)
+    for layer_name, layer in pipeline_layers(model):
+        plan = _tp_plan(layer_name or type(layer).__name__, layer, degree)
         if plan:
             parallelize_module(layer, tp_mesh, plan)

@@ -22,12 +22,11 @@ import logging
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
@@ -35,21 +34,22 @@ from torch.distributed.tensor import DTensor
 
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan
-from autoplan.runtime.data import replica_rows, synthetic_batches
+from autoplan.runtime.data import Batch, replica_rows, training_batches
 from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
+from autoplan.runtime.loss import loss_function
 from autoplan.runtime.mesh import build_mesh, init_distributed
 from autoplan.runtime.model_stage import build_stage_models
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.report import RunReport, StepRecord
 from autoplan.runtime.tensor_parallel import apply_tensor_parallel
+from autoplan.runtime.tied_weights import TiedGradientSync
 from autoplan.zoo import get_model_spec
 
 __all__ = [
     "SCHEDULE_CLASSES",
     "GradientHook",
     "check_schedule",
-    "language_model_loss",
     "plan_summary",
     "train",
 ]
@@ -95,26 +95,11 @@ class _RankSetup:
     entry_dp_index: int
     is_first: bool
     is_last: bool
-    loss_weight: float
     models: list[nn.Module]  # unwrapped stage modules, for gradient names
     schedule: object
     optimizer: torch.optim.Optimizer
+    tied: TiedGradientSync
     device: torch.device
-
-
-def language_model_loss(
-    weight: float = 1.0,
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Mean cross-entropy of logits against target ids, times ``weight`` (a replica's share)."""
-
-    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        # Half-precision logits are upcast: a vocabulary's softmax loses too much in 16 bits.
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
-        value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        return value * weight if weight != 1.0 else value
-
-    return loss
 
 
 def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _RankSetup:
@@ -126,7 +111,13 @@ def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _Rank
 
     my_stages = [s for s in plan.stages if s.pipeline_rank == entry.pipeline_rank]
     my_stages.sort(key=lambda stage: stage.index)
-    models = build_stage_models(plan, my_stages, seed)
+    models, tied = build_stage_models(plan, my_stages, seed)
+    tied_sync = TiedGradientSync(
+        plan,
+        tied,
+        {stage.index: model for stage, model in zip(my_stages, models, strict=True)},
+        entry,
+    )
     spec = get_model_spec(plan.inputs.model.name)
     heads = plan.inputs.model.num_attention_heads or spec.num_attention_heads
 
@@ -149,7 +140,7 @@ def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _Rank
     dp_samples = par.replica_micro_batch_sizes[entry.dp_index] * par.num_micro_batches
     loss_weight = par.data_parallel_degree * dp_samples / plan.inputs.global_batch_size
     schedule_class = get_schedule_class(SCHEDULE_CLASSES[par.schedule])
-    loss_fn = language_model_loss(loss_weight)
+    loss_fn = loss_function(spec.loss, loss_weight)
     if par.schedule == "interleaved_1f1b":
         schedule = schedule_class(pipeline_stages, par.num_micro_batches, loss_fn=loss_fn)
     else:
@@ -161,10 +152,10 @@ def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _Rank
         entry_dp_index=entry.dp_index,
         is_first=any(stage.index == 0 for stage in my_stages),
         is_last=any(stage.index == par.num_stages - 1 for stage in my_stages),
-        loss_weight=loss_weight,
         models=models,
         schedule=schedule,
         optimizer=optimizer,
+        tied=tied_sync,
         device=device,
     )
 
@@ -199,10 +190,27 @@ def _predicted_peak_memory_bytes(plan: Plan) -> int:
     return max((estimate.total_bytes for estimate in plan.prediction.memory), default=0)
 
 
+def _as_batch(item: object, step: int, global_batch: int) -> Batch:
+    if not (isinstance(item, tuple | list) and len(item) == 2):
+        raise InputError(f"batch {step} is not an (inputs, targets) pair")
+    inputs, targets = item
+    tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    if targets is None:
+        targets = torch.zeros(global_batch)  # a loss without targets; the schedule splits it
+    for tensor in (*tensors, targets):
+        if tensor.dim() == 0 or tensor.shape[0] != global_batch:
+            raise InputError(
+                f"batch {step} has a tensor of shape {tuple(tensor.shape)}; the plan's global "
+                f"batch is {global_batch} samples (the first dimension)"
+            )
+    return tensors, targets
+
+
 def train(
     plan: Plan,
     steps: int,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    batches: Iterable[tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor | None]]
+    | None = None,
     *,
     seed: int = 0,
     learning_rate: float = 1e-3,
@@ -211,38 +219,32 @@ def train(
 ) -> RunReport:
     """Train ``plan`` for ``steps`` steps in this process (one rank of the plan's launch).
 
-    ``batches`` yields (inputs, targets) *global* batches, ``(global_batch_size, seq_len)`` token
-    ids each, identical on every rank (for example a loader seeded alike everywhere); each
-    replica trains on its own rows of it. Without ``batches``, seeded synthetic tokens are used
-    (targets = next tokens). The model is initialised from ``seed`` on every rank. Returns the
-    run report (the same on every rank). The default process group is created if absent and
-    left for the caller to destroy.
+    ``batches`` yields (inputs, targets) *global* batches, the same on every rank (for example
+    a loader seeded alike everywhere): inputs are the model's input (token ids of shape
+    ``(global_batch_size, seq_len)`` for the zoo; a tensor or a tuple of tensors), targets the
+    loss's (next-token ids; None for a factory model's sum loss). Each replica trains on its own
+    rows. Without ``batches``, seeded synthetic data is used (``training_batches``, seed
+    ``seed + 1``). The model is initialised from ``seed`` on every rank, and trained with
+    AdamW at ``learning_rate``. ``on_gradients`` sees each step's gradients before the update.
+
+    Returns the run report (the same on every rank). The default process group is created if
+    absent and left for the caller to destroy.
     """
     if steps < 1:
         raise InputError(f"steps must be >= 1, got {steps}")
     env = LaunchEnv.from_environ(environ)
     setup = _setup(plan, env, seed, learning_rate)
     par = plan.parallelism
-    spec = get_model_spec(plan.inputs.model.name)
-    global_batch, seq_len = plan.inputs.global_batch_size, plan.inputs.seq_len
-    source: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(
-        batches
-        if batches is not None
-        else synthetic_batches(spec.vocab_size, global_batch, seq_len, seed + 1)
-    )
+    global_batch = plan.inputs.global_batch_size
+    source = iter(batches if batches is not None else training_batches(plan, seed + 1))
     rows = replica_rows(plan, setup.entry_dp_index)
     records: list[StepRecord] = []
     for step in range(steps):
         try:
-            inputs, targets = next(source)
+            inputs, targets = _as_batch(next(source), step, global_batch)
         except StopIteration:
             raise InputError(f"the data ran out after {step} of {steps} steps") from None
-        if tuple(inputs.shape) != (global_batch, seq_len) or inputs.shape != targets.shape:
-            raise InputError(
-                f"batch {step} has inputs {tuple(inputs.shape)} and targets "
-                f"{tuple(targets.shape)}; the plan trains on ({global_batch}, {seq_len})"
-            )
-        args = (inputs[rows].to(setup.device),) if setup.is_first else ()
+        args = tuple(t[rows].to(setup.device) for t in inputs) if setup.is_first else ()
         target = targets[rows].to(setup.device) if setup.is_last else None
         losses: list[torch.Tensor] = []
 
@@ -250,6 +252,7 @@ def train(
         _synchronize(setup.device)
         started = time.perf_counter()
         setup.schedule.step(*args, target=target, losses=losses)  # type: ignore[attr-defined]
+        setup.tied.synchronize()
         _synchronize(setup.device)
         backward_done = time.perf_counter()
         if on_gradients is not None:
