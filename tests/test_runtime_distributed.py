@@ -66,7 +66,18 @@ def _plans() -> dict[str, Plan]:
         "tied_pp2": make_plan(
             [2, 2], model="tests.runtime_models:tied_gpt", schedule="1f1b", num_micro_batches=2
         ),
+        # A factory's nn.Sequential (pipeline layers = children), its own input, a sum loss.
+        "sequential_pp2_gpipe": make_plan(
+            [1, 3], model="tests.runtime_models:mlp_stack", schedule="gpipe", num_micro_batches=2
+        ),
         # world size 4
+        "pp2_dp2_interleaved": make_plan(
+            [2, 1, 1, 2],
+            data_parallel=2,
+            virtual_stages_per_rank=2,
+            schedule="interleaved_1f1b",
+            num_micro_batches=2,
+        ),
         "tied_pp2_dp2": make_plan(
             [1, 3],
             model="tests.runtime_models:tied_gpt",
