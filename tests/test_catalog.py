@@ -127,3 +127,19 @@ def test_efficiency_for_prefers_a_measured_dtype_figure() -> None:
     assert efficiency_for(v100, "fp16") == 0.4  # tensor cores: the 16-bit figure
     a100 = load_catalog()["A100-80GB"].model_copy(update={"efficiency_by_dtype": {}})
     assert efficiency_for(a100, "bf16") == a100.efficiency
+
+
+def test_cli_lists_the_catalog_and_the_example_clusters() -> None:
+    from typer.testing import CliRunner
+
+    from autoplan.cli import app
+
+    runner = CliRunner()
+    listed = runner.invoke(app, ["gpus", "--urls"])
+    assert listed.exit_code == 0, listed.output
+    for name in load_catalog():
+        assert name in listed.output
+    listed = runner.invoke(app, ["clusters"])
+    assert listed.exit_code == 0, listed.output
+    for path in EXAMPLE_CLUSTERS:
+        assert path.name in listed.output

@@ -1,7 +1,15 @@
 """The ``autoplan`` command line: each step's commands live in a module of their own."""
 
 # Importing a command module registers its commands on the app.
-from autoplan.cli import profile_cmd, run_cmd, schema_cmd, solve_cmd, validate_cmd, view_cmd  # noqa: F401
+from autoplan.cli import (  # noqa: F401
+    catalog_cmd,
+    profile_cmd,
+    run_cmd,
+    schema_cmd,
+    solve_cmd,
+    validate_cmd,
+    view_cmd,
+)
 from autoplan.cli.app import app
 
 __all__ = ["app"]
