@@ -2,7 +2,10 @@
 
 ``python -m torch.distributed.run --nproc-per-node W tests/distributed_driver.py PLANS OUT``
 runs, one after another in the same processes, each ``PLANS/*.json`` whose world size is W
-(so one launch serves many plans: launches cost seconds each), for ``STEPS`` steps. Every rank
+(so one launch serves many plans: launches cost seconds each), for ``STEPS`` steps. Plans whose
+name ends in ``_dataloader`` get their data through ``train``'s ``batches`` argument from a
+``torch.utils.data.DataLoader`` over synthetic tokens of another seed (``LOADER_DATA_SEED``),
+so that the run matches the reference only if the loader's data was used. Every rank
 saves its stages' gradients of each step to ``OUT/<plan>/rank<r>_step<s>.pt`` and rank 0 the
 run report to ``OUT/<plan>/report.json``; the pytest process compares them with single-process
 training.
@@ -16,12 +19,25 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
 
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
+from autoplan.runtime.data import training_batches
 from autoplan.runtime.train import train
 
 STEPS = 2
+LOADER_DATA_SEED = 123  # train()'s own synthetic data uses seed + 1 = 1
+
+
+def _data_loader(plan: Plan) -> DataLoader:
+    source = training_batches(plan, LOADER_DATA_SEED)
+    pairs = [next(source) for _ in range(STEPS)]
+    inputs = torch.cat([batch_inputs[0] for batch_inputs, _ in pairs])
+    targets = torch.cat([batch_targets for _, batch_targets in pairs])
+    return DataLoader(
+        TensorDataset(inputs, targets), batch_size=plan.inputs.global_batch_size, shuffle=False
+    )
 
 
 def main(plans_dir: Path, out_dir: Path) -> None:
@@ -37,7 +53,8 @@ def main(plans_dir: Path, out_dir: Path) -> None:
         def save(step: int, gradients: dict[str, torch.Tensor], target: Path = target) -> None:
             torch.save(gradients, target / f"rank{rank}_step{step}.pt")
 
-        report = train(plan, STEPS, on_gradients=save)
+        batches = _data_loader(plan) if path.stem.endswith("_dataloader") else None
+        report = train(plan, STEPS, batches, on_gradients=save)
         if rank == 0:
             write_json_model(target / "report.json", report)
         dist.barrier()

@@ -15,18 +15,22 @@ __all__ = ["reference_training"]
 
 
 def reference_training(
-    plan: Plan, steps: int, seed: int = 0, learning_rate: float = 1e-3
+    plan: Plan,
+    steps: int,
+    seed: int = 0,
+    learning_rate: float = 1e-3,
+    data_seed: int | None = None,
 ) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
     """Per step: the loss, and every parameter's gradient by name (before the update); a tied
     weight's gradient appears under each of its names.
 
     ``seed`` and ``learning_rate`` are ``autoplan.runtime.train``'s defaults; the data seed is
-    ``seed + 1`` as there.
+    ``seed + 1`` as there, unless ``data_seed`` is given.
     """
     model = build_full_model(plan.inputs.model.name, plan.inputs.dtype, seed)
     spec = get_model_spec(plan.inputs.model.name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
-    batches = training_batches(plan, seed + 1)
+    batches = training_batches(plan, seed + 1 if data_seed is None else data_seed)
     loss_fn = loss_function(spec.loss)
     losses, gradients = [], []
     for _ in range(steps):

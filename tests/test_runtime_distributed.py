@@ -17,7 +17,7 @@ import torch
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.report import RunReport
-from tests.distributed_driver import STEPS
+from tests.distributed_driver import LOADER_DATA_SEED, STEPS
 from tests.plan_factory import make_plan
 from tests.single_process_reference import reference_training
 
@@ -85,7 +85,10 @@ def _plans() -> dict[str, Plan]:
             schedule="gpipe",
             num_micro_batches=2,
         ),
-        "pp2_dp2": make_plan([3, 3], data_parallel=2, schedule="1f1b", num_micro_batches=2),
+        # Data through train()'s `batches` hook, from a torch DataLoader.
+        "pp2_dp2_dataloader": make_plan(
+            [3, 3], data_parallel=2, schedule="1f1b", num_micro_batches=2
+        ),
         "pp2_tp2": make_plan([2, 4], tensor_parallel=2, schedule="1f1b", num_micro_batches=2),
         "dp2_tp2": make_plan(
             [6], data_parallel=2, tensor_parallel=2, schedule="gpipe", num_micro_batches=2
@@ -134,7 +137,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", list(_plans()))
 def test_distributed_training_equals_single_process(runs: Path, name: str) -> None:
     plan = _plans()[name]
-    losses, reference = reference_training(plan, STEPS)
+    data_seed = LOADER_DATA_SEED if name.endswith("_dataloader") else None
+    losses, reference = reference_training(plan, STEPS, data_seed=data_seed)
     report = read_json_model(runs / name / "report.json", RunReport)
     assert [record.step for record in report.steps] == list(range(STEPS))
     for record, expected in zip(report.steps, losses, strict=True):
