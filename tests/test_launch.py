@@ -1,5 +1,6 @@
 """`autoplan launch` writes per-node torchrun commands and a Slurm script matching the plan's
-nodes; `autoplan run` refuses what it cannot run locally. No processes are started here."""
+nodes; `autoplan run --local` starts them (one real run, with nodes of 1 and 2 processes) and
+refuses what it cannot run locally."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from autoplan.cli import app
 from autoplan.cluster.schema import Cluster, NodeGroup
-from autoplan.files import write_json_model
+from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.ranks import NodeSlice, build_rank_map
 from autoplan.plan.schema import Plan
+from autoplan.runtime.report import RunReport
 from tests.plan_factory import CPU_GPU, make_plan
+from tests.single_process_reference import reference_training
 
 runner = CliRunner()
 
@@ -113,3 +117,22 @@ def test_launch_and_run_modules_do_not_import_torch() -> None:
     code = "import sys, autoplan.launch, autoplan.cli.run_cmd; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.distributed
+def test_run_local_starts_nodes_with_different_process_counts(tmp_path: Path) -> None:
+    """Two torchrun agents on localhost (1 and 2 processes), static rendezvous by --node-rank:
+    ranks land where the plan's rank map says (the runtime checks), and training is exact."""
+    plan = _two_node_plan()
+    plan_path = tmp_path / "plan.json"
+    write_json_model(plan_path, plan)
+    report_path = tmp_path / "report.json"
+    result = runner.invoke(
+        app, ["run", str(plan_path), "--local", "--steps", "2", "--report", str(report_path)]
+    )
+    assert result.exit_code == 0, result.output
+    report = read_json_model(report_path, RunReport)
+    assert report.world_size == 3
+    expected, _ = reference_training(plan, 2)
+    for step, loss in zip(report.steps, expected, strict=True):
+        assert abs(step.loss - loss) < 1e-10

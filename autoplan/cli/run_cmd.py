@@ -157,11 +157,13 @@ def run_local(
             f"the plan needs {world} processes; run --local starts at most "
             f"{MAX_LOCAL_PROCESSES} on one machine (use `autoplan launch` for a cluster)"
         )
-    # Checked here, torch-free, so that a plan torch's pipelining would reject fails as one
-    # line instead of a traceback from every rank.
+    # Checked here, before any process starts, so that a plan torch's pipelining would reject
+    # or an unknown model fails as one line instead of an error from every rank.
     from autoplan.runtime.train import check_schedule
+    from autoplan.zoo import get_model_spec
 
     check_schedule(plan)
+    get_model_spec(plan.inputs.model.name)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     env.pop("MASTER_ADDR", None)
     if device == "cpu":
