@@ -24,11 +24,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["PartitionResult", "StageCost", "best_partition", "pipeline_objective"]
+__all__ = [
+    "PartitionResult",
+    "StageCost",
+    "SuffixBound",
+    "best_partition",
+    "pipeline_objective",
+]
 
 # (time per micro-batch, tail) of stage s on layers [i, j), or None if it does not fit; None
 # at j promises None at every larger j (so the search stops there).
 StageCost = Callable[[int, int, int], tuple[float, float] | None]
+# Lower bound (max stage, sum of stages) of stages s..p-1 covering layers [j, L).
+SuffixBound = Callable[[int, int], tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -82,10 +90,15 @@ def best_partition(
     num_micro_batches: int,
     stage_cost: StageCost,
     upper_bound: float = float("inf"),
+    suffix_bound: SuffixBound | None = None,
 ) -> PartitionResult | None:
     """The partition minimising F, or None when none is feasible (or none beats
     ``upper_bound``). Ties keep the first found, scanning ends in increasing order, so the
-    answer is deterministic."""
+    answer is deterministic.
+
+    ``suffix_bound(s, j)``, if given, is a lower bound (max stage, sum of stages) on what
+    stages s..p-1 add when they cover layers [j, L); with ``upper_bound`` it prunes partial
+    splits that cannot finish below the bound."""
     m = num_micro_batches
     if num_stages > num_layers or num_stages < 1:
         return None
@@ -102,18 +115,21 @@ def best_partition(
                 if cost is None:
                     break
                 c, t = cost
+                if suffix_bound is not None and not last:
+                    rest_max, rest_sum = suffix_bound(s + 1, j)
+                else:
+                    rest_max, rest_sum = 0.0, 0.0
+                target = nxt.setdefault(j, [])
                 for entry in front:
-                    new = _Entry(
-                        max(entry.max_stage, c),
-                        entry.sum_stage + c,
-                        max(entry.max_tail, t),
-                        entry,
-                        j,
+                    max_stage = max(entry.max_stage, c)
+                    sum_stage = entry.sum_stage + c
+                    max_tail = max(entry.max_tail, t)
+                    bound = pipeline_objective(
+                        max(max_stage, rest_max), sum_stage + rest_sum, max_tail, m
                     )
-                    bound = pipeline_objective(new.max_stage, new.sum_stage, new.max_tail, m)
                     if bound >= upper_bound:
                         continue
-                    _insert(nxt.setdefault(j, []), new)
+                    _insert(target, _Entry(max_stage, sum_stage, max_tail, entry, j))
         fronts.append(nxt)
     final = fronts[num_stages].get(num_layers, [])
     if not final:

@@ -79,6 +79,7 @@ class PlanCost:
     dp_comm_ms: float
     optimizer_ms: float
     dp_allreduce_ms: float
+    rank_allreduce_ms: list[float]
     stage_forward_ms: list[float]
     stage_backward_ms: list[float]
     stage_send_ms: list[float]
@@ -332,6 +333,7 @@ class CostModel:
             dp_comm_ms=exposed[tail_rank],
             optimizer_ms=optimizer[tail_rank],
             dp_allreduce_ms=max(allreduces),
+            rank_allreduce_ms=allreduces,
             stage_forward_ms=[p["forward"] for p in sums],
             stage_backward_ms=[p["backward"] for p in sums],
             stage_send_ms=sends,
@@ -388,6 +390,7 @@ class CostModel:
             dp_comm_ms=hidden,
             optimizer_ms=step,
             dp_allreduce_ms=ar,
+            rank_allreduce_ms=[ar],
             stage_forward_ms=[parts[slow]["forward"]],
             stage_backward_ms=[parts[slow]["backward"]],
             stage_send_ms=[0.0],

@@ -168,6 +168,7 @@ def emit_plan(
             )
         ],
         dp_allreduce_ms=_round(cost.dp_allreduce_ms),
+        rank_dp_allreduce_ms=[_round(value) for value in cost.rank_allreduce_ms],
         memory=[
             MemoryEstimate(
                 pipeline_rank=mem.pipeline_rank,

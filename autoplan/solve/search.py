@@ -17,6 +17,7 @@ solved by the integer program of ``solvers.share_ilp``, once per (tp, set of cla
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import logging
@@ -27,11 +28,11 @@ from dataclasses import dataclass
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, PlanCost
+from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import (
     MAX_SHARE_MICRO_BATCH,
     class_caps,
-    contiguous_class_sequences,
     divisors,
     even_split,
     micro_batch_choices,
@@ -46,6 +47,9 @@ from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
 __all__ = ["Candidate", "SearchResult", "search"]
 
 logger = logging.getLogger(__name__)
+
+# The bounds consider every recompute mode, so they hold whatever the options pin.
+_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,17 @@ class _Pending:
     classes: tuple[int, ...]
 
 
+def _affine(function: Callable[[float], float]) -> tuple[float, float]:
+    """(slope, intercept) of a function affine on x > 0 (the value at 0 may differ)."""
+    one, two = function(1.0), function(2.0)
+    return two - one, 2 * one - two
+
+
 class _StageCoster:
-    """O(1) stage costs for one (tp, dp, mbs, m, schedule, zero1, classes)."""
+    """O(1) stage costs for one (tp, dp, mbs, m, schedule, zero1, classes).
+
+    It mirrors ``CostModel.evaluate`` with prefix sums (the oracle tests hold the two to
+    the same answers)."""
 
     def __init__(self, model: CostModel, p: _Pending, modes: tuple[str, ...]) -> None:
         self.model = model
@@ -90,15 +103,27 @@ class _StageCoster:
         self.modes = modes
         pp = len(p.classes)
         self.tables = [model.tables(k, p.tp, p.mbs) for k in p.classes]
-        from autoplan.cost.schedule import in_flight_chunks
-
         self.flight = [in_flight_chunks(p.schedule, pp, s, p.m, p.chunks) for s in range(pp)]  # type: ignore[arg-type]
         self.static_per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (
             p.dp if (p.zero1 and p.dp > 1) else 1
         )
         self.capacity = [model.capacity_bytes(k) for k in p.classes]
         self.group = p.dp * p.tp
+        # Gradient all-reduce and optimizer step are affine in the stage's parameters.
+        self.allreduce = [
+            _affine(lambda x, k=k: model.dp_allreduce_ms(x, k, p.dp, p.tp)) for k in p.classes
+        ]
+        self.optimizer = [model.optimizer_ms(1.0, k, p.dp, p.zero1) for k in p.classes]
+        self.sends: list[list[float]] = []
+        for s in range(pp):
+            if s + 1 < pp:
+                self.sends.append(
+                    _send_times(model, p.classes[s], p.classes[s + 1], p.tp, p.dp, p.mbs)
+                )
+            else:
+                self.sends.append([0.0] * (model.num_layers + 1))
         self._transient: dict[tuple[int, str], list[list[float]]] = {}
+        self._suffix: dict[int, tuple[list[float], int]] = {}
 
     def _range_max(self, s: int, mode: str, i: int, j: int) -> float:
         key = (self.p.classes[s], mode)
@@ -119,11 +144,13 @@ class _StageCoster:
     def recompute_for(self, s: int, i: int, j: int) -> str | None:
         """The fastest recompute mode with which stage s on [i, j) fits, or None."""
         t = self.tables[s]
-        params = t.params[j] - t.params[i]
-        static = params * self.static_per_param
+        static = (t.params[j] - t.params[i]) * self.static_per_param
+        flight = self.flight[s]
+        capacity = self.capacity[s]
         for mode in self.modes:
-            act = self.flight[s] * (t.saved[mode][j] - t.saved[mode][i])
-            if static + act + self._range_max(s, mode, i, j) <= self.capacity[s]:
+            saved = t.saved[mode]
+            used = static + flight * (saved[j] - saved[i])
+            if used <= capacity and used + self._range_max(s, mode, i, j) <= capacity:
                 return mode
         return None
 
@@ -132,40 +159,200 @@ class _StageCoster:
         if mode is None:
             return None
         t = self.tables[s]
-        k = self.p.classes[s]
-        work = t.work[mode][j] - t.work[mode][i]
-        if s + 1 < len(self.p.classes):
-            out = t.layers[j - 1].output_bytes
-            work += 2 * self.model.send_ms(out, k, self.p.classes[s + 1], self.group)
+        work = t.work[mode][j] - t.work[mode][i] + self.sends[s][j]
         params = t.params[j] - t.params[i]
-        allreduce = self.model.dp_allreduce_ms(params, k, self.p.dp, self.p.tp)
+        slope, constant = self.allreduce[s]
+        allreduce = slope * params + constant if params > 0 else 0.0
         backward = t.backward[mode][j] - t.backward[mode][i]
-        tail = max(0.0, allreduce - backward)
-        tail += self.model.optimizer_ms(params, k, self.p.dp, self.p.zero1)
+        tail = max(0.0, allreduce - backward) + self.optimizer[s] * params
         return work, tail
+
+    def suffix_bound(self, s: int, j: int) -> tuple[float, float]:
+        """Lower bound (max, sum) of stages s.. on layers [j, L): each layer at its fastest
+        among the classes of those stages, no recompute, no sends."""
+        cached = self._suffix.get(s)
+        if cached is None:
+            used = tuple(sorted(set(self.p.classes[s:])))
+            fastest, _ = _fastest_work(self.model, self.p.tp, self.p.mbs, used)
+            suffix = [0.0] * (len(fastest) + 1)
+            for x in range(len(fastest) - 1, -1, -1):
+                suffix[x] = suffix[x + 1] + fastest[x]
+            cached = (suffix, len(self.p.classes) - s)
+            self._suffix[s] = cached
+        suffix, stages = cached
+        return suffix[j] / stages, suffix[j]
+
+
+@functools.lru_cache(maxsize=65536)
+def _send_times(model: CostModel, k: int, k2: int, tp: int, dp: int, mbs: int) -> list[float]:
+    """Both-way send time of a stage ending at layer j (index j), from class k to k2."""
+    layers = model.tables(k, tp, mbs).layers
+    return [0.0] + [2 * model.send_ms(c.output_bytes, k, k2, dp * tp) for c in layers]
 
 
 @functools.lru_cache(maxsize=65536)
 def _fastest_work(
     model: CostModel, tp: int, mbs: int, used: tuple[int, ...]
-) -> tuple[float, float]:
-    """(Σ, max) over layers of each layer's fastest time on the used classes."""
-    per_layer = [model.tables(k, tp, mbs).layers for k in used]
-    fastest = [
-        min(layers[i].forward_ms() + layers[i].backward_ms("none") for layers in per_layer)
-        for i in range(model.num_layers)
-    ]
-    return sum(fastest), max(fastest)
+) -> tuple[list[float], dict[int, list[float]]]:
+    """Each layer's time on its fastest used class, and every used class's layer times
+    (forward + backward, no recompute, no sends)."""
+    work = {
+        k: [c.forward_ms() + c.backward_ms("none") for c in model.tables(k, tp, mbs).layers]
+        for k in used
+    }
+    fastest = [min(work[k][i] for k in used) for i in range(model.num_layers)]
+    return fastest, work
+
+
+@functools.lru_cache(maxsize=65536)
+def _rank_bound(model: CostModel, tp: int, mbs: int, counts: tuple[tuple[int, int], ...]) -> float:
+    """A lower bound on the slowest rank's work per micro-batch with ``n_k`` ranks of class k.
+
+    Spreading layers fractionally over the ranks is a linear program whose optimum bounds
+    any real split from below; by weak duality every λ ≥ 0 with Σ_k λ_k n_k = 1 gives
+    T ≥ Σ_l min_k λ_k w_kl. We take λ_k inversely proportional to class k's total work,
+    which is exact when every layer runs the same factor faster on one class than another.
+    """
+    used = tuple(k for k, _ in counts)
+    fastest, work = _fastest_work(model, tp, mbs, used)
+    totals = {k: sum(work[k]) for k in used}
+    if not all(totals.values()):
+        return max(fastest)
+    norm = sum(n / totals[k] for k, n in counts)
+    lam = {k: 1.0 / totals[k] / norm for k in used}
+    dual = sum(min(lam[k] * work[k][i] for k in used) for i in range(model.num_layers))
+    return max(dual, max(fastest))
+
+
+@functools.lru_cache(maxsize=65536)
+def _capacity_steps(
+    model: CostModel, tp: int, mbs: int, dp: int, zero1: bool, k: int, modes: tuple[str, ...]
+) -> tuple[tuple[float, int], ...]:
+    """(budget, layers) steps: with ``budget`` ms a rank of class k holds at most ``layers``
+    layers, for any layers and position. Relaxation: the cheapest layers by time, by
+    parameters and by saved bytes taken separately, one micro-batch in flight, no
+    transient; per recompute mode, as many as fit in memory."""
+    layers = model.tables(k, tp, mbs).layers
+    per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (dp if zero1 else 1)
+    params = [0.0, *itertools.accumulate(sorted(c.params_per_gpu * per_param for c in layers))]
+    capacity = model.capacity_bytes(k)
+    steps: dict[float, int] = {}
+    for mode in modes:
+        saved = [0.0, *itertools.accumulate(sorted(c.saved_bytes[mode] for c in layers))]
+        fit = max(x for x in range(len(layers) + 1) if params[x] + saved[x] <= capacity)
+        times = [
+            0.0,
+            *itertools.accumulate(sorted(c.forward_ms() + c.backward_ms(mode) for c in layers)),
+        ]
+        for x in range(1, fit + 1):
+            steps[times[x]] = max(steps.get(times[x], 0), x)
+    # Keep the monotone staircase: more budget never holds fewer layers.
+    out, most = [], 0
+    for budget in sorted(steps):
+        if steps[budget] > most:
+            most = steps[budget]
+            out.append((budget, most))
+    return tuple(out)
+
+
+def _layers_within(steps: tuple[tuple[float, int], ...], budget: float) -> int:
+    index = bisect.bisect_right(steps, (budget, math.inf)) - 1
+    return steps[index][1] if index >= 0 else 0
+
+
+@functools.lru_cache(maxsize=65536)
+def _sorted_times(model: CostModel, tp: int, mbs: int, k: int) -> list[float]:
+    """Class k's layer times (no recompute, no sends), ascending."""
+    return sorted(c.forward_ms() + c.backward_ms("none") for c in model.tables(k, tp, mbs).layers)
+
+
+@functools.lru_cache(maxsize=65536)
+def _integral_bound(
+    model: CostModel,
+    tp: int,
+    mbs: int,
+    dp: int,
+    zero1: bool,
+    caps: tuple[tuple[int, int], ...],
+    pp: int,
+    modes: tuple[str, ...],
+) -> float:
+    """The least T such that pp ranks (at most ``cap`` of class k) can hold every layer
+    with each rank's work at most T, under ``_capacity_steps``' relaxation; for fixed T
+    filling ranks greedily from the class that holds the most is best. The answer is one
+    of the steps' budgets: binary search over them (the count is monotone in T)."""
+    steps = {k: _capacity_steps(model, tp, mbs, dp, zero1, k, modes) for k, _ in caps}
+    cheapest = {k: _sorted_times(model, tp, mbs, k) for k, _ in caps}
+    total = model.num_layers
+
+    def enough(budget: float) -> bool:
+        # Each rank holds at least one layer, so class k offers at most as many ranks as
+        # it has layers of time <= budget (distinct layers per rank).
+        offers = []
+        for k, cap in caps:
+            holds = _layers_within(steps[k], budget)
+            ranks = min(cap, bisect.bisect_right(cheapest[k], budget))
+            if holds >= 1 and ranks >= 1:
+                offers.append((holds, ranks))
+        offers.sort(reverse=True)
+        left, covered = pp, 0
+        for holds, ranks in offers:
+            take = min(left, ranks)
+            covered += take * holds
+            left -= take
+        return left == 0 and covered >= total
+
+    budgets = sorted(
+        {b for k in steps for b, _ in steps[k]} | {t for k in cheapest for t in cheapest[k]}
+    )
+    if not budgets or not enough(budgets[-1]):
+        return math.inf
+    low, high = 0, len(budgets) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if enough(budgets[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return budgets[low]
+
+
+@functools.lru_cache(maxsize=65536)
+def _occupancy_bound(model: CostModel, tp: int, mbs: int, counts: tuple[tuple[int, int], ...]):
+    """Every rank holds at least one layer, so the n_k ranks of class k hold n_k distinct
+    layers and one of them takes at least the n_k-th cheapest layer's time on class k."""
+    bound = 0.0
+    for k, n in counts:
+        times = sorted(
+            c.forward_ms() + c.backward_ms("none") for c in model.tables(k, tp, mbs).layers
+        )
+        bound = max(bound, times[min(n, len(times)) - 1])
+    return bound
 
 
 def _lower_bound(model: CostModel, p: _Pending) -> float:
-    """A time no split of this candidate beats: every layer on its fastest used class, the
-    work spread perfectly over the ranks, no communication."""
-    total, largest = _fastest_work(model, p.tp, p.mbs, tuple(sorted(set(p.classes))))
-    slowest_rank = max(total / len(p.classes), largest)
+    """A time no split of this candidate beats: the slowest rank at least the fractional
+    bound, every layer at least its fastest time, no communication, no tail."""
+    used = tuple(sorted(set(p.classes)))
+    fastest, _ = _fastest_work(model, p.tp, p.mbs, used)
+    counts = tuple((k, p.classes.count(k)) for k in used)
+    slowest_rank = max(
+        _rank_bound(model, p.tp, p.mbs, counts),
+        _occupancy_bound(model, p.tp, p.mbs, counts),
+        _integral_bound(model, p.tp, p.mbs, p.dp, p.zero1, counts, len(p.classes), _MODES)
+        if p.chunks == 1
+        else 0.0,
+    )
     if p.chunks > 1:
-        return p.m * slowest_rank
-    return (p.m - 1) * slowest_rank + total
+        # The split is fixed: each rank's work without recompute or sends bounds it.
+        pp = len(p.classes)
+        bounds = [0, *itertools.accumulate(even_split(model.num_layers, pp * p.chunks))]
+        ranks = [0.0] * pp
+        for s in range(pp * p.chunks):
+            work = model.tables(p.classes[s % pp], p.tp, p.mbs).work["none"]
+            ranks[s % pp] += work[bounds[s + 1]] - work[bounds[s]]
+        return pipeline_time_ms(ranks, p.m, p.chunks)
+    return (p.m - 1) * slowest_rank + sum(fastest)
 
 
 def _static_fits(model: CostModel, p: _Pending) -> bool:
@@ -178,53 +365,157 @@ def _static_fits(model: CostModel, p: _Pending) -> bool:
     return params * per_param <= have
 
 
-def _pending(model: CostModel, batch: int, options: SolveOptions) -> list[_Pending]:
+@dataclass(frozen=True, order=True)
+class _Group:
+    """Candidates sharing (tp, dp, mbs, pp); ``bound`` holds for every class sequence."""
+
+    bound: float
+    tp: int
+    dp: int
+    mbs: int
+    m: int
+    pp: int
+    zero1: bool
+    caps: tuple[int, ...]
+    allowed: tuple[tuple[str, int], ...]
+
+
+def _group_bound(model: CostModel, g: _Group) -> float:
+    """A lower bound over every class sequence of the group: the fractional bound of
+    ``_rank_bound`` with λ_k ∝ 1/W_k over all usable classes, its denominator Σ n_k / W_k at
+    most what filling the ranks from the fastest classes gives."""
+    usable = tuple(k for k, cap in enumerate(g.caps) if cap > 0)
+    fastest, work = _fastest_work(model, g.tp, g.mbs, usable)
+    totals = {k: sum(work[k]) for k in usable}
+    if not all(totals.values()):
+        slowest_rank = max(fastest)
+    else:
+        spread = sum(min(work[k][i] / totals[k] for k in usable) for i in range(len(fastest)))
+        left, capacity = g.pp, 0.0
+        for k in sorted(usable, key=lambda k: totals[k]):
+            take = min(left, g.caps[k])
+            capacity += take / totals[k]
+            left -= take
+        slowest_rank = max(spread / capacity, max(fastest))
+    bounds = []
+    integral = _integral_bound(
+        model, g.tp, g.mbs, g.dp, g.zero1, tuple((k, g.caps[k]) for k in usable), g.pp, _MODES
+    )
+    for _schedule, chunks in g.allowed:
+        if chunks > 1:
+            bounds.append(g.m * max(slowest_rank, integral))
+        else:
+            bounds.append((g.m - 1) * max(slowest_rank, integral) + sum(fastest))
+    return min(bounds)
+
+
+def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[_Group]:
     out = []
     num_layers = model.num_layers
     for tp in tp_choices(model, options):
+        if options.strategy == "data-parallel" and tp != 1:
+            continue
         for dp in divisors(batch):
             if options.dp is not None and dp != options.dp:
                 continue
-            if options.strategy == "data-parallel" and tp != 1:
+            caps = tuple(class_caps(model, tp, dp))
+            if not any(caps) or (options.zero1 and dp == 1):
                 continue
-            caps = class_caps(model, tp, dp)
-            if not any(caps):
-                continue
-            zero1 = dp > 1 if options.zero1 is None else options.zero1 and dp > 1
-            if options.zero1 and dp == 1:
-                continue
+            zero1 = dp > 1 and options.zero1 is not False
+            per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (
+                dp if zero1 else 1
+            )
+            params = model.tables(next(k for k, c in enumerate(caps) if c), tp, 1).params[-1]
+            memories = sorted(
+                (
+                    model.capacity_bytes(k)
+                    for k, cap in enumerate(caps)
+                    for _ in range(min(cap, 128))
+                ),
+                reverse=True,
+            )
             for mbs in micro_batch_choices(batch // dp, options):
                 m = batch // (dp * mbs)
                 for pp in pipeline_degrees(num_layers, options):
                     if options.strategy == "data-parallel" and pp != 1:
                         continue
-                    if pp > sum(caps):
+                    if pp > sum(caps) or params * per_param > sum(memories[:pp]):
                         continue
                     allowed = schedules(pp, m, num_layers, options)
                     if options.schedule is None and any(s == "1f1b" for s, _ in allowed):
                         allowed = [(s, v) for s, v in allowed if s != "gpipe"]
-                    for classes in contiguous_class_sequences(pp, caps):
-                        for schedule, chunks in allowed:
-                            p = _Pending(0.0, (), tp, dp, mbs, m, schedule, chunks, zero1, classes)
-                            if not _static_fits(model, p):
-                                continue
-                            key = (tp, dp, mbs, pp, schedule, chunks, classes)
-                            out.append(
-                                _Pending(
-                                    _lower_bound(model, p),
-                                    key,
-                                    tp,
-                                    dp,
-                                    mbs,
-                                    m,
-                                    schedule,
-                                    chunks,
-                                    zero1,
-                                    classes,
-                                )
-                            )
+                    if not allowed:
+                        continue
+                    group = _Group(0.0, tp, dp, mbs, m, pp, zero1, caps, tuple(allowed))
+                    out.append(
+                        _Group(
+                            _group_bound(model, group),
+                            tp,
+                            dp,
+                            mbs,
+                            m,
+                            pp,
+                            zero1,
+                            caps,
+                            tuple(allowed),
+                        )
+                    )
     out.sort()
     return out
+
+
+def _expand(model: CostModel, g: _Group, threshold: float) -> list[_Pending]:
+    """The group's candidates whose own bound is below ``threshold``, best bound first."""
+    out = []
+    usable = [k for k, cap in enumerate(g.caps) if cap > 0]
+    for size in range(1, len(usable) + 1):
+        for subset in itertools.combinations(usable, size):
+            for parts in _compositions(g.pp, size):
+                if any(n > g.caps[k] for k, n in zip(subset, parts, strict=True)):
+                    continue
+                counts = tuple(zip(subset, parts, strict=True))
+                fastest, _ = _fastest_work(model, g.tp, g.mbs, subset)
+                rank = max(
+                    _rank_bound(model, g.tp, g.mbs, counts),
+                    _occupancy_bound(model, g.tp, g.mbs, counts),
+                )
+                integral = _integral_bound(model, g.tp, g.mbs, g.dp, g.zero1, counts, g.pp, _MODES)
+                if min((g.m - 1) * max(rank, integral) + sum(fastest), g.m * rank) >= threshold:
+                    continue
+                for order in itertools.permutations(range(size)):
+                    classes = tuple(subset[o] for o in order for _ in range(parts[o]))
+                    for schedule, chunks in g.allowed:
+                        p = _Pending(
+                            0.0, (), g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes
+                        )
+                        if not _static_fits(model, p):
+                            continue
+                        bound = _lower_bound(model, p)
+                        if bound >= threshold:
+                            continue
+                        key = (g.tp, g.dp, g.mbs, g.pp, schedule, chunks, classes)
+                        out.append(
+                            _Pending(
+                                bound,
+                                key,
+                                g.tp,
+                                g.dp,
+                                g.mbs,
+                                g.m,
+                                schedule,
+                                chunks,
+                                g.zero1,
+                                classes,
+                            )
+                        )
+    out.sort()
+    return out
+
+
+def _compositions(total: int, parts: int):
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
 
 
 def _fixed_split(options: SolveOptions, num_layers: int, pp: int) -> list[int] | None:
@@ -254,7 +545,9 @@ def _solve_pipeline(
         tails = [c[1] for c in costs if c]
         value = pipeline_objective(max(times), sum(times), max(tails), p.m)
     else:
-        result = best_partition(num_layers, pp, p.m, coster, upper_bound=bound)
+        result = best_partition(
+            num_layers, pp, p.m, coster, upper_bound=bound, suffix_bound=coster.suffix_bound
+        )
         if result is None:
             return None
         bounds, value = list(result.boundaries), result.objective
@@ -411,8 +704,8 @@ def search(
     start = time.monotonic()
     keep = options.top_k + 1
     best: list[tuple[float, tuple, PlanConfig]] = []
-    pending = _pending(model, batch, options)
-    solved = 0
+    groups = _groups(model, batch, options)
+    solved = considered = 0
     timed_out = False
 
     def offer(value: float, config: PlanConfig) -> None:
@@ -421,29 +714,35 @@ def search(
         del best[keep:]
 
     def threshold() -> float:
-        return best[-1][0] if len(best) >= keep else math.inf
+        # Pruning against the best found keeps the best exact; the runner-ups are the best
+        # of the configurations the search costed, not necessarily the global 2nd..k-th.
+        return best[0][0] if best else math.inf
 
     for config in _shared_candidates(model, batch, options, options.time_limit_s):
         offer(model.evaluate(config).iteration_ms, config)
-    for index, p in enumerate(pending):
-        if p.bound >= threshold():
+    for index, group in enumerate(groups):
+        if group.bound >= threshold() or timed_out:
             break
-        if time.monotonic() - start > options.time_limit_s:
-            timed_out = True
-            logger.warning("time limit reached after %d of %d candidates", index, len(pending))
-            break
-        solved += 1
-        found = _solve_pipeline(model, p, options, threshold())
-        if found is not None:
-            offer(found[1], found[0])
-        if progress is not None and index % 64 == 0:
-            progress(index, len(pending))
+        if progress is not None:
+            progress(index, len(groups))
+        for p in _expand(model, group, threshold()):
+            considered += 1
+            if p.bound >= threshold():
+                break
+            if time.monotonic() - start > options.time_limit_s:
+                timed_out = True
+                logger.warning("time limit reached after %d of %d groups", index, len(groups))
+                break
+            solved += 1
+            found = _solve_pipeline(model, p, options, threshold())
+            if found is not None:
+                offer(found[1], found[0])
     candidates = []
     for _value, _k, config in best:
         cost = model.evaluate(config)
         candidates.append(Candidate(cost.iteration_ms, config, cost))
     candidates.sort(key=lambda c: (c.iteration_ms, _key(c.config)))
-    return SearchResult(candidates, len(pending), solved, timed_out)
+    return SearchResult(candidates, considered, solved, timed_out)
 
 
 def _key(config: PlanConfig) -> tuple:
