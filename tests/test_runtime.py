@@ -113,6 +113,16 @@ def test_schedules_torch_would_reject_are_refused_before_running() -> None:
     )
 
 
+def test_stage_layouts_torch_would_run_wrongly_are_refused() -> None:
+    plan = make_plan([3, 3])
+    gap = [plan.stages[0], plan.stages[1].model_copy(update={"layer_start": 4})]
+    with pytest.raises(InputError, match=r"layers \[4, 6\).*should start at 3"):
+        check_schedule(plan.model_copy(update={"stages": gap}))
+    swapped = [stage.model_copy(update={"pipeline_rank": 1 - stage.index}) for stage in plan.stages]
+    with pytest.raises(InputError, match=r"stage 0 is on pipeline rank 1; .* must be on 0"):
+        check_schedule(plan.model_copy(update={"stages": swapped}))
+
+
 def test_replica_rows_follow_uneven_shares() -> None:
     plan = make_plan([6], data_parallel=3, num_micro_batches=2, replica_micro_batch_sizes=[3, 1, 2])
     assert [replica_rows(plan, i) for i in range(3)] == [slice(0, 6), slice(6, 8), slice(8, 12)]

@@ -76,9 +76,26 @@ def plan_summary(plan: Plan) -> str:
 
 
 def check_schedule(plan: Plan) -> None:
-    """Refuse, before any process starts work, schedules that torch's pipelining would reject."""
+    """Refuse, before any process starts work, stage layouts and schedules that torch's
+    pipelining would reject or run wrongly."""
     par = plan.parallelism
     m, stages = par.num_micro_batches, par.num_stages
+    previous_end = 0
+    for position, stage in enumerate(plan.stages):
+        if stage.index != position:
+            raise InputError(f"stage {position} of the plan has index {stage.index}")
+        if stage.layer_start != previous_end or stage.layer_end <= stage.layer_start:
+            raise InputError(
+                f"stage {stage.index} holds layers [{stage.layer_start}, {stage.layer_end}); "
+                f"stages must be non-empty and follow on (it should start at {previous_end})"
+            )
+        # torch's pipelining places stage s on pipeline rank s % pp (the plan's convention).
+        if stage.pipeline_rank != stage.index % par.pipeline_degree:
+            raise InputError(
+                f"stage {stage.index} is on pipeline rank {stage.pipeline_rank}; with pp = "
+                f"{par.pipeline_degree} it must be on {stage.index % par.pipeline_degree}"
+            )
+        previous_end = stage.layer_end
     if par.schedule == "1f1b" and m < par.pipeline_degree:
         raise InputError(f"1F1B needs micro-batches ({m}) >= pipeline stages ({stages})")
     if par.schedule == "interleaved_1f1b":
