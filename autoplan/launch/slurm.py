@@ -31,6 +31,7 @@ def slurm_script(
         f"#SBATCH --nodes={len(nodes)}",
         "#SBATCH --ntasks-per-node=1",
         "#SBATCH --exclusive",
+        "# Where GPUs are handed out as GRES, add the site's request, e.g. #SBATCH --gres=gpu:8.",
         "# Plan nodes in launch order (node rank: name, GPU type, processes):",
         *(
             f"#   {node.node_rank}: {node.name}, {node.gpu_type}, {node.nproc_per_node}"
