@@ -10,9 +10,18 @@ from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.layers import layer_time_ms, matches_device
 from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
+from autoplan.plan.validate import validate_plan
 from autoplan.profile.schema import MeasuredTimes
-from autoplan.solve import SolveOptions, cost_model, solve
+from autoplan.solve import SolveOptions, cost_model
+from autoplan.solve import solve as _solve
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile, transformer_profile
+
+
+def solve(profile, cluster, batch, options):
+    """Solve and check the plan with the independent validator."""
+    plan = _solve(profile, cluster, batch, options)
+    validate_plan(plan, profile)
+    return plan
 
 
 def test_ring_allreduce_formula() -> None:

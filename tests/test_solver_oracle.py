@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
-from autoplan.solve import SolveOptions, cost_model, solve_candidates
+from autoplan.plan.validate import validate_plan
+from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.space import (
     MAX_SHARE_MICRO_BATCH,
     class_caps,
@@ -277,3 +278,6 @@ def test_search_bounds_never_prune_the_optimum(instance) -> None:
         assert not result
         return
     assert math.isclose(result[0].iteration_ms, unpruned, rel_tol=1e-9)
+    plan = solve(profile, cluster, batch, options)
+    validate_plan(plan, profile)
+    assert math.isclose(plan.prediction.iteration_time_ms, unpruned, rel_tol=1e-6)

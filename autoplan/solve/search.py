@@ -11,8 +11,20 @@ pinned), and GPipe has 1F1B's time with more memory (searched only when 1F1B is 
 allowed, m < pp, unless pinned). Recompute per stage is the fastest that fits: more
 recompute adds as much time to a stage as it can hide of its all-reduce.
 
+Candidates are grouped by (tp, dp, micro-batch size, pp); a group's bound holds for every
+class sequence in it, so whole groups are skipped. The bounds, all valid for any split and
+any recompute: (1) fractional: spreading layers over the ranks as a linear program, bounded
+through its dual; (2) integral: with budget T a rank holds at most as many layers as the
+cheapest ones that fit in T and in memory; (3) occupancy: every rank holds at least one
+layer, so n ranks of a class need n distinct layers. The best is exact (pruning compares
+with the best found); the alternatives are the best other configurations the search costed,
+not necessarily the global 2nd..k-th.
+
 Shared single-stage plans (replicas on several classes with uneven micro-batch sizes) are
 solved by the integer program of ``solvers.share_ilp``, once per (tp, set of classes).
+
+Deterministic: candidates are visited in a fixed order and ties keep a canonical key, so the
+same inputs give the same plan, unless the time limit stops the search (logged).
 """
 
 from __future__ import annotations

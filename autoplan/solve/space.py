@@ -20,9 +20,7 @@ m · Σ n_k b_k = B, recompute per class, ZeRO-1.
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Iterator
 
 from autoplan.cost.model import CostModel
 from autoplan.solve.options import SolveOptions
@@ -122,19 +120,3 @@ def even_split(num_layers: int, parts: int) -> list[int]:
     """Layers per part, as even as possible, larger parts first."""
     base, extra = divmod(num_layers, parts)
     return [base + 1 if i < extra else base for i in range(parts)]
-
-
-def contiguous_class_sequences(pp: int, caps: list[int]) -> Iterator[tuple[int, ...]]:
-    """Class of each pipeline rank: each used class on consecutive ranks, within its cap."""
-    usable = [k for k, cap in enumerate(caps) if cap > 0]
-    for size in range(1, len(usable) + 1):
-        for order in itertools.permutations(usable, size):
-            for parts in _compositions(pp, size):
-                if all(n <= caps[k] for k, n in zip(order, parts, strict=True)):
-                    yield tuple(k for k, n in zip(order, parts, strict=True) for _ in range(n))
-
-
-def _compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
-    for cuts in itertools.combinations(range(1, total), parts - 1):
-        bounds = (0, *cuts, total)
-        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
