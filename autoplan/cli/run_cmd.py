@@ -132,6 +132,12 @@ def measured_vs_predicted(report: RunReport) -> Table:
         f"largest rank; {memory_note}",
     )
     table.add_row(
+        "model states (MiB)",
+        f"{report.measured_model_state_bytes / _MIB:.3f}",
+        f"{report.predicted_model_state_bytes / _MIB:.3f}",
+        "largest rank; parameters + gradients + optimizer states",
+    )
+    table.add_row(
         "loss",
         f"{report.steps[0].loss:.4f} → {report.steps[-1].loss:.4f}",
         "",

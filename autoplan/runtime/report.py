@@ -51,5 +51,13 @@ class RunReport(_Strict):
         ge=0, description="Largest per-GPU total of plan.prediction.memory."
     )
     peak_memory_per_rank_bytes: list[int] = Field(description="Peak memory of each rank.")
+    measured_model_state_bytes: int = Field(
+        ge=0,
+        description="Largest rank's parameters + gradients + optimizer states, as held (sharded).",
+    )
+    predicted_model_state_bytes: int = Field(
+        ge=0, description="Largest weights + gradients + optimizer of plan.prediction.memory."
+    )
+    model_state_per_rank_bytes: list[int] = Field(description="Model-state bytes of each rank.")
     measured_tokens_per_s: float = Field(ge=0)
     predicted_tokens_per_s: float = Field(ge=0)

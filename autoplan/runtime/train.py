@@ -19,8 +19,6 @@ batch, so that DDP's plain average of the replicas' gradients is the full-batch 
 from __future__ import annotations
 
 import logging
-import resource
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from autoplan.runtime.data import Batch, replica_rows, training_batches
 from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.loss import loss_function
+from autoplan.runtime.memory import model_state_bytes, peak_memory_bytes
 from autoplan.runtime.mesh import build_mesh, init_distributed
 from autoplan.runtime.model_stage import build_stage_models
 from autoplan.runtime.recompute import apply_recompute
@@ -177,14 +176,6 @@ def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _Rank
     )
 
 
-def _peak_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    # ru_maxrss is in KiB on Linux and in bytes on macOS.
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -288,7 +279,7 @@ def train(
             share = total / (par.data_parallel_degree * par.num_micro_batches)
         loss_share = torch.tensor([share], dtype=torch.float64, device=setup.device)
         slowest = torch.tensor(
-            [elapsed_s, _peak_memory_bytes(setup.device)], dtype=torch.float64, device=setup.device
+            [elapsed_s, peak_memory_bytes(setup.device)], dtype=torch.float64, device=setup.device
         )
         dist.all_reduce(loss_share)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -308,11 +299,16 @@ def train(
                 record.loss,
                 record.peak_memory_bytes / 2**20,
             )
-    return _report(plan, setup.device, records)
+    states = model_state_bytes(setup.models, setup.optimizer)
+    return _report(plan, setup.device, records, states)
 
 
-def _report(plan: Plan, device: torch.device, records: list[StepRecord]) -> RunReport:
-    mine = torch.tensor([_peak_memory_bytes(device)], dtype=torch.float64, device=device)
+def _report(
+    plan: Plan, device: torch.device, records: list[StepRecord], model_states_bytes: int
+) -> RunReport:
+    mine = torch.tensor(
+        [peak_memory_bytes(device), model_states_bytes], dtype=torch.float64, device=device
+    )
     per_rank = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(per_rank, mine)
     timed = records[1:] if len(records) > 1 else records
@@ -333,6 +329,15 @@ def _report(plan: Plan, device: torch.device, records: list[StepRecord]) -> RunR
         measured_peak_memory_bytes=max(int(t[0]) for t in per_rank),
         predicted_peak_memory_bytes=_predicted_peak_memory_bytes(plan),
         peak_memory_per_rank_bytes=[int(t[0]) for t in per_rank],
+        measured_model_state_bytes=max(int(t[1]) for t in per_rank),
+        predicted_model_state_bytes=max(
+            (
+                m.weights_bytes + m.gradients_bytes + m.optimizer_bytes
+                for m in plan.prediction.memory
+            ),
+            default=0,
+        ),
+        model_state_per_rank_bytes=[int(t[1]) for t in per_rank],
         measured_tokens_per_s=tokens / (mean_ms / 1000) if mean_ms > 0 else 0.0,
         predicted_tokens_per_s=plan.prediction.tokens_per_s,
     )

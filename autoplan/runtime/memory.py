@@ -1,0 +1,53 @@
+"""What a rank's memory holds: its peak, and the bytes of its model states.
+
+The peak is CUDA's ``max_memory_allocated`` on a GPU; on CPU only the process's peak resident
+set size exists, which includes Python and torch themselves (some 300 MB), so the model-state
+bytes (parameters, gradients and optimizer states, as this rank holds them after sharding) are
+measured too: they compare directly with the plan's weights + gradients + optimizer estimate.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+__all__ = ["model_state_bytes", "peak_memory_bytes"]
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of this process so far: CUDA allocations, or the CPU peak RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # ru_maxrss is in KiB on Linux and in bytes on macOS.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _local_bytes(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.numel() * local.element_size()
+
+
+def model_state_bytes(models: list[nn.Module], optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of this rank's parameters, gradients and optimizer states (its shards only)."""
+    seen: set[int] = set()
+    total = 0
+    for model in models:
+        for param in model.parameters():
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            total += _local_bytes(param)
+            if param.grad is not None:
+                total += _local_bytes(param.grad)
+    # ZeroRedundancyOptimizer keeps this rank's shard of the states in a local optimizer.
+    local_optimizer = getattr(optimizer, "optim", optimizer)
+    for state in local_optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                total += _local_bytes(value)
+    return total
