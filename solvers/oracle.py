@@ -28,11 +28,12 @@ def oracle_partition(
         costs = [stage_cost(s, bounds[s], bounds[s + 1]) for s in range(num_stages)]
         if any(c is None for c in costs):
             continue
-        times = [c[0] for c in costs if c is not None]
-        tails = [c[1] for c in costs if c is not None]
-        value = pipeline_objective(max(times), sum(times), max(tails), num_micro_batches)
+        steady = [c[0] for c in costs if c is not None]
+        fill = [c[1] for c in costs if c is not None]
+        tails = [c[2] for c in costs if c is not None]
+        value = pipeline_objective(max(steady), sum(fill), max(tails), num_micro_batches)
         if best is None or value < best.objective:
-            best = PartitionResult(tuple(bounds), value, max(times), sum(times), max(tails))
+            best = PartitionResult(tuple(bounds), value, max(steady), sum(fill), max(tails))
     return best
 
 

@@ -1,15 +1,16 @@
 """Exact dynamic programming over contiguous layer partitions of a pipeline.
 
 Problem. Split layers 0..L-1 into p contiguous, non-empty stages (stage s = layers
-[b_s, b_{s+1}), b_0 = 0, b_p = L). Stage s on layers [i, j) has a per-micro-batch time
-c_s(i, j) and a tail t_s(i, j) (work after the last backward: exposed gradient all-reduce,
-optimizer step), or is infeasible (does not fit in memory). Minimise
+[b_s, b_{s+1}), b_0 = 0, b_p = L). Stage s on layers [i, j) has a steady-state time per
+micro-batch a_s(i, j), a fill-and-drain time b_s(i, j) and a tail t_s(i, j) (work after the
+last backward: exposed gradient all-reduce, optimizer step), or is infeasible (does not fit
+in memory). Minimise
 
-    F = (m - 1) · max_s c_s + Σ_s c_s + max_s t_s
+    F = (m - 1) · max_s a_s + Σ_s b_s + max_s t_s
 
 the 1F1B / GPipe iteration time with m micro-batches plus the slowest tail.
 
-Method. F is nondecreasing in each of (M, S, U) = (max c, Σ c, max t) and what later stages
+Method. F is nondecreasing in each of (M, S, U) = (max a, Σ b, max t) and what later stages
 add depends only on where the prefix ends, so for every (stages placed s, layers covered i) it
 suffices to keep the Pareto front of (M, S, U) over partial partitions: a dominated triple can
 never end better. The answer is the best F on the front at (p, L). Optional pruning by an
@@ -32,9 +33,9 @@ __all__ = [
     "pipeline_objective",
 ]
 
-# (time per micro-batch, tail) of stage s on layers [i, j), or None if it does not fit; None
-# at j promises None at every larger j (so the search stops there).
-StageCost = Callable[[int, int, int], tuple[float, float] | None]
+# (steady time, fill-and-drain time, tail) of stage s on layers [i, j), or None if it does
+# not fit; None at j promises None at every larger j (so the search stops there).
+StageCost = Callable[[int, int, int], tuple[float, float, float] | None]
 # Lower bound (max stage, sum of stages) of stages s..p-1 covering layers [j, L).
 SuffixBound = Callable[[int, int], tuple[float, float]]
 
@@ -114,15 +115,15 @@ def best_partition(
                 cost = stage_cost(s, i, j)
                 if cost is None:
                     break
-                c, t = cost
+                a, b, t = cost
                 if suffix_bound is not None and not last:
                     rest_max, rest_sum = suffix_bound(s + 1, j)
                 else:
                     rest_max, rest_sum = 0.0, 0.0
                 target = nxt.setdefault(j, [])
                 for entry in front:
-                    max_stage = max(entry.max_stage, c)
-                    sum_stage = entry.sum_stage + c
+                    max_stage = max(entry.max_stage, a)
+                    sum_stage = entry.sum_stage + b
                     max_tail = max(entry.max_tail, t)
                     bound = pipeline_objective(
                         max(max_stage, rest_max), sum_stage + rest_sum, max_tail, m

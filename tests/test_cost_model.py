@@ -37,6 +37,8 @@ def test_1f1b_closed_form_and_interleaving() -> None:
     assert pipeline_time_ms([1.0, 3.0, 2.0], 5) == pytest.approx(4 * 3.0 + 6.0)
     # Interleaving with v chunks divides the fill-and-drain part (3 × 2 ms) by v.
     assert pipeline_time_ms([2.0] * 4, 8, chunks=2) == pytest.approx(8 * 2.0 + 6.0 / 2)
+    # Sends: hidden in the steady state, on the path in the fill and drain.
+    assert pipeline_time_ms([2.0, 2.0], 8, fill_ms=[2.5, 2.0]) == pytest.approx(7 * 2.0 + 4.5)
 
 
 def test_in_flight_micro_batches() -> None:

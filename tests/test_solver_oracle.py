@@ -195,7 +195,8 @@ def test_partition_dp_equals_oracle(layers, stages, table, m) -> None:
         c, t = table[(s * 7 + i * 3) % 36]
         extra, _ = table[(j * 5 + s) % 36]
         # None once c × (j - i) passes 25: never again for larger j, as the DP may assume.
-        return (c * (j - i) + extra, t + extra / 3) if c * (j - i) < 25 else None
+        steady = max(c * (j - i), extra)
+        return (steady, c * (j - i) + 2 * extra, t + extra / 3) if c * (j - i) < 25 else None
 
     dp = best_partition(layers, stages, m, cost)
     brute = oracle_partition(layers, stages, m, cost)

@@ -113,25 +113,36 @@ def layer_cost(
     tp_profile = layer.tensor_parallel
     split = tp if (tp_profile is not None and tp > 1) else 1
     eff = gpu.efficiency if efficiency is None else efficiency
+
+    def per_gpu(total: int, sharded: int | None) -> float:
+        # The sharded part divides by tp; the rest (norms, residuals) runs on every tp rank.
+        # Profiles without the split treat the whole layer as sharded.
+        if split == 1:
+            return float(total)
+        part = total if sharded is None else min(sharded, total)
+        return total - part + part / split
+
+    tpp = tp_profile
+    forward_flops = per_gpu(layer.forward_flops, tpp.sharded_forward_flops if tpp else None)
+    backward_flops = per_gpu(layer.backward_flops, tpp.sharded_backward_flops if tpp else None)
+    forward_bytes = per_gpu(
+        layer.forward_bytes_moved, tpp.sharded_forward_bytes_moved if tpp else None
+    )
+    backward_bytes = per_gpu(
+        layer.backward_bytes_moved, tpp.sharded_backward_bytes_moved if tpp else None
+    )
     measured = _measured(layer, gpu)
     if measured is not None:
-        forward = measured.forward_ms * scale / split
-        backward = measured.backward_ms * scale / split
+        # Measured on one device: scale by the share of the work one tp rank keeps.
+        forward_share = forward_flops / layer.forward_flops if layer.forward_flops else 1 / split
+        backward_share = (
+            backward_flops / layer.backward_flops if layer.backward_flops else 1 / split
+        )
+        forward = measured.forward_ms * scale * forward_share
+        backward = measured.backward_ms * scale * backward_share
     else:
-        forward = _pass_ms(
-            layer.forward_flops * scale / split,
-            layer.forward_bytes_moved * scale / split,
-            gpu,
-            peak_tflops,
-            eff,
-        )
-        backward = _pass_ms(
-            layer.backward_flops * scale / split,
-            layer.backward_bytes_moved * scale / split,
-            gpu,
-            peak_tflops,
-            eff,
-        )
+        forward = _pass_ms(forward_flops * scale, forward_bytes * scale, gpu, peak_tflops, eff)
+        backward = _pass_ms(backward_flops * scale, backward_bytes * scale, gpu, peak_tflops, eff)
     selective = (
         forward * layer.selective_recompute_flops / layer.forward_flops
         if (layer.forward_flops)

@@ -2,8 +2,9 @@
 
 Iteration time = pipeline time (``autoplan.cost.schedule``) + the largest per-rank tail.
 A rank's work per micro-batch is its stages' forward + backward (with recompute and tp
-all-reduces) + the point-to-point sends of each boundary activation to the next stage and of
-its gradient back (one each way). A rank's tail is the part of its gradient all-reduce over
+all-reduces); the point-to-point sends of each boundary activation to the next stage and of
+its gradient back overlap computation in the steady state and lengthen the fill and drain
+(``autoplan.cost.schedule``). A rank's tail is the part of its gradient all-reduce over
 dp (ring, on the slowest link its dp × tp GPUs span) that the backward of the last
 micro-batch does not hide, plus its optimizer step (memory-bound: reads and writes the
 optimizer states, reads the gradients, writes the weights).
@@ -270,8 +271,9 @@ class CostModel:
                 sends.append(self.send_ms(sums[index]["output"], stage.device_class, nxt, group))
             else:
                 sends.append(0.0)
-        rank_work = [0.0] * pp
-        rank_parts = [{"compute": 0.0, "tp": 0.0, "pp": 0.0} for _ in range(pp)]
+        rank_compute = [0.0] * pp  # forward + backward per micro-batch
+        rank_sends = [0.0] * pp  # one-way sends per micro-batch
+        rank_parts = [{"compute": 0.0, "tp": 0.0} for _ in range(pp)]
         rank_backward = [0.0] * pp
         rank_params = [0.0] * pp
         rank_saved_max = [0.0] * pp
@@ -279,17 +281,19 @@ class CostModel:
         rank_class = [config.stages[r].device_class for r in range(pp)]
         for index, (stage, part) in enumerate(zip(config.stages, sums, strict=True)):
             r = index % pp
-            rank_work[r] += part["forward"] + part["backward"] + 2 * sends[index]
+            rank_compute[r] += part["forward"] + part["backward"]
+            rank_sends[r] += sends[index]
             rank_parts[r]["compute"] += part["compute"]
             rank_parts[r]["tp"] += part["tp"]
-            rank_parts[r]["pp"] += 2 * sends[index]
             rank_backward[r] += part["backward"]
             rank_params[r] += part["params"]
             rank_saved_max[r] = max(rank_saved_max[r], part["saved"])
             rank_transient[r] = max(rank_transient[r], part["transient"])
             if stage.device_class != rank_class[r]:
                 raise ValueError("all stages of one pipeline rank must be on one device class")
-        pipeline = pipeline_time_ms(rank_work, m, v)
+        steady = [max(c, x) for c, x in zip(rank_compute, rank_sends, strict=True)]
+        fill = [c + 2 * x for c, x in zip(rank_compute, rank_sends, strict=True)]
+        pipeline = pipeline_time_ms(steady, m, v, fill)
         memory: list[RankMemory] = []
         tails, allreduces, exposed, optimizer = [], [], [], []
         violations = []
@@ -321,15 +325,15 @@ class CostModel:
             optimizer.append(step)
             tails.append(hidden + step)
         tail_rank = max(range(pp), key=lambda r: (tails[r], -r))
-        slow = max(range(pp), key=lambda r: (rank_work[r], -r))
+        slow = max(range(pp), key=lambda r: (steady[r], -r))
         return PlanCost(
             iteration_ms=pipeline + tails[tail_rank],
             pipeline_ms=pipeline,
             tail_ms=tails[tail_rank],
             compute_ms=m * rank_parts[slow]["compute"],
             tp_comm_ms=m * rank_parts[slow]["tp"],
-            pp_comm_ms=m * rank_parts[slow]["pp"],
-            bubble_ms=pipeline - m * rank_work[slow],
+            pp_comm_ms=m * (steady[slow] - rank_compute[slow]),
+            bubble_ms=pipeline - m * steady[slow],
             dp_comm_ms=exposed[tail_rank],
             optimizer_ms=optimizer[tail_rank],
             dp_allreduce_ms=max(allreduces),

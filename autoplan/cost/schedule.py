@@ -1,10 +1,14 @@
 """Pipeline schedules: iteration time (closed forms) and micro-batches in flight per rank.
 
-Time: with per-micro-batch stage times c_s (forward + backward + sends), GPipe and 1F1B both
-take (m - 1) × max_s c_s + Σ_s c_s: the slowest stage works m times, the others fill and drain
-the pipeline once. Interleaved 1F1B with v chunks per rank divides the fill-and-drain part by
-v (Narayanan et al., SC'21, §2.2.2): m × max_r C_r + (Σ_r C_r − max_r C_r) / v, with C_r the
-rank's work per micro-batch over all its chunks; for v = 1 this is the 1F1B form.
+Time: with per-micro-batch stage times c_s (forward + backward), GPipe and 1F1B both take
+(m - 1) × max_s c_s + Σ_s c_s: the slowest stage works m times, the others fill and drain the
+pipeline once. Point-to-point sends are asynchronous: in the steady state a transfer overlaps
+the next computation, so a stage costs a_s = max(c_s, send_s) there (the link binds only when
+slower than compute; activations and gradients travel in opposite directions of a full-duplex
+link), while the fill and drain wait for each transfer, b_s = c_s + 2 × send_s:
+(m - 1) × max_s a_s + Σ_s b_s. Interleaved 1F1B with v chunks per rank divides the
+fill-and-drain part by v (Narayanan et al., SC'21, §2.2.2): m × max_r A_r + (Σ_r B_r −
+max_r A_r) / v, with A_r, B_r summed over the rank's chunks; for v = 1 this is the 1F1B form.
 
 Memory: micro-batches whose activations a rank holds at its peak. GPipe: all m. 1F1B: rank r
 of p holds p − r (at most m). Interleaved 1F1B as PyTorch schedules it
@@ -27,11 +31,18 @@ __all__ = [
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 
 
-def pipeline_time_ms(rank_times_ms: list[float], num_micro_batches: int, chunks: int = 1) -> float:
-    """Iteration time of the pipeline (no data-parallel tail) from each rank's work per
-    micro-batch: m × max + (Σ − max) / v (module docstring)."""
-    slowest = max(rank_times_ms)
-    return num_micro_batches * slowest + (sum(rank_times_ms) - slowest) / chunks
+def pipeline_time_ms(
+    steady_ms: list[float],
+    num_micro_batches: int,
+    chunks: int = 1,
+    fill_ms: list[float] | None = None,
+) -> float:
+    """Iteration time of the pipeline (no data-parallel tail): m × max_r a_r + (Σ_r b_r −
+    max_r a_r) / v, with a_r a rank's steady-state time per micro-batch and b_r its time on
+    the fill-and-drain path (``fill_ms``, default a_r); see the module docstring."""
+    slowest = max(steady_ms)
+    fill = steady_ms if fill_ms is None else fill_ms
+    return num_micro_batches * slowest + (sum(fill) - slowest) / chunks
 
 
 def interleaved_ok(num_micro_batches: int, pipeline_degree: int) -> bool:

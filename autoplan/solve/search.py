@@ -166,18 +166,19 @@ class _StageCoster:
                 return mode
         return None
 
-    def __call__(self, s: int, i: int, j: int) -> tuple[float, float] | None:
+    def __call__(self, s: int, i: int, j: int) -> tuple[float, float, float] | None:
         mode = self.recompute_for(s, i, j)
         if mode is None:
             return None
         t = self.tables[s]
-        work = t.work[mode][j] - t.work[mode][i] + self.sends[s][j]
+        work = t.work[mode][j] - t.work[mode][i]
+        send = self.sends[s][j]
         params = t.params[j] - t.params[i]
         slope, constant = self.allreduce[s]
         allreduce = slope * params + constant if params > 0 else 0.0
         backward = t.backward[mode][j] - t.backward[mode][i]
         tail = max(0.0, allreduce - backward) + self.optimizer[s] * params
-        return work, tail
+        return max(work, send), work + 2 * send, tail
 
     def suffix_bound(self, s: int, j: int) -> tuple[float, float]:
         """Lower bound (max, sum) of stages s.. on layers [j, L): each layer at its fastest
@@ -197,9 +198,9 @@ class _StageCoster:
 
 @functools.lru_cache(maxsize=65536)
 def _send_times(model: CostModel, k: int, k2: int, tp: int, dp: int, mbs: int) -> list[float]:
-    """Both-way send time of a stage ending at layer j (index j), from class k to k2."""
+    """One-way send time of a stage ending at layer j (index j), from class k to k2."""
     layers = model.tables(k, tp, mbs).layers
-    return [0.0] + [2 * model.send_ms(c.output_bytes, k, k2, dp * tp) for c in layers]
+    return [0.0] + [model.send_ms(c.output_bytes, k, k2, dp * tp) for c in layers]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -553,9 +554,10 @@ def _solve_pipeline(
         costs = [coster(s, bounds[s], bounds[s + 1]) for s in range(pp)]
         if any(c is None for c in costs):
             return None
-        times = [c[0] for c in costs if c]
-        tails = [c[1] for c in costs if c]
-        value = pipeline_objective(max(times), sum(times), max(tails), p.m)
+        steady = [c[0] for c in costs if c]
+        fill = [c[1] for c in costs if c]
+        tails = [c[2] for c in costs if c]
+        value = pipeline_objective(max(steady), sum(fill), max(tails), p.m)
     else:
         result = best_partition(
             num_layers, pp, p.m, coster, upper_bound=bound, suffix_bound=coster.suffix_bound
