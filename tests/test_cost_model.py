@@ -177,3 +177,21 @@ def test_single_stage_shares_follow_speed() -> None:
     assert plan.parallelism.data_parallel_degree == 4
     assert shares[0] == 3 * shares[-1], shares
     assert {entry.gpu_type for entry in plan.rank_map} == {"FAST", "SLOW"}
+
+
+def test_tensor_parallel_splits_only_the_sharded_work() -> None:
+    spec = gpu("G", tflops=100.0, memory_gib=80, bandwidth=1e9)
+    base = layer(0, flops=10**12, params=10**6, saved=10**6, output=10**6)
+    assert base.tensor_parallel is not None
+    half = base.model_copy(
+        update={
+            "tensor_parallel": base.tensor_parallel.model_copy(
+                update={"sharded_forward_flops": 10**12 // 2}
+            )
+        }
+    )
+    one, _ = layer_time_ms(half, spec, "bf16", 1, 1)
+    four, _ = layer_time_ms(half, spec, "bf16", 4, 1)
+    # Half the FLOPs split 4 ways, the other half on every rank: 5/8 of the time.
+    assert four == pytest.approx(one * 5 / 8)
+    assert layer_time_ms(base, spec, "bf16", 4, 1)[0] == pytest.approx(one / 4)

@@ -98,6 +98,14 @@ def test_writes_a_valid_plan_and_the_same_bytes_on_rerun(inputs, tmp_path) -> No
                 == (2, 2, 8, True)
             ),
         ),
+        (
+            ["--schedule", "interleaved_1f1b", "--pp", "2"],
+            lambda p: (
+                p.parallelism.virtual_stages_per_rank > 1
+                and p.parallelism.num_micro_batches % 2 == 0
+                and len(p.stages) == 2 * p.parallelism.virtual_stages_per_rank
+            ),
+        ),
         (["--strategy", "megatron"], lambda p: p.inputs.strategy == "megatron"),
         (["--strategy", "data-parallel"], lambda p: p.parallelism.pipeline_degree == 1),
     ],
