@@ -71,12 +71,14 @@ def _plans() -> dict[str, Plan]:
             [1, 3], model="tests.runtime_models:mlp_stack", schedule="gpipe", num_micro_batches=2
         ),
         # world size 4
-        "pp2_dp2_interleaved": make_plan(
-            [2, 1, 1, 2],
-            data_parallel=2,
-            virtual_stages_per_rank=2,
-            schedule="interleaved_1f1b",
-            num_micro_batches=2,
+        "pp2_dp2_interleaved_zero1": _with_zero1(
+            make_plan(
+                [2, 1, 1, 2],
+                data_parallel=2,
+                virtual_stages_per_rank=2,
+                schedule="interleaved_1f1b",
+                num_micro_batches=2,
+            )
         ),
         "tied_pp2_dp2": make_plan(
             [1, 3],

@@ -1,19 +1,20 @@
-"""Data parallelism over the mesh's "dp" dimension: DDP for single-stage plans, else FSDP2.
+"""Data parallelism over the mesh's "dp" dimension: DDP, or FSDP2 with tensor parallelism.
 
-A single-stage plan without tensor parallelism uses ``DistributedDataParallel`` (gradient
-buckets overlap the all-reduce with backward; optimizer states sharded by
-``ZeroRedundancyOptimizer`` when the plan says ZeRO-1). Two cases need FSDP2 ``fully_shard``
-over the "dp" sub-mesh instead, as torchtitan composes them:
+Without tensor parallelism the replicas use ``DistributedDataParallel``, the data parallelism
+the plan's cost model assumes (full weights and gradients per replica, the gradient all-reduce
+overlapping the last micro-batch's backward, optimizer states sharded by
+``ZeroRedundancyOptimizer`` when the plan says ZeRO-1). With several pipeline stages, DDP is
+built with ``find_unused_parameters=True``: that switches off DDP's first-iteration bucket
+rebuild, which miscounts the parameters when a schedule runs the backwards of several
+micro-batches (the ``params_.size() == rebuilt_param_indices_.size()`` assert in torch 2.13;
+``static_graph=True`` avoids the assert but gave the last stage wrong gradients in our float64
+test). The price is one walk of the autograd graph per step.
 
-- tensor parallelism: DDP cannot hold DTensor parameters;
-- pipelining: with several stages, DDP's first-iteration bucket rebuild miscounts the
-  parameters when the schedule runs backwards of several micro-batches (``params_.size() ==
-  rebuilt_param_indices_.size()`` assert; with ``static_graph=True`` the last stage's gradients
-  came out wrong in our float64 test), whereas pipelining drives FSDP2's gradient sync itself.
-
-FSDP2 shards parameters, gradients and optimizer states across the replicas, so it needs no
-ZeRO-1 on top; its parameters stay gathered between forward and backward
-(``reshard_after_forward=False``), since each micro-batch would otherwise gather them again.
+DDP cannot hold DTensor parameters, so with tensor parallelism the replicas use FSDP2
+``fully_shard`` over the "dp" sub-mesh instead, per layer and then the stage, as torchtitan
+composes them. FSDP2 shards weights, gradients and optimizer states across the replicas (less
+memory than the plan counts; no ZeRO-1 on top), and keeps the weights gathered between forward
+and backward (``reshard_after_forward=False``): each micro-batch would gather them again.
 """
 
 from __future__ import annotations
@@ -33,10 +34,16 @@ __all__ = ["make_optimizer", "wrap_data_parallel"]
 
 
 def wrap_data_parallel(
-    model: nn.Module, dp_mesh: DeviceMesh, device: torch.device, *, shard: bool
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    device: torch.device,
+    *,
+    shard: bool,
+    pipelined: bool,
 ) -> nn.Module:
     """The module to hand to the pipeline stage: ``model`` replicated over ``dp_mesh``
-    (DDP), or sharded over it (FSDP2) when ``shard``."""
+    (DDP), or sharded over it (FSDP2) when ``shard``; ``pipelined`` when the plan has several
+    stages."""
     if dp_mesh.size() == 1:
         return model
     if shard:
@@ -53,6 +60,7 @@ def wrap_data_parallel(
         model,
         process_group=dp_mesh.get_group(),
         device_ids=[device.index] if device.type == "cuda" else None,
+        find_unused_parameters=pipelined,
     )
 
 

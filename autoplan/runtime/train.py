@@ -6,8 +6,8 @@ The public entry point is :func:`train`. Per rank it
 2. joins the default group (NCCL on CUDA, gloo on CPU) and builds the (pp, dp, tp) DeviceMesh,
 3. builds the model from a fixed seed in the plan's dtype and keeps its stage(s)' layers,
 4. applies tensor parallelism (DTensor, "tp" sub-mesh), activation recompute, and data
-   parallelism over the "dp" sub-mesh (DDP, with ZeRO-1 when the plan says so, for one stage;
-   FSDP2 with pipelining or tensor parallelism: see ``data_parallel``),
+   parallelism over the "dp" sub-mesh (DDP, with ZeRO-1 when the plan says so; FSDP2 with
+   tensor parallelism: see ``data_parallel``),
 5. wraps each stage in a ``PipelineStage`` on the "pp" group and runs the plan's schedule
    (GPipe, 1F1B, Interleaved 1F1B) with the plan's micro-batches,
 6. logs and reports each step's time, loss and peak memory.
@@ -147,7 +147,8 @@ def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _Rank
             model,
             mesh["dp"],
             device,
-            shard=par.tensor_parallel_degree > 1 or par.num_stages > 1,
+            shard=par.tensor_parallel_degree > 1,
+            pipelined=par.num_stages > 1,
         )
         pipeline_stages.append(
             PipelineStage(module, stage.index, par.num_stages, device, group=mesh["pp"].get_group())
