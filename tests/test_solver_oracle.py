@@ -23,7 +23,7 @@ from autoplan.solve.space import (
     MAX_SHARE_MICRO_BATCH,
     class_caps,
     divisors,
-    even_split,
+    interleaved_split,
     micro_batch_choices,
     pipeline_degrees,
     schedules,
@@ -51,6 +51,7 @@ def _contiguous(seq: tuple[int, ...]) -> bool:
 def brute_force(model, batch: int, options: SolveOptions) -> float:
     best = math.inf
     n = model.num_layers
+    kinds = [layer.kind for layer in model.profile.layers]
     for tp in tp_choices(model, options):
         for dp in divisors(batch):
             caps = class_caps(model, tp, dp)
@@ -64,7 +65,11 @@ def brute_force(model, batch: int, options: SolveOptions) -> float:
                                     seq.count(k) > caps[k] for k in set(seq)
                                 ):
                                     continue
-                                splits = compositions(n, pp) if v == 1 else [even_split(n, pp * v)]
+                                splits = (
+                                    compositions(n, pp)
+                                    if v == 1
+                                    else [interleaved_split(kinds, pp * v)]
+                                )
                                 for sizes in splits:
                                     bounds = [0, *itertools.accumulate(sizes)]
                                     for modes in itertools.product(MODES, repeat=pp):
@@ -125,6 +130,7 @@ def _brute_force_shared(model, batch: int, tp: int) -> float:
 @st.composite
 def instances(draw):
     num_layers = draw(st.integers(2, 4))
+    embedding_first = draw(st.booleans())
     layers = [
         layer(
             i,
@@ -133,6 +139,7 @@ def instances(draw):
             saved=draw(st.integers(1, 40)) * 10**7,
             output=draw(st.integers(1, 20)) * 10**6,
             tp_divides=draw(st.sampled_from([None, 1, 2, 4])),
+            kind="embedding" if i == 0 and embedding_first else "block",
         )
         for i in range(num_layers)
     ]

@@ -47,6 +47,7 @@ from autoplan.solve.space import (
     class_caps,
     divisors,
     even_split,
+    interleaved_split,
     micro_batch_choices,
     pipeline_degrees,
     recompute_modes,
@@ -343,6 +344,10 @@ def _occupancy_bound(model: CostModel, tp: int, mbs: int, counts: tuple[tuple[in
     return bound
 
 
+def _kinds(model: CostModel) -> list[str]:
+    return [layer.kind for layer in model.profile.layers]
+
+
 def _lower_bound(model: CostModel, p: _Pending) -> float:
     """A time no split of this candidate beats: the slowest rank at least the fractional
     bound, every layer at least its fastest time, no communication, no tail."""
@@ -359,7 +364,7 @@ def _lower_bound(model: CostModel, p: _Pending) -> float:
     if p.chunks > 1:
         # The split is fixed: each rank's work without recompute or sends bounds it.
         pp = len(p.classes)
-        bounds = [0, *itertools.accumulate(even_split(model.num_layers, pp * p.chunks))]
+        bounds = [0, *itertools.accumulate(interleaved_split(_kinds(model), pp * p.chunks))]
         ranks = [0.0] * pp
         for s in range(pp * p.chunks):
             work = model.tables(p.classes[s % pp], p.tp, p.mbs).work["none"]
@@ -578,7 +583,7 @@ def _solve_interleaved(
     model: CostModel, p: _Pending, modes: tuple[str, ...]
 ) -> tuple[PlanConfig, float] | None:
     pp = len(p.classes)
-    sizes = even_split(model.num_layers, pp * p.chunks)
+    sizes = interleaved_split(_kinds(model), pp * p.chunks)
     bounds = [0, *itertools.accumulate(sizes)]
     chosen = [modes[0]] * pp
     for _ in range(len(modes)):

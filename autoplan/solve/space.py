@@ -9,7 +9,7 @@ B / dp (at most ``max_micro_batch_size`` unless pinned) and fixes m; pp is in
 device class, the ranks of one class are consecutive in the pipeline (classes in any order),
 and no class gives more ranks than it has GPUs for. Schedules: 1F1B (m ≥ pp), GPipe, and
 interleaved 1F1B with v ∈ ``CHUNKS`` chunks per rank (m a multiple of pp, pp ≥ 2,
-pp · v ≤ layers, layers split as evenly as possible over the pp · v stages, larger first).
+pp · v ≤ layers, layers split by ``interleaved_split``).
 Layer splits are free for 1F1B and GPipe. Recompute is chosen per stage (per rank when
 interleaved). ZeRO-1 only with dp > 1.
 
@@ -32,6 +32,7 @@ __all__ = [
     "class_caps",
     "divisors",
     "even_split",
+    "interleaved_split",
     "micro_batch_choices",
     "pipeline_degrees",
     "recompute_modes",
@@ -114,6 +115,20 @@ def zero1_choices(dp: int, options: SolveOptions) -> list[bool]:
     if options.zero1 is not None:
         found = [z for z in found if z == options.zero1]
     return found
+
+
+def interleaved_split(kinds: list[str], parts: int) -> list[int]:
+    """Layers per chunk of an interleaved pipeline (Megatron's convention): the blocks as
+    evenly as possible over the chunks (extra ones to the first chunks), the layers before
+    the first block (embedding) with the first chunk, those after the last block (head) with
+    the last. Without blocks, or with fewer blocks than chunks, an even split of all layers."""
+    blocks = [i for i, kind in enumerate(kinds) if kind == "block"]
+    if len(blocks) < parts or blocks != list(range(blocks[0], blocks[-1] + 1)):
+        return even_split(len(kinds), parts)
+    sizes = even_split(len(blocks), parts)
+    sizes[0] += blocks[0]
+    sizes[-1] += len(kinds) - 1 - blocks[-1]
+    return sizes
 
 
 def even_split(num_layers: int, parts: int) -> list[int]:
