@@ -168,3 +168,39 @@ def test_recompute_reruns_what_the_mode_says(model_name: str) -> None:
         return counts["aten.mm"] + counts["aten.addmm"]
 
     assert matmuls(selective) == matmuls(none) < matmuls(full)
+
+
+def test_one_process_plan_runs_without_torchrun_and_writes_its_report(tmp_path: Path) -> None:
+    from autoplan.files import read_json_model
+    from autoplan.runtime.report import RunReport
+    from tests.single_process_reference import reference_training
+
+    plan = make_plan([6], num_micro_batches=2)
+    plan_path, report_path = tmp_path / "plan.json", tmp_path / "report.json"
+    write_json_model(plan_path, plan)
+    clean = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR")}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autoplan.runtime",
+            str(plan_path),
+            "--steps",
+            "2",
+            "--report",
+            str(report_path),
+        ],
+        capture_output=True,
+        text=True,
+        env={**clean, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = read_json_model(report_path, RunReport)
+    assert (report.world_size, report.backend, len(report.steps)) == (1, "gloo", 2)
+    expected, _ = reference_training(plan, 2)
+    assert [abs(s.loss - e) < 1e-10 for s, e in zip(report.steps, expected, strict=True)] == [
+        True,
+        True,
+    ]
