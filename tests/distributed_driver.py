@@ -5,7 +5,9 @@ runs, one after another in the same processes, each ``PLANS/*.json`` whose world
 (so one launch serves many plans: launches cost seconds each), for ``STEPS`` steps. Plans whose
 name ends in ``_dataloader`` get their data through ``train``'s ``batches`` argument from a
 ``torch.utils.data.DataLoader`` over synthetic tokens of another seed (``LOADER_DATA_SEED``),
-so that the run matches the reference only if the loader's data was used. Every rank
+so that the run matches the reference only if the loader's data was used. Plans whose name ends
+in ``_masterweights`` train with ``MasterWeightAdamW`` (ZeRO-1 sharded over dp when the plan
+says ZeRO-1) although float64, so that its sharding and broadcasts are checked exactly. Every rank
 saves its stages' gradients of each step to ``OUT/<plan>/rank<r>_step<s>.pt`` and rank 0 the
 run report to ``OUT/<plan>/report.json``; the pytest process compares them with single-process
 training.
@@ -19,12 +21,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.data import DataLoader, TensorDataset
 
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
+from autoplan.runtime import trainer as train_module
 from autoplan.runtime.data import training_batches
-from autoplan.runtime.train import train
+from autoplan.runtime.data_parallel import make_optimizer
+from autoplan.runtime.mixed_precision import MasterWeightAdamW
+from autoplan.runtime.trainer import train
 
 STEPS = 2
 LOADER_DATA_SEED = 123  # train()'s own synthetic data uses seed + 1 = 1
@@ -38,6 +44,13 @@ def _data_loader(plan: Plan) -> DataLoader:
     return DataLoader(
         TensorDataset(inputs, targets), batch_size=plan.inputs.global_batch_size, shuffle=False
     )
+
+
+def _master_weight_optimizer(
+    params: list[torch.nn.Parameter], dp_mesh: DeviceMesh, zero1: bool, learning_rate: float
+) -> MasterWeightAdamW:
+    group = dp_mesh.get_group() if zero1 and dp_mesh.size() > 1 else None
+    return MasterWeightAdamW(params, learning_rate, group)
 
 
 def main(plans_dir: Path, out_dir: Path) -> None:
@@ -54,6 +67,9 @@ def main(plans_dir: Path, out_dir: Path) -> None:
             torch.save(gradients, target / f"rank{rank}_step{step}.pt")
 
         batches = _data_loader(plan) if path.stem.endswith("_dataloader") else None
+        train_module.make_optimizer = (
+            _master_weight_optimizer if path.stem.endswith("_masterweights") else make_optimizer
+        )
         report = train(plan, STEPS, batches, on_gradients=save)
         if rank == 0:
             write_json_model(target / "report.json", report)

@@ -24,7 +24,7 @@ def reference_training(
     """Per step: the loss, and every parameter's gradient by name (before the update); a tied
     weight's gradient appears under each of its names.
 
-    ``seed`` and ``learning_rate`` are ``autoplan.runtime.train``'s defaults; the data seed is
+    ``seed`` and ``learning_rate`` are ``autoplan.runtime.trainer``'s defaults; the data seed is
     ``seed + 1`` as there, unless ``data_seed`` is given.
     """
     model = build_full_model(plan.inputs.model.name, plan.inputs.dtype, seed)

@@ -17,7 +17,7 @@ from autoplan.files import write_json_model
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.model_stage import TiedWeight, find_tied_weights
-from autoplan.runtime.train import check_schedule
+from autoplan.runtime.trainer import check_schedule
 from autoplan.zoo.gpt import GPT, GPTConfig
 from tests.plan_factory import make_plan
 
@@ -204,3 +204,31 @@ def test_one_process_plan_runs_without_torchrun_and_writes_its_report(tmp_path: 
         True,
         True,
     ]
+
+
+def test_master_weight_adamw_steps_16_bit_weights_through_fp32_masters() -> None:
+    import torch
+
+    from autoplan.runtime.mixed_precision import MasterWeightAdamW
+
+    torch.manual_seed(0)
+    start = torch.randn(64, dtype=torch.float32)
+    weight = torch.nn.Parameter(start.to(torch.bfloat16))
+    reference = torch.nn.Parameter(start.to(torch.bfloat16).float())  # the fp32 master
+    optimizer = MasterWeightAdamW([weight], learning_rate=1e-3)
+    reference_optimizer = torch.optim.AdamW([reference], lr=1e-3)
+    for _ in range(3):
+        grad = torch.randn(64)
+        weight.grad = grad.to(torch.bfloat16)
+        reference.grad = grad.to(torch.bfloat16).float()
+        optimizer.step()
+        reference_optimizer.step()
+        optimizer.zero_grad()
+    assert weight.grad is None
+    # The fp32 masters followed fp32 AdamW exactly; the bf16 weights are them, rounded.
+    assert torch.equal(optimizer.masters[0].detach(), reference.detach())
+    assert torch.equal(weight.detach(), reference.detach().to(torch.bfloat16))
+    assert optimizer.master_bytes() == 64 * 4
+    assert {value.dtype for value in optimizer.state[optimizer.masters[0]].values()} >= {
+        torch.float32
+    }

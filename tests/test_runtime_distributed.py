@@ -80,6 +80,10 @@ def _plans() -> dict[str, Plan]:
                 num_micro_batches=2,
             )
         ),
+        # The 16-bit optimizer (fp32 masters), ZeRO-1 sharded, here on float64 to be exact.
+        "pp2_dp2_zero1_masterweights": _with_zero1(
+            make_plan([3, 3], data_parallel=2, schedule="1f1b", num_micro_batches=2)
+        ),
         "tied_pp2_dp2": make_plan(
             [1, 3],
             model="tests.runtime_models:tied_gpt",

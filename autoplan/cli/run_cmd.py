@@ -165,7 +165,7 @@ def run_local(
         )
     # Checked here, before any process starts, so that a plan torch's pipelining would reject
     # or an unknown model fails as one line instead of an error from every rank.
-    from autoplan.runtime.train import check_schedule
+    from autoplan.runtime.trainer import check_schedule
     from autoplan.zoo import get_model_spec
 
     check_schedule(plan)

@@ -15,7 +15,7 @@ __all__ = ["GradientHook", "RunReport", "StepRecord", "plan_summary", "train"]
 
 def __getattr__(name: str) -> Any:
     if name in {"GradientHook", "plan_summary", "train"}:
-        from autoplan.runtime import train as train_module
+        from autoplan.runtime import trainer as train_module
 
         return getattr(train_module, name)
     raise AttributeError(f"module 'autoplan.runtime' has no attribute {name!r}")

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         env = LaunchEnv.from_environ()
         # Checked here first, before torch is even imported, so a wrong launch fails fast.
         check_launch(plan, env)
-        from autoplan.runtime.train import train
+        from autoplan.runtime.trainer import train
 
         report = train(plan, args.steps, seed=args.seed)
     except AutoplanError as error:

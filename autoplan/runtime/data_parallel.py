@@ -26,8 +26,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.model_stage import pipeline_layers
 
 __all__ = ["make_optimizer", "wrap_data_parallel"]
@@ -66,12 +68,19 @@ def wrap_data_parallel(
 
 def make_optimizer(
     params: list[nn.Parameter], dp_mesh: DeviceMesh, zero1: bool, learning_rate: float
-) -> torch.optim.Optimizer:
+) -> torch.optim.Optimizer | MasterWeightAdamW:
     """AdamW; with ``zero1`` and dp > 1 its states are sharded across the replicas (ZeRO-1).
 
-    (Under FSDP2 the parameters, and so the states, are sharded already.)
+    16-bit parameters train through fp32 master weights (``MasterWeightAdamW``). Under FSDP2
+    (tensor parallel plans) the weights, and so the states, are sharded already.
     """
-    if zero1 and dp_mesh.size() > 1 and not any(hasattr(p, "placements") for p in params):
+    sharded = any(_is_fsdp_sharded(p) for p in params)
+    sixteen_bit = any(p.dtype in (torch.float16, torch.bfloat16) for p in params)
+    shard_states = zero1 and dp_mesh.size() > 1 and not sharded
+    if sixteen_bit:
+        group = dp_mesh.get_group() if shard_states else None
+        return MasterWeightAdamW(params, learning_rate, group)
+    if shard_states:
         return ZeroRedundancyOptimizer(
             params,
             optimizer_class=torch.optim.AdamW,
@@ -79,3 +88,8 @@ def make_optimizer(
             lr=learning_rate,
         )
     return torch.optim.AdamW(params, lr=learning_rate)
+
+
+def _is_fsdp_sharded(param: torch.Tensor) -> bool:
+    # FSDP2 turns parameters into DTensors on a mesh with the "dp" dimension.
+    return isinstance(param, DTensor) and "dp" in (param.device_mesh.mesh_dim_names or ())

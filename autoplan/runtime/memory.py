@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from autoplan.runtime.mixed_precision import MasterWeightAdamW
+
 __all__ = ["model_state_bytes", "peak_memory_bytes"]
 
 
@@ -32,7 +34,9 @@ def _local_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def model_state_bytes(models: list[nn.Module], optimizer: torch.optim.Optimizer) -> int:
+def model_state_bytes(
+    models: list[nn.Module], optimizer: torch.optim.Optimizer | MasterWeightAdamW
+) -> int:
     """Bytes of this rank's parameters, gradients and optimizer states (its shards only)."""
     seen: set[int] = set()
     total = 0
@@ -44,8 +48,11 @@ def model_state_bytes(models: list[nn.Module], optimizer: torch.optim.Optimizer)
             total += _local_bytes(param)
             if param.grad is not None:
                 total += _local_bytes(param.grad)
-    # ZeroRedundancyOptimizer keeps this rank's shard of the states in a local optimizer.
+    # ZeroRedundancyOptimizer keeps this rank's shard of the states in a local optimizer;
+    # MasterWeightAdamW keeps fp32 master weights besides its states.
     local_optimizer = getattr(optimizer, "optim", optimizer)
+    if isinstance(optimizer, MasterWeightAdamW):
+        total += optimizer.master_bytes()
     for state in local_optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):

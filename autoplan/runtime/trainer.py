@@ -38,6 +38,7 @@ from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.loss import loss_function
 from autoplan.runtime.memory import model_state_bytes, peak_memory_bytes
 from autoplan.runtime.mesh import build_mesh, init_distributed
+from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.model_stage import build_stage_models
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.report import RunReport, StepRecord
@@ -113,7 +114,7 @@ class _RankSetup:
     is_last: bool
     models: list[nn.Module]  # unwrapped stage modules, for gradient names
     schedule: object
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | MasterWeightAdamW
     tied: TiedGradientSync
     device: torch.device
 
