@@ -28,6 +28,7 @@ from dataclasses import dataclass
 __all__ = [
     "PartitionResult",
     "StageCost",
+    "StageFloor",
     "SuffixBound",
     "best_partition",
     "pipeline_objective",
@@ -38,6 +39,8 @@ __all__ = [
 StageCost = Callable[[int, int, int], tuple[float, float, float] | None]
 # Lower bound (max stage, sum of stages) of stages s..p-1 covering layers [j, L).
 SuffixBound = Callable[[int, int], tuple[float, float]]
+# Lower bound on a_s and b_s of stage s on [i, j') for all j' >= j.
+StageFloor = Callable[[int, int, int], float]
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ def best_partition(
     stage_cost: StageCost,
     upper_bound: float = float("inf"),
     suffix_bound: SuffixBound | None = None,
+    stage_floor: StageFloor | None = None,
 ) -> PartitionResult | None:
     """The partition minimising F, or None when none is feasible (or none beats
     ``upper_bound``). Ties keep the first found, scanning ends in increasing order, so the
@@ -99,7 +103,9 @@ def best_partition(
 
     ``suffix_bound(s, j)``, if given, is a lower bound (max stage, sum of stages) on what
     stages s..p-1 add when they cover layers [j, L); with ``upper_bound`` it prunes partial
-    splits that cannot finish below the bound."""
+    splits that cannot finish below the bound. ``stage_floor(s, i, j)``, if given, is a lower
+    bound on a_s and b_s of stage s on [i, j') for every j' >= j; once even the best entry
+    of the front cannot stay below ``upper_bound`` with it, longer stages are not tried."""
     m = num_micro_batches
     if num_stages > num_layers or num_stages < 1:
         return None
@@ -110,8 +116,20 @@ def best_partition(
         max_end = num_layers - (num_stages - s - 1)
         for i in sorted(fronts[s]):
             front = fronts[s][i]
+            if not front:
+                continue
+            least_max = min(e.max_stage for e in front)
+            least_sum = min(e.sum_stage for e in front)
+            least_tail = min(e.max_tail for e in front)
             ends = [num_layers] if last else range(i + 1, max_end + 1)
             for j in ends:
+                if stage_floor is not None:
+                    floor = stage_floor(s, i, j)
+                    reach = pipeline_objective(
+                        max(least_max, floor), least_sum + floor, least_tail, m
+                    )
+                    if reach >= upper_bound:
+                        break
                 cost = stage_cost(s, i, j)
                 if cost is None:
                     break

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.plan.validate import validate_plan
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
+from autoplan.solve.search import interleaved_sizes
 from autoplan.solve.space import (
     MAX_SHARE_MICRO_BATCH,
     class_caps,
     divisors,
-    interleaved_split,
     micro_batch_choices,
     pipeline_degrees,
     schedules,
@@ -51,7 +51,6 @@ def _contiguous(seq: tuple[int, ...]) -> bool:
 def brute_force(model, batch: int, options: SolveOptions) -> float:
     best = math.inf
     n = model.num_layers
-    kinds = [layer.kind for layer in model.profile.layers]
     for tp in tp_choices(model, options):
         for dp in divisors(batch):
             caps = class_caps(model, tp, dp)
@@ -68,7 +67,7 @@ def brute_force(model, batch: int, options: SolveOptions) -> float:
                                 splits = (
                                     compositions(n, pp)
                                     if v == 1
-                                    else [interleaved_split(kinds, pp * v)]
+                                    else [interleaved_sizes(model, seq, tp, mbs, v)]
                                 )
                                 for sizes in splits:
                                     bounds = [0, *itertools.accumulate(sizes)]
@@ -207,6 +206,18 @@ def test_partition_dp_equals_oracle(layers, stages, table, m) -> None:
 
     dp = best_partition(layers, stages, m, cost)
     brute = oracle_partition(layers, stages, m, cost)
+    if brute is not None:
+        # The same with pruning: an upper bound just above the optimum, and floors.
+        pruned = best_partition(
+            layers,
+            stages,
+            m,
+            cost,
+            upper_bound=brute.objective * (1 + 1e-9),
+            stage_floor=lambda s, i, j: table[(s * 7 + i * 3) % 36][0] * (j - i),
+        )
+        assert pruned is not None
+        assert math.isclose(pruned.objective, brute.objective, rel_tol=1e-12)
     assert (dp is None) == (brute is None)
     if dp is not None and brute is not None:
         assert math.isclose(dp.objective, brute.objective, rel_tol=1e-12)

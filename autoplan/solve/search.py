@@ -57,7 +57,7 @@ from autoplan.solve.space import (
 from solvers.partition_dp import best_partition, pipeline_objective
 from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
 
-__all__ = ["Candidate", "SearchResult", "search"]
+__all__ = ["Candidate", "SearchResult", "interleaved_sizes", "search"]
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +180,12 @@ class _StageCoster:
         backward = t.backward[mode][j] - t.backward[mode][i]
         tail = max(0.0, allreduce - backward) + self.optimizer[s] * params
         return max(work, send), work + 2 * send, tail
+
+    def floor(self, s: int, i: int, j: int) -> float:
+        """A lower bound on the stage's times for every end >= j: its compute, no
+        recompute (work only grows with more layers)."""
+        work = self.tables[s].work["none"]
+        return work[j] - work[i]
 
     def suffix_bound(self, s: int, j: int) -> tuple[float, float]:
         """Lower bound (max, sum) of stages s.. on layers [j, L): each layer at its fastest
@@ -344,8 +350,23 @@ def _occupancy_bound(model: CostModel, tp: int, mbs: int, counts: tuple[tuple[in
     return bound
 
 
-def _kinds(model: CostModel) -> list[str]:
-    return [layer.kind for layer in model.profile.layers]
+@functools.lru_cache(maxsize=65536)
+def interleaved_sizes(
+    model: CostModel, classes: tuple[int, ...], tp: int, mbs: int, chunks: int
+) -> tuple[int, ...]:
+    """The interleaved split of ``space.interleaved_split`` for this pipeline, weighing each
+    layer by its time (no recompute) on the slowest class the pipeline uses."""
+    used = sorted(set(classes))
+    work = [
+        max(
+            model.tables(k, tp, mbs).layers[i].forward_ms()
+            + model.tables(k, tp, mbs).layers[i].backward_ms("none")
+            for k in used
+        )
+        for i in range(model.num_layers)
+    ]
+    kinds = [layer.kind for layer in model.profile.layers]
+    return tuple(interleaved_split(kinds, work, len(classes), chunks))
 
 
 def _lower_bound(model: CostModel, p: _Pending) -> float:
@@ -364,7 +385,10 @@ def _lower_bound(model: CostModel, p: _Pending) -> float:
     if p.chunks > 1:
         # The split is fixed: each rank's work without recompute or sends bounds it.
         pp = len(p.classes)
-        bounds = [0, *itertools.accumulate(interleaved_split(_kinds(model), pp * p.chunks))]
+        bounds = [
+            0,
+            *itertools.accumulate(interleaved_sizes(model, p.classes, p.tp, p.mbs, p.chunks)),
+        ]
         ranks = [0.0] * pp
         for s in range(pp * p.chunks):
             work = model.tables(p.classes[s % pp], p.tp, p.mbs).work["none"]
@@ -565,7 +589,13 @@ def _solve_pipeline(
         value = pipeline_objective(max(steady), sum(fill), max(tails), p.m)
     else:
         result = best_partition(
-            num_layers, pp, p.m, coster, upper_bound=bound, suffix_bound=coster.suffix_bound
+            num_layers,
+            pp,
+            p.m,
+            coster,
+            upper_bound=bound,
+            suffix_bound=coster.suffix_bound,
+            stage_floor=coster.floor,
         )
         if result is None:
             return None
@@ -583,7 +613,7 @@ def _solve_interleaved(
     model: CostModel, p: _Pending, modes: tuple[str, ...]
 ) -> tuple[PlanConfig, float] | None:
     pp = len(p.classes)
-    sizes = interleaved_split(_kinds(model), pp * p.chunks)
+    sizes = interleaved_sizes(model, p.classes, p.tp, p.mbs, p.chunks)
     bounds = [0, *itertools.accumulate(sizes)]
     chosen = [modes[0]] * pp
     for _ in range(len(modes)):

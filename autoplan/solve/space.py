@@ -20,6 +20,7 @@ m · Σ n_k b_k = B, recompute per class, ZeRO-1.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from autoplan.cost.model import CostModel
@@ -117,17 +118,74 @@ def zero1_choices(dp: int, options: SolveOptions) -> list[bool]:
     return found
 
 
-def interleaved_split(kinds: list[str], parts: int) -> list[int]:
-    """Layers per chunk of an interleaved pipeline (Megatron's convention): the blocks as
-    evenly as possible over the chunks (extra ones to the first chunks), the layers before
-    the first block (embedding) with the first chunk, those after the last block (head) with
-    the last. Without blocks, or with fewer blocks than chunks, an even split of all layers."""
+def interleaved_split(kinds: list[str], work_ms: list[float], ranks: int, chunks: int) -> list[int]:
+    """Layers per chunk of an interleaved pipeline with ``ranks`` × ``chunks`` chunks (chunk c
+    on rank c % ranks): of three deterministic splits (Megatron's: blocks even, embedding and
+    head with the first and last chunk; all layers even; the min-max split by work), the one
+    whose slowest rank (sum of its chunks' ``work_ms``) is fastest, earlier on ties."""
+    parts = ranks * chunks
+    options = [_megatron_split(kinds, parts), even_split(len(kinds), parts)]
+    options.append(_min_max_split(work_ms, parts))
+
+    def slowest_rank(sizes: list[int]) -> float:
+        bounds = [0, *itertools.accumulate(sizes)]
+        loads = [0.0] * ranks
+        for c in range(parts):
+            loads[c % ranks] += sum(work_ms[bounds[c] : bounds[c + 1]])
+        return max(loads)
+
+    return min(options, key=slowest_rank)
+
+
+def _megatron_split(kinds: list[str], parts: int) -> list[int]:
+    """Blocks as evenly as possible over the chunks (extra ones to the first chunks), the
+    layers before the first block with the first chunk, those after the last with the last
+    (Megatron-LM's convention); without enough contiguous blocks, an even split."""
     blocks = [i for i, kind in enumerate(kinds) if kind == "block"]
     if len(blocks) < parts or blocks != list(range(blocks[0], blocks[-1] + 1)):
         return even_split(len(kinds), parts)
     sizes = even_split(len(blocks), parts)
     sizes[0] += blocks[0]
     sizes[-1] += len(kinds) - 1 - blocks[-1]
+    return sizes
+
+
+def _min_max_split(work_ms: list[float], parts: int) -> list[int]:
+    """Contiguous chunks minimising the largest chunk's work: bisection on the bound with a
+    greedy fill (filling each chunk as far as the bound allows reaches furthest); if fewer
+    chunks than ``parts`` come out, the chunk with most layers gives up its last layer until
+    there are ``parts``."""
+    if parts > len(work_ms):
+        raise ValueError(f"{parts} chunks need at least {parts} layers; got {len(work_ms)}")
+
+    def fill(bound: float) -> list[int] | None:
+        sizes, current, count = [], 0.0, 0
+        for work in work_ms:
+            if count and current + work > bound:
+                sizes.append(count)
+                current, count = 0.0, 0
+            if work > bound:
+                return None
+            current += work
+            count += 1
+        sizes.append(count)
+        return sizes if len(sizes) <= parts else None
+
+    low, high = max(work_ms), sum(work_ms)
+    for _ in range(100):
+        if high - low <= 1e-12 * max(1.0, high):
+            break
+        middle = (low + high) / 2
+        if fill(middle) is not None:
+            high = middle
+        else:
+            low = middle
+    sizes = fill(high)
+    assert sizes is not None
+    while len(sizes) < parts:
+        largest = max(range(len(sizes)), key=lambda i: (sizes[i], -i))
+        sizes[largest] -= 1
+        sizes.insert(largest + 1, 1)
     return sizes
 
 
