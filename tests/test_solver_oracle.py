@@ -274,7 +274,7 @@ def medium_instances(draw):
     return profile, cluster, draw(st.sampled_from([8, 16, 32]))
 
 
-@settings(max_examples=12, deadline=None, derandomize=True)
+@settings(max_examples=8, deadline=None, derandomize=True)
 @given(medium_instances())
 def test_search_bounds_never_prune_the_optimum(instance) -> None:
     """The search (bounds, early stops) against every candidate solved without any bound."""
