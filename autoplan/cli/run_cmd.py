@@ -120,6 +120,12 @@ def measured_vs_predicted(report: RunReport) -> Table:
         f"mean of {max(len(report.steps) - 1, 1)} step(s) after the first",
     )
     table.add_row(
+        "  of which optimizer",
+        f"{report.measured_optimizer_time_ms:.1f}",
+        f"{report.predicted_optimizer_time_ms:.1f}",
+        "slowest rank",
+    )
+    table.add_row(
         "tokens/s",
         f"{report.measured_tokens_per_s:,.0f}",
         f"{report.predicted_tokens_per_s:,.0f}",

@@ -85,6 +85,8 @@ def make_optimizer(
             params,
             optimizer_class=torch.optim.AdamW,
             process_group=dp_mesh.get_group(),
+            # One broadcast per rank's flat bucket instead of one per parameter.
+            parameters_as_bucket_view=True,
             lr=learning_rate,
         )
     return torch.optim.AdamW(params, lr=learning_rate)

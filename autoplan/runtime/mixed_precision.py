@@ -87,8 +87,20 @@ class MasterWeightAdamW:
         for master, index in zip(self.masters, self._owned, strict=True):
             self.params[index].copy_(master)
         if self.dp_group is not None:
-            for param, source in zip(self.params, self._owner_global_rank, strict=True):
-                dist.broadcast(_local(param.data), src=source, group=self.dp_group)
+            # One broadcast per owner of all its parameters, flattened (the dtypes of a model's
+            # parameters agree), instead of one per parameter.
+            for source in sorted(set(self._owner_global_rank)):
+                tensors = [
+                    _local(param.data)
+                    for param, owner in zip(self.params, self._owner_global_rank, strict=True)
+                    if owner == source
+                ]
+                flat = torch.cat([tensor.reshape(-1) for tensor in tensors])
+                dist.broadcast(flat, src=source, group=self.dp_group)
+                offset = 0
+                for tensor in tensors:
+                    tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+                    offset += tensor.numel()
 
     def master_bytes(self) -> int:
         """Bytes of the fp32 master copies this rank holds."""

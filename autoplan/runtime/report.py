@@ -22,6 +22,12 @@ class StepRecord(_Strict):
     time_ms: float = Field(ge=0, description="Wall time of the step, slowest rank.")
     loss: float = Field(description="Mean cross-entropy over the global batch.")
     peak_memory_bytes: int = Field(ge=0, description="Peak memory so far, largest rank.")
+    schedule_time_ms: float = Field(
+        ge=0,
+        description="Forward, backward and their communication (the pipeline schedule, "
+        "with DDP's all-reduce), slowest rank.",
+    )
+    optimizer_time_ms: float = Field(ge=0, description="Optimizer step, slowest rank.")
 
 
 class RunReport(_Strict):
@@ -46,6 +52,12 @@ class RunReport(_Strict):
         ge=0, description="Mean step time, leaving out the first step (warm-up) when steps > 1."
     )
     predicted_iteration_time_ms: float = Field(ge=0, description="plan.prediction's time.")
+    measured_optimizer_time_ms: float = Field(
+        ge=0, description="Mean optimizer step time, over the same steps."
+    )
+    predicted_optimizer_time_ms: float = Field(
+        ge=0, description="plan.prediction's optimizer time (breakdown.optimizer_ms)."
+    )
     measured_peak_memory_bytes: int = Field(ge=0, description="Largest rank's peak memory.")
     predicted_peak_memory_bytes: int = Field(
         ge=0, description="Largest per-GPU total of plan.prediction.memory."

@@ -270,7 +270,8 @@ def train(
         optimizer_started = time.perf_counter()
         setup.optimizer.step()
         _synchronize(setup.device)
-        elapsed_s = (backward_done - started) + (time.perf_counter() - optimizer_started)
+        schedule_s = backward_done - started
+        optimizer_s = time.perf_counter() - optimizer_started
 
         # Each last-stage replica holds weighted micro-batch losses w_r × mean; their sum over
         # replicas and micro-batches divided by dp × m is the global batch's mean loss.
@@ -281,7 +282,9 @@ def train(
             share = total / (par.data_parallel_degree * par.num_micro_batches)
         loss_share = torch.tensor([share], dtype=torch.float64, device=setup.device)
         slowest = torch.tensor(
-            [elapsed_s, peak_memory_bytes(setup.device)], dtype=torch.float64, device=setup.device
+            [schedule_s + optimizer_s, peak_memory_bytes(setup.device), schedule_s, optimizer_s],
+            dtype=torch.float64,
+            device=setup.device,
         )
         dist.all_reduce(loss_share)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -291,6 +294,8 @@ def train(
             time_ms=float(slowest[0]) * 1000,
             loss=float(loss_share[0]),
             peak_memory_bytes=int(slowest[1]),
+            schedule_time_ms=float(slowest[2]) * 1000,
+            optimizer_time_ms=float(slowest[3]) * 1000,
         )
         records.append(record)
         if dist.get_rank() == 0:
@@ -327,6 +332,8 @@ def _report(
         steps=records,
         memory_measure="cuda_max_allocated" if device.type == "cuda" else "cpu_max_rss",
         measured_step_time_ms=mean_ms,
+        measured_optimizer_time_ms=sum(r.optimizer_time_ms for r in timed) / len(timed),
+        predicted_optimizer_time_ms=plan.prediction.breakdown.optimizer_ms,
         predicted_iteration_time_ms=plan.prediction.iteration_time_ms,
         measured_peak_memory_bytes=max(int(t[0]) for t in per_rank),
         predicted_peak_memory_bytes=_predicted_peak_memory_bytes(plan),
