@@ -23,10 +23,12 @@ MESH_DIMS = ("pp", "dp", "tp")
 def init_distributed(env: LaunchEnv) -> torch.device:
     """Join the default process group (once per process) and return this rank's device.
 
-    NCCL when this worker has a CUDA device of its own, gloo otherwise; decided here, at run
-    time, so one plan runs on a GPU cluster and on a laptop.
+    NCCL when every process of this node has a CUDA device of its own, gloo otherwise;
+    decided here, at run time, so one plan runs on a GPU cluster and on a laptop. (Deciding by
+    node, not by process, keeps one backend per launch: 4 processes on a 1-GPU machine all use
+    gloo rather than mixing NCCL and gloo.)
     """
-    use_cuda = torch.cuda.is_available() and env.local_rank < torch.cuda.device_count()
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size
     device = torch.device("cuda", env.local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
