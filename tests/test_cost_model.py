@@ -96,6 +96,7 @@ def test_memory_of_a_known_case_equals_hand_computation() -> None:
     assert first.gradients_bytes == 2 * params * 2
     assert first.optimizer_bytes == 2 * params * 12 / 2
     assert first.activations_bytes == 2 * (2 * 2 * saved)
+    assert cost.stage_saved_bytes[0] == 2 * 2 * saved  # one micro-batch of stage 0
     assert first.transient_bytes == 2 * (2 * out)
     second = cost.memory[1]
     # Rank 1, selective recompute keeps 3/4 of the saved bytes, one micro-batch in flight;

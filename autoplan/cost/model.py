@@ -84,6 +84,7 @@ class PlanCost:
     stage_forward_ms: list[float]
     stage_backward_ms: list[float]
     stage_send_ms: list[float]
+    stage_saved_bytes: list[float]
     memory: list[RankMemory]
     violations: list[str] = field(default_factory=list)
 
@@ -341,6 +342,7 @@ class CostModel:
             stage_forward_ms=[p["forward"] for p in sums],
             stage_backward_ms=[p["backward"] for p in sums],
             stage_send_ms=sends,
+            stage_saved_bytes=[p["saved"] for p in sums],
             memory=memory,
             violations=violations,
         )
@@ -398,6 +400,7 @@ class CostModel:
             stage_forward_ms=[parts[slow]["forward"]],
             stage_backward_ms=[parts[slow]["backward"]],
             stage_send_ms=[0.0],
+            stage_saved_bytes=[parts[slow]["saved"]],
             memory=memory,
             violations=violations,
         )

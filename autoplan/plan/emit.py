@@ -155,6 +155,7 @@ def emit_plan(
                 forward_ms=_round(cost.stage_forward_ms[s]),
                 backward_ms=_round(cost.stage_backward_ms[s]),
                 send_ms=_round(cost.stage_send_ms[s]),
+                saved_activation_bytes=round(cost.stage_saved_bytes[s]),
             )
             for s in range(len(cost.stage_forward_ms))
         ]
@@ -165,6 +166,7 @@ def emit_plan(
                 forward_ms=_round(cost.stage_forward_ms[0]),
                 backward_ms=_round(cost.stage_backward_ms[0]),
                 send_ms=0.0,
+                saved_activation_bytes=round(cost.stage_saved_bytes[0]),
             )
         ],
         dp_allreduce_ms=_round(cost.dp_allreduce_ms),
