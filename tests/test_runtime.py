@@ -17,7 +17,7 @@ from autoplan.files import write_json_model
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.model_stage import TiedWeight, find_tied_weights
-from autoplan.runtime.trainer import check_schedule
+from autoplan.runtime.trainer import check_runnable
 from autoplan.zoo.gpt import GPT, GPTConfig
 from tests.plan_factory import make_plan
 
@@ -101,9 +101,9 @@ def test_tied_weights_across_stages_are_found_by_name() -> None:
 
 def test_schedules_torch_would_reject_are_refused_before_running() -> None:
     with pytest.raises(InputError, match=r"1F1B needs micro-batches \(1\) >= pipeline stages"):
-        check_schedule(make_plan([3, 3], schedule="1f1b", num_micro_batches=1))
-    check_schedule(make_plan([3, 3], schedule="gpipe", num_micro_batches=1))
-    check_schedule(
+        check_runnable(make_plan([3, 3], schedule="1f1b", num_micro_batches=1))
+    check_runnable(make_plan([3, 3], schedule="gpipe", num_micro_batches=1))
+    check_runnable(
         make_plan(
             [2, 1, 1, 2],
             virtual_stages_per_rank=2,
@@ -117,10 +117,17 @@ def test_stage_layouts_torch_would_run_wrongly_are_refused() -> None:
     plan = make_plan([3, 3])
     gap = [plan.stages[0], plan.stages[1].model_copy(update={"layer_start": 4})]
     with pytest.raises(InputError, match=r"layers \[4, 6\).*should start at 3"):
-        check_schedule(plan.model_copy(update={"stages": gap}))
+        check_runnable(plan.model_copy(update={"stages": gap}))
     swapped = [stage.model_copy(update={"pipeline_rank": 1 - stage.index}) for stage in plan.stages]
     with pytest.raises(InputError, match=r"stage 0 is on pipeline rank 1; .* must be on 0"):
-        check_schedule(plan.model_copy(update={"stages": swapped}))
+        check_runnable(plan.model_copy(update={"stages": swapped}))
+
+
+def test_tensor_parallel_degree_must_split_whole_kv_heads() -> None:
+    # llama-tiny: 4 heads, 2 kv heads; tp 4 would split a kv head.
+    with pytest.raises(InputError, match=r"degree 4 does not divide llama-tiny's .* gcd is 2"):
+        check_runnable(make_plan([6], model="llama-tiny", tensor_parallel=4))
+    check_runnable(make_plan([6], model="llama-tiny", tensor_parallel=2))
 
 
 def test_replica_rows_follow_uneven_shares() -> None:

@@ -171,11 +171,9 @@ def run_local(
         )
     # Checked here, before any process starts, so that a plan torch's pipelining would reject
     # or an unknown model fails as one line instead of an error from every rank.
-    from autoplan.runtime.trainer import check_schedule
-    from autoplan.zoo import get_model_spec
+    from autoplan.runtime.trainer import check_runnable
 
-    check_schedule(plan)
-    get_model_spec(plan.inputs.model.name)
+    check_runnable(plan)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     env.pop("MASTER_ADDR", None)
     if device == "cpu":

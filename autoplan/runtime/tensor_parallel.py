@@ -57,15 +57,17 @@ def _tp_plan(layer_name: str, layer: nn.Module, degree: int) -> dict[str, object
     return plan
 
 
-def apply_tensor_parallel(
-    model: nn.Module, tp_mesh: DeviceMesh, num_attention_heads: int | None
-) -> None:
-    """Split, in place, every block among ``model``'s pipeline layers over the 1-D ``tp_mesh``."""
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, divisor: int | None) -> None:
+    """Split, in place, every block among ``model``'s pipeline layers over the 1-D ``tp_mesh``.
+
+    ``divisor`` is what the degree must divide (the zoo's gcd of attention heads, kv heads and
+    MLP width; None when unknown): a kv head cannot be split, even where its width could be.
+    """
     degree = tp_mesh.size()
-    if num_attention_heads is not None and num_attention_heads % degree:
+    if divisor is not None and divisor % degree:
         raise InputError(
-            f"{num_attention_heads} attention heads are not divisible by tensor parallel "
-            f"degree {degree}"
+            f"tensor parallel degree {degree} does not divide the model's heads, kv heads and "
+            f"MLP width (their gcd is {divisor})"
         )
     for layer_name, layer in pipeline_layers(model):
         plan = _tp_plan(layer_name or type(layer).__name__, layer, degree)

@@ -49,7 +49,7 @@ from autoplan.zoo import get_model_spec
 __all__ = [
     "SCHEDULE_CLASSES",
     "GradientHook",
-    "check_schedule",
+    "check_runnable",
     "plan_summary",
     "train",
 ]
@@ -75,10 +75,17 @@ def plan_summary(plan: Plan) -> str:
     )
 
 
-def check_schedule(plan: Plan) -> None:
-    """Refuse, before any process starts work, stage layouts and schedules that torch's
-    pipelining would reject or run wrongly."""
+def check_runnable(plan: Plan) -> None:
+    """Refuse, before any process starts work, what the runtime would reject later or run
+    wrongly: an unknown model, a tp degree its heads cannot split into, stage layouts and
+    schedules that torch's pipelining does not take."""
     par = plan.parallelism
+    divisor = get_model_spec(plan.inputs.model.name).tensor_parallel_divisor
+    if divisor is not None and divisor % par.tensor_parallel_degree:
+        raise InputError(
+            f"tensor parallel degree {par.tensor_parallel_degree} does not divide "
+            f"{plan.inputs.model.name}'s heads, kv heads and MLP width (their gcd is {divisor})"
+        )
     m, stages = par.num_micro_batches, par.num_stages
     previous_end = 0
     for position, stage in enumerate(plan.stages):
@@ -121,7 +128,7 @@ class _RankSetup:
 
 def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _RankSetup:
     entry = check_launch(plan, env)
-    check_schedule(plan)
+    check_runnable(plan)
     par = plan.parallelism
     device = init_distributed(env)
     mesh = build_mesh(plan, device, entry)
@@ -136,12 +143,11 @@ def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _Rank
         entry,
     )
     spec = get_model_spec(plan.inputs.model.name)
-    heads = plan.inputs.model.num_attention_heads or spec.num_attention_heads
 
     pipeline_stages = []
     for stage, model in zip(my_stages, models, strict=True):
         if par.tensor_parallel_degree > 1:
-            apply_tensor_parallel(model, mesh["tp"], heads)
+            apply_tensor_parallel(model, mesh["tp"], spec.tensor_parallel_divisor)
         apply_recompute(model, stage.recompute)
         model.to(device)
         module = wrap_data_parallel(
