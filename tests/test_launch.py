@@ -111,6 +111,12 @@ def test_run_refuses_without_local_and_plans_too_big_for_one_machine(tmp_path: P
     ]
     result = runner.invoke(app, ["run", str(plan_path)])
     assert result.exit_code == 2 and "needs --local" in result.output
+    write_json_model(plan_path, make_plan([3, 3], model="llama-tiny", num_model_layers=8))
+    result = runner.invoke(app, ["run", str(plan_path), "--local"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: model 'llama-tiny' has 6 layers; the plan was made for 8"
+    ]
 
 
 def test_launch_and_run_modules_do_not_import_torch() -> None:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -28,7 +29,13 @@ from autoplan.launch.torchrun import DEFAULT_MASTER_PORT
 from autoplan.plan.schema import Plan
 from autoplan.runtime.report import RunReport
 
-__all__ = ["MAX_LOCAL_PROCESSES", "launch_command", "measured_vs_predicted", "run_command"]
+__all__ = [
+    "MAX_LOCAL_PROCESSES",
+    "launch_command",
+    "measured_vs_predicted",
+    "run_command",
+    "run_local",
+]
 
 MAX_LOCAL_PROCESSES = 8
 _MIB = 2**20
@@ -153,16 +160,10 @@ def measured_vs_predicted(report: RunReport) -> Table:
 
 
 def run_local(
-    plan: Plan,
-    plan_path: Path,
-    steps: int,
-    report_path: Path,
-    *,
-    device: str = "cpu",
-    capture: bool = False,
-) -> subprocess.CompletedProcess[str] | None:
-    """Start every plan node's torchrun on this machine and wait; returns the failed agent
-    (its captured output when ``capture``) or None when all succeeded."""
+    plan: Plan, plan_path: Path, steps: int, report_path: Path, *, device: str = "cpu"
+) -> int:
+    """Start every plan node's torchrun on this machine and wait for all; returns 0, or the
+    exit code of the first agent that failed (the others are then stopped)."""
     world = plan.parallelism.world_size
     if world > MAX_LOCAL_PROCESSES:
         raise InputError(
@@ -186,26 +187,20 @@ def run_local(
         _runtime_args(steps, str(report_path)),
         launcher=[sys.executable, "-m", "torch.distributed.run"],
     )
-    output = subprocess.PIPE if capture else None
-    agents = [
-        subprocess.Popen(
-            launch.argv,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT if capture else None,
-            text=True,
-        )
-        for launch in launches
-    ]
-    failed: subprocess.CompletedProcess[str] | None = None
-    for agent in agents:
-        out, _ = agent.communicate()
-        if agent.returncode != 0 and failed is None:
-            failed = subprocess.CompletedProcess(agent.args, agent.returncode, out or "", "")
-            for other in agents:
-                if other.poll() is None:
-                    other.terminate()
-    return failed
+    agents = [subprocess.Popen(launch.argv, env=env) for launch in launches]
+    try:
+        # Polled together: a failed node would leave the others waiting on it until a timeout.
+        while True:
+            codes = [agent.poll() for agent in agents]
+            failed = next((code for code in codes if code not in (None, 0)), None)
+            if failed is not None or all(code == 0 for code in codes):
+                return failed or 0
+            time.sleep(0.2)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.terminate()
+                agent.wait()
 
 
 @command("run")
@@ -233,12 +228,9 @@ def run_command(
     plan = read_json_model(plan_path, Plan)
     with tempfile.TemporaryDirectory() as scratch:
         report_path = report or Path(scratch) / "report.json"
-        failed = run_local(plan, plan_path, steps, report_path, device=device)
-        if failed is not None:
-            typer.echo(
-                f"error: the run failed (torchrun exited with {failed.returncode}; see above)",
-                err=True,
-            )
+        code = run_local(plan, plan_path, steps, report_path, device=device)
+        if code != 0:
+            typer.echo(f"error: the run failed (torchrun exited with {code}; see above)", err=True)
             raise typer.Exit(1)
         result = read_json_model(report_path, RunReport)
     console = Console()

@@ -39,7 +39,7 @@ from autoplan.runtime.loss import loss_function
 from autoplan.runtime.memory import model_state_bytes, peak_memory_bytes
 from autoplan.runtime.mesh import build_mesh, init_distributed
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
-from autoplan.runtime.model_stage import build_stage_models
+from autoplan.runtime.model_stage import build_stage_models, pipeline_layers
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.report import RunReport, StepRecord
 from autoplan.runtime.tensor_parallel import apply_tensor_parallel
@@ -77,10 +77,18 @@ def plan_summary(plan: Plan) -> str:
 
 def check_runnable(plan: Plan) -> None:
     """Refuse, before any process starts work, what the runtime would reject later or run
-    wrongly: an unknown model, a tp degree its heads cannot split into, stage layouts and
-    schedules that torch's pipelining does not take."""
+    wrongly: an unknown model or one of another layer count, a tp degree its heads cannot
+    split into, stage layouts and schedules that torch's pipelining does not take."""
     par = plan.parallelism
-    divisor = get_model_spec(plan.inputs.model.name).tensor_parallel_divisor
+    spec = get_model_spec(plan.inputs.model.name)
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        num_layers = len(pipeline_layers(spec.build()))
+    if num_layers != plan.inputs.model.num_layers:
+        raise InputError(
+            f"model '{spec.name}' has {num_layers} layers; the plan was made for "
+            f"{plan.inputs.model.num_layers}"
+        )
+    divisor = spec.tensor_parallel_divisor
     if divisor is not None and divisor % par.tensor_parallel_degree:
         raise InputError(
             f"tensor parallel degree {par.tensor_parallel_degree} does not divide "
