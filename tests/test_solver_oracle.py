@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.plan.validate import validate_plan
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
-from autoplan.solve.search import interleaved_sizes
+from autoplan.solve.bounds import interleaved_sizes
 from autoplan.solve.space import (
     MAX_SHARE_MICRO_BATCH,
     class_caps,
@@ -290,7 +290,7 @@ def test_search_bounds_never_prune_the_optimum(instance) -> None:
             found = search_module._solve_pipeline(model, pending, options, math.inf)
             if found is not None:
                 unpruned = min(unpruned, model.evaluate(found[0]).iteration_ms)
-    for config in search_module._shared_candidates(model, batch, options, 10.0):
+    for config in search_module.shared_candidates(model, batch, options, 10.0):
         unpruned = min(unpruned, model.evaluate(config).iteration_ms)
     result = [c for c in solve_candidates(model, batch, options).candidates if c.cost.feasible]
     if math.isinf(unpruned):

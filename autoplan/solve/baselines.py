@@ -15,7 +15,8 @@ from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel
 from autoplan.plan.emit import place
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import Candidate, SearchResult, search, share_sizes
+from autoplan.solve.search import Candidate, SearchResult, search
+from autoplan.solve.shares import share_sizes
 from autoplan.solve.space import divisors, recompute_modes
 
 __all__ = ["blind_model", "equal_share_candidates", "megatron_search"]

@@ -29,7 +29,6 @@ same inputs give the same plan, unless the time limit stops the search (logged).
 
 from __future__ import annotations
 
-import bisect
 import functools
 import itertools
 import logging
@@ -38,16 +37,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.model import CostModel, PlanCost
-from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
+from autoplan.cost.schedule import in_flight_chunks
+from autoplan.solve.bounds import (
+    MODES,
+    Group,
+    Pending,
+    fastest_work,
+    group_bound,
+    integral_bound,
+    interleaved_sizes,
+    lower_bound,
+    occupancy_bound,
+    rank_bound,
+    static_fits,
+)
 from autoplan.solve.options import SolveOptions
+from autoplan.solve.shares import shared_candidates
 from autoplan.solve.space import (
-    MAX_SHARE_MICRO_BATCH,
     class_caps,
     divisors,
     even_split,
-    interleaved_split,
     micro_batch_choices,
     pipeline_degrees,
     recompute_modes,
@@ -55,14 +66,10 @@ from autoplan.solve.space import (
     tp_choices,
 )
 from solvers.partition_dp import best_partition, pipeline_objective
-from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
 
-__all__ = ["Candidate", "SearchResult", "interleaved_sizes", "search"]
+__all__ = ["Candidate", "SearchResult", "search"]
 
 logger = logging.getLogger(__name__)
-
-# The bounds consider every recompute mode, so they hold whatever the options pin.
-_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -84,20 +91,6 @@ class SearchResult:
     timed_out: bool
 
 
-@dataclass(frozen=True, order=True)
-class _Pending:
-    bound: float
-    key: tuple
-    tp: int
-    dp: int
-    mbs: int
-    m: int
-    schedule: str
-    chunks: int
-    zero1: bool
-    classes: tuple[int, ...]
-
-
 def _affine(function: Callable[[float], float]) -> tuple[float, float]:
     """(slope, intercept) of a function affine on x > 0 (the value at 0 may differ)."""
     one, two = function(1.0), function(2.0)
@@ -110,7 +103,7 @@ class _StageCoster:
     It mirrors ``CostModel.evaluate`` with prefix sums (the oracle tests hold the two to
     the same answers)."""
 
-    def __init__(self, model: CostModel, p: _Pending, modes: tuple[str, ...]) -> None:
+    def __init__(self, model: CostModel, p: Pending, modes: tuple[str, ...]) -> None:
         self.model = model
         self.p = p
         self.modes = modes
@@ -193,7 +186,7 @@ class _StageCoster:
         cached = self._suffix.get(s)
         if cached is None:
             used = tuple(sorted(set(self.p.classes[s:])))
-            fastest, _ = _fastest_work(self.model, self.p.tp, self.p.mbs, used)
+            fastest, _ = fastest_work(self.model, self.p.tp, self.p.mbs, used)
             suffix = [0.0] * (len(fastest) + 1)
             for x in range(len(fastest) - 1, -1, -1):
                 suffix[x] = suffix[x + 1] + fastest[x]
@@ -210,248 +203,7 @@ def _send_times(model: CostModel, k: int, k2: int, tp: int, dp: int, mbs: int) -
     return [0.0] + [model.send_ms(c.output_bytes, k, k2, dp * tp) for c in layers]
 
 
-@functools.lru_cache(maxsize=65536)
-def _fastest_work(
-    model: CostModel, tp: int, mbs: int, used: tuple[int, ...]
-) -> tuple[list[float], dict[int, list[float]]]:
-    """Each layer's time on its fastest used class, and every used class's layer times
-    (forward + backward, no recompute, no sends)."""
-    work = {
-        k: [c.forward_ms() + c.backward_ms("none") for c in model.tables(k, tp, mbs).layers]
-        for k in used
-    }
-    fastest = [min(work[k][i] for k in used) for i in range(model.num_layers)]
-    return fastest, work
-
-
-@functools.lru_cache(maxsize=65536)
-def _rank_bound(model: CostModel, tp: int, mbs: int, counts: tuple[tuple[int, int], ...]) -> float:
-    """A lower bound on the slowest rank's work per micro-batch with ``n_k`` ranks of class k.
-
-    Spreading layers fractionally over the ranks is a linear program whose optimum bounds
-    any real split from below; by weak duality every λ ≥ 0 with Σ_k λ_k n_k = 1 gives
-    T ≥ Σ_l min_k λ_k w_kl. We take λ_k inversely proportional to class k's total work,
-    which is exact when every layer runs the same factor faster on one class than another.
-    """
-    used = tuple(k for k, _ in counts)
-    fastest, work = _fastest_work(model, tp, mbs, used)
-    totals = {k: sum(work[k]) for k in used}
-    if not all(totals.values()):
-        return max(fastest)
-    norm = sum(n / totals[k] for k, n in counts)
-    lam = {k: 1.0 / totals[k] / norm for k in used}
-    dual = sum(min(lam[k] * work[k][i] for k in used) for i in range(model.num_layers))
-    return max(dual, max(fastest))
-
-
-@functools.lru_cache(maxsize=65536)
-def _capacity_steps(
-    model: CostModel, tp: int, mbs: int, dp: int, zero1: bool, k: int, modes: tuple[str, ...]
-) -> tuple[tuple[float, int], ...]:
-    """(budget, layers) steps: with ``budget`` ms a rank of class k holds at most ``layers``
-    layers, for any layers and position. Relaxation: the cheapest layers by time, by
-    parameters and by saved bytes taken separately, one micro-batch in flight, no
-    transient; per recompute mode, as many as fit in memory."""
-    layers = model.tables(k, tp, mbs).layers
-    per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (dp if zero1 else 1)
-    params = [0.0, *itertools.accumulate(sorted(c.params_per_gpu * per_param for c in layers))]
-    capacity = model.capacity_bytes(k)
-    steps: dict[float, int] = {}
-    for mode in modes:
-        saved = [0.0, *itertools.accumulate(sorted(c.saved_bytes[mode] for c in layers))]
-        fit = max(x for x in range(len(layers) + 1) if params[x] + saved[x] <= capacity)
-        times = [
-            0.0,
-            *itertools.accumulate(sorted(c.forward_ms() + c.backward_ms(mode) for c in layers)),
-        ]
-        for x in range(1, fit + 1):
-            steps[times[x]] = max(steps.get(times[x], 0), x)
-    # Keep the monotone staircase: more budget never holds fewer layers.
-    out, most = [], 0
-    for budget in sorted(steps):
-        if steps[budget] > most:
-            most = steps[budget]
-            out.append((budget, most))
-    return tuple(out)
-
-
-def _layers_within(steps: tuple[tuple[float, int], ...], budget: float) -> int:
-    index = bisect.bisect_right(steps, (budget, math.inf)) - 1
-    return steps[index][1] if index >= 0 else 0
-
-
-@functools.lru_cache(maxsize=65536)
-def _sorted_times(model: CostModel, tp: int, mbs: int, k: int) -> list[float]:
-    """Class k's layer times (no recompute, no sends), ascending."""
-    return sorted(c.forward_ms() + c.backward_ms("none") for c in model.tables(k, tp, mbs).layers)
-
-
-@functools.lru_cache(maxsize=65536)
-def _integral_bound(
-    model: CostModel,
-    tp: int,
-    mbs: int,
-    dp: int,
-    zero1: bool,
-    caps: tuple[tuple[int, int], ...],
-    pp: int,
-    modes: tuple[str, ...],
-) -> float:
-    """The least T such that pp ranks (at most ``cap`` of class k) can hold every layer
-    with each rank's work at most T, under ``_capacity_steps``' relaxation; for fixed T
-    filling ranks greedily from the class that holds the most is best. The answer is one
-    of the steps' budgets: binary search over them (the count is monotone in T)."""
-    steps = {k: _capacity_steps(model, tp, mbs, dp, zero1, k, modes) for k, _ in caps}
-    cheapest = {k: _sorted_times(model, tp, mbs, k) for k, _ in caps}
-    total = model.num_layers
-
-    def enough(budget: float) -> bool:
-        # Each rank holds at least one layer, so class k offers at most as many ranks as
-        # it has layers of time <= budget (distinct layers per rank).
-        offers = []
-        for k, cap in caps:
-            holds = _layers_within(steps[k], budget)
-            ranks = min(cap, bisect.bisect_right(cheapest[k], budget))
-            if holds >= 1 and ranks >= 1:
-                offers.append((holds, ranks))
-        offers.sort(reverse=True)
-        left, covered = pp, 0
-        for holds, ranks in offers:
-            take = min(left, ranks)
-            covered += take * holds
-            left -= take
-        return left == 0 and covered >= total
-
-    budgets = sorted(
-        {b for k in steps for b, _ in steps[k]} | {t for k in cheapest for t in cheapest[k]}
-    )
-    if not budgets or not enough(budgets[-1]):
-        return math.inf
-    low, high = 0, len(budgets) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if enough(budgets[middle]):
-            high = middle
-        else:
-            low = middle + 1
-    return budgets[low]
-
-
-@functools.lru_cache(maxsize=65536)
-def _occupancy_bound(model: CostModel, tp: int, mbs: int, counts: tuple[tuple[int, int], ...]):
-    """Every rank holds at least one layer, so the n_k ranks of class k hold n_k distinct
-    layers and one of them takes at least the n_k-th cheapest layer's time on class k."""
-    bound = 0.0
-    for k, n in counts:
-        times = sorted(
-            c.forward_ms() + c.backward_ms("none") for c in model.tables(k, tp, mbs).layers
-        )
-        bound = max(bound, times[min(n, len(times)) - 1])
-    return bound
-
-
-@functools.lru_cache(maxsize=65536)
-def interleaved_sizes(
-    model: CostModel, classes: tuple[int, ...], tp: int, mbs: int, chunks: int
-) -> tuple[int, ...]:
-    """The interleaved split of ``space.interleaved_split`` for this pipeline, weighing each
-    layer by its time (no recompute) on the slowest class the pipeline uses."""
-    used = sorted(set(classes))
-    work = [
-        max(
-            model.tables(k, tp, mbs).layers[i].forward_ms()
-            + model.tables(k, tp, mbs).layers[i].backward_ms("none")
-            for k in used
-        )
-        for i in range(model.num_layers)
-    ]
-    kinds = [layer.kind for layer in model.profile.layers]
-    return tuple(interleaved_split(kinds, work, len(classes), chunks))
-
-
-def _lower_bound(model: CostModel, p: _Pending) -> float:
-    """A time no split of this candidate beats: the slowest rank at least the fractional
-    bound, every layer at least its fastest time, no communication, no tail."""
-    used = tuple(sorted(set(p.classes)))
-    fastest, _ = _fastest_work(model, p.tp, p.mbs, used)
-    counts = tuple((k, p.classes.count(k)) for k in used)
-    slowest_rank = max(
-        _rank_bound(model, p.tp, p.mbs, counts),
-        _occupancy_bound(model, p.tp, p.mbs, counts),
-        _integral_bound(model, p.tp, p.mbs, p.dp, p.zero1, counts, len(p.classes), _MODES)
-        if p.chunks == 1
-        else 0.0,
-    )
-    if p.chunks > 1:
-        # The split is fixed: each rank's work without recompute or sends bounds it.
-        pp = len(p.classes)
-        bounds = [
-            0,
-            *itertools.accumulate(interleaved_sizes(model, p.classes, p.tp, p.mbs, p.chunks)),
-        ]
-        ranks = [0.0] * pp
-        for s in range(pp * p.chunks):
-            work = model.tables(p.classes[s % pp], p.tp, p.mbs).work["none"]
-            ranks[s % pp] += work[bounds[s + 1]] - work[bounds[s]]
-        return pipeline_time_ms(ranks, p.m, p.chunks)
-    return (p.m - 1) * slowest_rank + sum(fastest)
-
-
-def _static_fits(model: CostModel, p: _Pending) -> bool:
-    """Weights, gradients and optimizer states of all layers fit in the ranks' memory."""
-    per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (
-        p.dp if (p.zero1 and p.dp > 1) else 1
-    )
-    params = model.tables(p.classes[0], p.tp, p.mbs).params[-1]
-    have = sum(model.capacity_bytes(k) for k in p.classes)
-    return params * per_param <= have
-
-
-@dataclass(frozen=True, order=True)
-class _Group:
-    """Candidates sharing (tp, dp, mbs, pp); ``bound`` holds for every class sequence."""
-
-    bound: float
-    tp: int
-    dp: int
-    mbs: int
-    m: int
-    pp: int
-    zero1: bool
-    caps: tuple[int, ...]
-    allowed: tuple[tuple[str, int], ...]
-
-
-def _group_bound(model: CostModel, g: _Group) -> float:
-    """A lower bound over every class sequence of the group: the fractional bound of
-    ``_rank_bound`` with λ_k ∝ 1/W_k over all usable classes, its denominator Σ n_k / W_k at
-    most what filling the ranks from the fastest classes gives."""
-    usable = tuple(k for k, cap in enumerate(g.caps) if cap > 0)
-    fastest, work = _fastest_work(model, g.tp, g.mbs, usable)
-    totals = {k: sum(work[k]) for k in usable}
-    if not all(totals.values()):
-        slowest_rank = max(fastest)
-    else:
-        spread = sum(min(work[k][i] / totals[k] for k in usable) for i in range(len(fastest)))
-        left, capacity = g.pp, 0.0
-        for k in sorted(usable, key=lambda k: totals[k]):
-            take = min(left, g.caps[k])
-            capacity += take / totals[k]
-            left -= take
-        slowest_rank = max(spread / capacity, max(fastest))
-    bounds = []
-    integral = _integral_bound(
-        model, g.tp, g.mbs, g.dp, g.zero1, tuple((k, g.caps[k]) for k in usable), g.pp, _MODES
-    )
-    for _schedule, chunks in g.allowed:
-        if chunks > 1:
-            bounds.append(g.m * max(slowest_rank, integral))
-        else:
-            bounds.append((g.m - 1) * max(slowest_rank, integral) + sum(fastest))
-    return min(bounds)
-
-
-def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[_Group]:
+def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[Group]:
     out = []
     num_layers = model.num_layers
     for tp in tp_choices(model, options):
@@ -488,10 +240,10 @@ def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[_Group]
                         allowed = [(s, v) for s, v in allowed if s != "gpipe"]
                     if not allowed:
                         continue
-                    group = _Group(0.0, tp, dp, mbs, m, pp, zero1, caps, tuple(allowed))
+                    group = Group(0.0, tp, dp, mbs, m, pp, zero1, caps, tuple(allowed))
                     out.append(
-                        _Group(
-                            _group_bound(model, group),
+                        Group(
+                            group_bound(model, group),
                             tp,
                             dp,
                             mbs,
@@ -506,7 +258,7 @@ def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[_Group]
     return out
 
 
-def _expand(model: CostModel, g: _Group, threshold: float) -> list[_Pending]:
+def _expand(model: CostModel, g: Group, threshold: float) -> list[Pending]:
     """The group's candidates whose own bound is below ``threshold``, best bound first."""
     out = []
     usable = [k for k, cap in enumerate(g.caps) if cap > 0]
@@ -516,28 +268,28 @@ def _expand(model: CostModel, g: _Group, threshold: float) -> list[_Pending]:
                 if any(n > g.caps[k] for k, n in zip(subset, parts, strict=True)):
                     continue
                 counts = tuple(zip(subset, parts, strict=True))
-                fastest, _ = _fastest_work(model, g.tp, g.mbs, subset)
+                fastest, _ = fastest_work(model, g.tp, g.mbs, subset)
                 rank = max(
-                    _rank_bound(model, g.tp, g.mbs, counts),
-                    _occupancy_bound(model, g.tp, g.mbs, counts),
+                    rank_bound(model, g.tp, g.mbs, counts),
+                    occupancy_bound(model, g.tp, g.mbs, counts),
                 )
-                integral = _integral_bound(model, g.tp, g.mbs, g.dp, g.zero1, counts, g.pp, _MODES)
+                integral = integral_bound(model, g.tp, g.mbs, g.dp, g.zero1, counts, g.pp, MODES)
                 if min((g.m - 1) * max(rank, integral) + sum(fastest), g.m * rank) >= threshold:
                     continue
                 for order in itertools.permutations(range(size)):
                     classes = tuple(subset[o] for o in order for _ in range(parts[o]))
                     for schedule, chunks in g.allowed:
-                        p = _Pending(
+                        p = Pending(
                             0.0, (), g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes
                         )
-                        if not _static_fits(model, p):
+                        if not static_fits(model, p):
                             continue
-                        bound = _lower_bound(model, p)
+                        bound = lower_bound(model, p)
                         if bound >= threshold:
                             continue
                         key = (g.tp, g.dp, g.mbs, g.pp, schedule, chunks, classes)
                         out.append(
-                            _Pending(
+                            Pending(
                                 bound,
                                 key,
                                 g.tp,
@@ -569,7 +321,7 @@ def _fixed_split(options: SolveOptions, num_layers: int, pp: int) -> list[int] |
 
 
 def _solve_pipeline(
-    model: CostModel, p: _Pending, options: SolveOptions, bound: float
+    model: CostModel, p: Pending, options: SolveOptions, bound: float
 ) -> tuple[PlanConfig, float] | None:
     modes = recompute_modes(options)
     coster = _StageCoster(model, p, modes)
@@ -610,7 +362,7 @@ def _solve_pipeline(
 
 
 def _solve_interleaved(
-    model: CostModel, p: _Pending, modes: tuple[str, ...]
+    model: CostModel, p: Pending, modes: tuple[str, ...]
 ) -> tuple[PlanConfig, float] | None:
     pp = len(p.classes)
     sizes = interleaved_sizes(model, p.classes, p.tp, p.mbs, p.chunks)
@@ -632,114 +384,6 @@ def _solve_interleaved(
                 return None
             chosen[r] = modes[position + 1]
     return None
-
-
-def _shared_candidates(
-    model: CostModel, batch: int, options: SolveOptions, time_limit_s: float
-) -> list[PlanConfig]:
-    """Single-stage plans with uneven shares over two or more classes (``share_ilp``)."""
-    if options.strategy not in ("optimal",) or options.micro_batch_size is not None:
-        return []
-    if (options.pp not in (None, 1)) or options.layer_split is not None:
-        return []
-    if options.schedule not in (None, "1f1b"):
-        return []
-    modes = recompute_modes(options)
-    found = []
-    for tp in tp_choices(model, options):
-        usable = [c.index for c in model.classes if c.gpus_per_node % tp == 0]
-        for size in range(2, len(usable) + 1):
-            for subset in itertools.combinations(usable, size):
-                replicas = [model.classes[k].total_gpus // tp for k in subset]
-                dp = sum(replicas)
-                if options.dp is not None and dp != options.dp:
-                    continue
-                zero1 = dp > 1 and options.zero1 is not False
-                config = _solve_shares_for(
-                    model, batch, options, tp, subset, replicas, zero1, modes, time_limit_s
-                )
-                if config is not None:
-                    found.append(config)
-    return found
-
-
-def share_sizes(
-    model: CostModel, tp: int, dp: int, zero1: bool, k: int, limit: int, modes: tuple[str, ...]
-) -> dict[int, tuple[float, float, str]]:
-    """For class k in a shared plan: per micro-batch size b that fits, (time, backward,
-    recompute) with the fastest recompute that fits."""
-    out = {}
-    n = model.num_layers
-    per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (dp if zero1 else 1)
-    for b in range(1, limit + 1):
-        t = model.tables(k, tp, b)
-        static = t.params[n] * per_param
-        for mode in modes:
-            act = t.saved[mode][n]
-            transient = max(model.transient_bytes(c, mode) for c in t.layers)
-            if static + act + transient <= model.capacity_bytes(k):
-                out[b] = (t.work[mode][n], t.backward[mode][n], mode)
-                break
-        else:
-            break  # larger micro-batches need more memory still
-    return out
-
-
-def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes, limit_s):
-    total = sum(replicas)
-    counts = [m for m in divisors(batch) if batch // m >= total]
-    if options.num_micro_batches is not None:
-        counts = [m for m in counts if m == options.num_micro_batches]
-    if not counts:
-        return None
-    tables = {}
-    for k, n in zip(subset, replicas, strict=True):
-        limit = min(MAX_SHARE_MICRO_BATCH, (batch // min(counts) - (total - n)) // n)
-        tables[k] = share_sizes(model, tp, total, zero1, k, limit, modes)
-        if not tables[k]:
-            return None
-    params = model.tables(subset[0], tp, 1).params[-1]
-    probe = PlanConfig(
-        tp,
-        total,
-        1,
-        1,
-        "1f1b",
-        1,
-        zero1,
-        (StageChoice(0, model.num_layers, subset[0], modes[0]),),
-        tuple(ReplicaGroup(k, n, 1, modes[0]) for k, n in zip(subset, replicas, strict=True)),
-    )
-    allreduce = model.shared_allreduce_ms(params, probe)
-    optimizer = max(model.optimizer_ms(params, k, total, zero1) for k in subset)
-    problem = ShareProblem(
-        global_batch=batch,
-        micro_batch_counts=tuple(counts),
-        classes=tuple(
-            ShareClass(n, {b: (v[0], v[1]) for b, v in tables[k].items()})
-            for k, n in zip(subset, replicas, strict=True)
-        ),
-        allreduce_ms=allreduce,
-        optimizer_ms=optimizer,
-    )
-    solution = solve_shares(problem, time_limit_s=limit_s)
-    if solution is None:
-        return None
-    groups = tuple(
-        ReplicaGroup(k, n, b, tables[k][b][2])
-        for k, n, b in zip(subset, replicas, solution.sizes, strict=True)
-    )
-    return PlanConfig(
-        tp,
-        total,
-        max(solution.sizes),
-        solution.num_micro_batches,
-        "1f1b",
-        1,
-        zero1,
-        (StageChoice(0, model.num_layers, subset[0], groups[0].recompute),),
-        groups,
-    )
 
 
 def search(
@@ -767,7 +411,7 @@ def search(
         # of the configurations the search costed, not necessarily the global 2nd..k-th.
         return best[0][0] if best else math.inf
 
-    for config in _shared_candidates(model, batch, options, options.time_limit_s):
+    for config in shared_candidates(model, batch, options, options.time_limit_s):
         offer(model.evaluate(config).iteration_ms, config)
     for index, group in enumerate(groups):
         if group.bound >= threshold() or timed_out:

@@ -1,0 +1,293 @@
+"""Lower bounds on the iteration time of search candidates (``autoplan.solve.search``).
+
+Every bound holds for any layer split and any recompute, so the search may skip whatever a
+bound puts at or above the best time found: (1) fractional: spreading layers over the ranks
+is a linear program, bounded through its dual; (2) integral: with budget T a rank holds at
+most as many layers as the cheapest ones that fit in T and in memory; (3) occupancy: every
+rank holds at least one layer, so n ranks of a class need n distinct layers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+
+from autoplan.cost.model import CostModel
+from autoplan.cost.schedule import pipeline_time_ms
+from autoplan.solve.space import interleaved_split
+
+__all__ = [
+    "Group",
+    "Pending",
+    "fastest_work",
+    "group_bound",
+    "integral_bound",
+    "interleaved_sizes",
+    "lower_bound",
+    "occupancy_bound",
+    "rank_bound",
+    "static_fits",
+]
+
+# The bounds consider every recompute mode, so they hold whatever the options pin.
+MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, order=True)
+class Pending:
+    """One candidate: a pipeline shape with the class of each rank, and its bound."""
+
+    bound: float
+    key: tuple
+    tp: int
+    dp: int
+    mbs: int
+    m: int
+    schedule: str
+    chunks: int
+    zero1: bool
+    classes: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=65536)
+def fastest_work(
+    model: CostModel, tp: int, mbs: int, used: tuple[int, ...]
+) -> tuple[list[float], dict[int, list[float]]]:
+    """Each layer's time on its fastest used class, and every used class's layer times
+    (forward + backward, no recompute, no sends)."""
+    work = {
+        k: [c.forward_ms() + c.backward_ms("none") for c in model.tables(k, tp, mbs).layers]
+        for k in used
+    }
+    fastest = [min(work[k][i] for k in used) for i in range(model.num_layers)]
+    return fastest, work
+
+
+@functools.lru_cache(maxsize=65536)
+def rank_bound(model: CostModel, tp: int, mbs: int, counts: tuple[tuple[int, int], ...]) -> float:
+    """A lower bound on the slowest rank's work per micro-batch with ``n_k`` ranks of class k.
+
+    Spreading layers fractionally over the ranks is a linear program whose optimum bounds
+    any real split from below; by weak duality every λ ≥ 0 with Σ_k λ_k n_k = 1 gives
+    T ≥ Σ_l min_k λ_k w_kl. We take λ_k inversely proportional to class k's total work,
+    which is exact when every layer runs the same factor faster on one class than another.
+    """
+    used = tuple(k for k, _ in counts)
+    fastest, work = fastest_work(model, tp, mbs, used)
+    totals = {k: sum(work[k]) for k in used}
+    if not all(totals.values()):
+        return max(fastest)
+    norm = sum(n / totals[k] for k, n in counts)
+    lam = {k: 1.0 / totals[k] / norm for k in used}
+    dual = sum(min(lam[k] * work[k][i] for k in used) for i in range(model.num_layers))
+    return max(dual, max(fastest))
+
+
+@functools.lru_cache(maxsize=65536)
+def _capacity_steps(
+    model: CostModel, tp: int, mbs: int, dp: int, zero1: bool, k: int, modes: tuple[str, ...]
+) -> tuple[tuple[float, int], ...]:
+    """(budget, layers) steps: with ``budget`` ms a rank of class k holds at most ``layers``
+    layers, for any layers and position. Relaxation: the cheapest layers by time, by
+    parameters and by saved bytes taken separately, one micro-batch in flight, no
+    transient; per recompute mode, as many as fit in memory."""
+    layers = model.tables(k, tp, mbs).layers
+    per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (dp if zero1 else 1)
+    params = [0.0, *itertools.accumulate(sorted(c.params_per_gpu * per_param for c in layers))]
+    capacity = model.capacity_bytes(k)
+    steps: dict[float, int] = {}
+    for mode in modes:
+        saved = [0.0, *itertools.accumulate(sorted(c.saved_bytes[mode] for c in layers))]
+        fit = max(x for x in range(len(layers) + 1) if params[x] + saved[x] <= capacity)
+        times = [
+            0.0,
+            *itertools.accumulate(sorted(c.forward_ms() + c.backward_ms(mode) for c in layers)),
+        ]
+        for x in range(1, fit + 1):
+            steps[times[x]] = max(steps.get(times[x], 0), x)
+    # Keep the monotone staircase: more budget never holds fewer layers.
+    out, most = [], 0
+    for budget in sorted(steps):
+        if steps[budget] > most:
+            most = steps[budget]
+            out.append((budget, most))
+    return tuple(out)
+
+
+def _layers_within(steps: tuple[tuple[float, int], ...], budget: float) -> int:
+    index = bisect.bisect_right(steps, (budget, math.inf)) - 1
+    return steps[index][1] if index >= 0 else 0
+
+
+@functools.lru_cache(maxsize=65536)
+def _sorted_times(model: CostModel, tp: int, mbs: int, k: int) -> list[float]:
+    """Class k's layer times (no recompute, no sends), ascending."""
+    return sorted(c.forward_ms() + c.backward_ms("none") for c in model.tables(k, tp, mbs).layers)
+
+
+@functools.lru_cache(maxsize=65536)
+def integral_bound(
+    model: CostModel,
+    tp: int,
+    mbs: int,
+    dp: int,
+    zero1: bool,
+    caps: tuple[tuple[int, int], ...],
+    pp: int,
+    modes: tuple[str, ...],
+) -> float:
+    """The least T such that pp ranks (at most ``cap`` of class k) can hold every layer
+    with each rank's work at most T, under ``_capacity_steps``' relaxation; for fixed T
+    filling ranks greedily from the class that holds the most is best. The answer is one
+    of the steps' budgets: binary search over them (the count is monotone in T)."""
+    steps = {k: _capacity_steps(model, tp, mbs, dp, zero1, k, modes) for k, _ in caps}
+    cheapest = {k: _sorted_times(model, tp, mbs, k) for k, _ in caps}
+    total = model.num_layers
+
+    def enough(budget: float) -> bool:
+        # Each rank holds at least one layer, so class k offers at most as many ranks as
+        # it has layers of time <= budget (distinct layers per rank).
+        offers = []
+        for k, cap in caps:
+            holds = _layers_within(steps[k], budget)
+            ranks = min(cap, bisect.bisect_right(cheapest[k], budget))
+            if holds >= 1 and ranks >= 1:
+                offers.append((holds, ranks))
+        offers.sort(reverse=True)
+        left, covered = pp, 0
+        for holds, ranks in offers:
+            take = min(left, ranks)
+            covered += take * holds
+            left -= take
+        return left == 0 and covered >= total
+
+    budgets = sorted(
+        {b for k in steps for b, _ in steps[k]} | {t for k in cheapest for t in cheapest[k]}
+    )
+    if not budgets or not enough(budgets[-1]):
+        return math.inf
+    low, high = 0, len(budgets) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if enough(budgets[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return budgets[low]
+
+
+@functools.lru_cache(maxsize=65536)
+def occupancy_bound(model: CostModel, tp: int, mbs: int, counts: tuple[tuple[int, int], ...]):
+    """Every rank holds at least one layer, so the n_k ranks of class k hold n_k distinct
+    layers and one of them takes at least the n_k-th cheapest layer's time on class k."""
+    bound = 0.0
+    for k, n in counts:
+        times = sorted(
+            c.forward_ms() + c.backward_ms("none") for c in model.tables(k, tp, mbs).layers
+        )
+        bound = max(bound, times[min(n, len(times)) - 1])
+    return bound
+
+
+@functools.lru_cache(maxsize=65536)
+def interleaved_sizes(
+    model: CostModel, classes: tuple[int, ...], tp: int, mbs: int, chunks: int
+) -> tuple[int, ...]:
+    """The interleaved split of ``space.interleaved_split`` for this pipeline, weighing each
+    layer by its time (no recompute) on the slowest class the pipeline uses."""
+    used = sorted(set(classes))
+    work = [
+        max(
+            model.tables(k, tp, mbs).layers[i].forward_ms()
+            + model.tables(k, tp, mbs).layers[i].backward_ms("none")
+            for k in used
+        )
+        for i in range(model.num_layers)
+    ]
+    kinds = [layer.kind for layer in model.profile.layers]
+    return tuple(interleaved_split(kinds, work, len(classes), chunks))
+
+
+def lower_bound(model: CostModel, p: Pending) -> float:
+    """A time no split of this candidate beats: the slowest rank at least the fractional
+    bound, every layer at least its fastest time, no communication, no tail."""
+    used = tuple(sorted(set(p.classes)))
+    fastest, _ = fastest_work(model, p.tp, p.mbs, used)
+    counts = tuple((k, p.classes.count(k)) for k in used)
+    slowest_rank = max(
+        rank_bound(model, p.tp, p.mbs, counts),
+        occupancy_bound(model, p.tp, p.mbs, counts),
+        integral_bound(model, p.tp, p.mbs, p.dp, p.zero1, counts, len(p.classes), MODES)
+        if p.chunks == 1
+        else 0.0,
+    )
+    if p.chunks > 1:
+        # The split is fixed: each rank's work without recompute or sends bounds it.
+        pp = len(p.classes)
+        bounds = [
+            0,
+            *itertools.accumulate(interleaved_sizes(model, p.classes, p.tp, p.mbs, p.chunks)),
+        ]
+        ranks = [0.0] * pp
+        for s in range(pp * p.chunks):
+            work = model.tables(p.classes[s % pp], p.tp, p.mbs).work["none"]
+            ranks[s % pp] += work[bounds[s + 1]] - work[bounds[s]]
+        return pipeline_time_ms(ranks, p.m, p.chunks)
+    return (p.m - 1) * slowest_rank + sum(fastest)
+
+
+def static_fits(model: CostModel, p: Pending) -> bool:
+    """Weights, gradients and optimizer states of all layers fit in the ranks' memory."""
+    per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (
+        p.dp if (p.zero1 and p.dp > 1) else 1
+    )
+    params = model.tables(p.classes[0], p.tp, p.mbs).params[-1]
+    have = sum(model.capacity_bytes(k) for k in p.classes)
+    return params * per_param <= have
+
+
+@dataclass(frozen=True, order=True)
+class Group:
+    """Candidates sharing (tp, dp, mbs, pp); ``bound`` holds for every class sequence."""
+
+    bound: float
+    tp: int
+    dp: int
+    mbs: int
+    m: int
+    pp: int
+    zero1: bool
+    caps: tuple[int, ...]
+    allowed: tuple[tuple[str, int], ...]
+
+
+def group_bound(model: CostModel, g: Group) -> float:
+    """A lower bound over every class sequence of the group: the fractional bound of
+    ``rank_bound`` with λ_k ∝ 1/W_k over all usable classes, its denominator Σ n_k / W_k at
+    most what filling the ranks from the fastest classes gives."""
+    usable = tuple(k for k, cap in enumerate(g.caps) if cap > 0)
+    fastest, work = fastest_work(model, g.tp, g.mbs, usable)
+    totals = {k: sum(work[k]) for k in usable}
+    if not all(totals.values()):
+        slowest_rank = max(fastest)
+    else:
+        spread = sum(min(work[k][i] / totals[k] for k in usable) for i in range(len(fastest)))
+        left, capacity = g.pp, 0.0
+        for k in sorted(usable, key=lambda k: totals[k]):
+            take = min(left, g.caps[k])
+            capacity += take / totals[k]
+            left -= take
+        slowest_rank = max(spread / capacity, max(fastest))
+    bounds = []
+    integral = integral_bound(
+        model, g.tp, g.mbs, g.dp, g.zero1, tuple((k, g.caps[k]) for k in usable), g.pp, MODES
+    )
+    for _schedule, chunks in g.allowed:
+        if chunks > 1:
+            bounds.append(g.m * max(slowest_rank, integral))
+        else:
+            bounds.append((g.m - 1) * max(slowest_rank, integral) + sum(fastest))
+    return min(bounds)
