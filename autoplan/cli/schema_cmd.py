@@ -12,20 +12,27 @@ from autoplan.cli.app import command
 from autoplan.cluster.schema import Cluster
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import Profile
+from autoplan.runtime.report import RunReport
 
 
 class SchemaName(StrEnum):
     profile = "profile"
     plan = "plan"
     cluster = "cluster"
+    report = "report"
 
 
-_MODELS = {SchemaName.profile: Profile, SchemaName.plan: Plan, SchemaName.cluster: Cluster}
+_MODELS = {
+    SchemaName.profile: Profile,
+    SchemaName.plan: Plan,
+    SchemaName.cluster: Cluster,
+    SchemaName.report: RunReport,
+}
 
 
 @command("schema")
 def schema(
-    name: Annotated[SchemaName, typer.Argument(help="Which file: profile, plan or cluster.")],
+    name: Annotated[SchemaName, typer.Argument(help="profile, plan, cluster or report.")],
 ) -> None:
-    """Print the JSON Schema of a profile, plan or cluster file."""
+    """Print the JSON Schema of a profile, plan, cluster or run-report file."""
     typer.echo(json.dumps(_MODELS[name].model_json_schema(), indent=2, sort_keys=True))
