@@ -20,7 +20,7 @@ from autoplan.solve import SolveOptions, solve
 
 __all__ = ["solve_command", "summary_tables"]
 
-_GB = 1e9
+_GIB = 1024**3
 
 
 def _console(stderr: bool = False) -> Console:
@@ -91,7 +91,7 @@ def summary_tables(plan: Plan) -> list[Table]:
     summary.add_row("tokens/s", f"{pred.tokens_per_s:,.0f}")
     summary.add_row("TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f}")
     summary.add_row("MFU", f"{pred.mfu:.1%}")
-    memory = Table(title="memory per GPU (GB)")
+    memory = Table(title="memory per GPU (GiB)")
     for column in ("rank", "GPU", "weights", "grads", "optim", "activ", "transient", "total", "of"):
         memory.add_column(column, justify="left" if column in ("rank", "GPU") else "right")
     for mem in pred.memory:
@@ -99,7 +99,7 @@ def summary_tables(plan: Plan) -> list[Table]:
             str(mem.pipeline_rank),
             mem.gpu_type,
             *(
-                f"{value / _GB:.2f}"
+                f"{value / _GIB:.2f}"
                 for value in (
                     mem.weights_bytes,
                     mem.gradients_bytes,
@@ -219,6 +219,7 @@ def solve_command(
     for mem in over:
         console.print(
             f"[bold red]warning:[/] pipeline rank {mem.pipeline_rank} needs "
-            f"{mem.total_bytes / _GB:.1f} GB of {mem.capacity_bytes / _GB:.1f} GB on {mem.gpu_type}"
+            f"{mem.total_bytes / _GIB:.1f} GiB of {mem.capacity_bytes / _GIB:.1f} GiB on "
+            f"{mem.gpu_type}"
         )
     console.print(f"wrote {output}")

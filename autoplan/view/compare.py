@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from autoplan.plan.schema import Plan
+from autoplan.view.plan_tables import micro_batch_sizes_text
 
 __all__ = ["compare_rows", "compare_table"]
 
@@ -34,7 +35,7 @@ def compare_rows(plan: Plan) -> dict[str, str]:
         f"{par.tensor_parallel_degree}",
         "schedule": f"{par.schedule} (v={par.virtual_stages_per_rank})",
         "micro-batches": str(par.num_micro_batches),
-        "micro-batch size": ", ".join(str(s) for s in par.replica_micro_batch_sizes),
+        "micro-batch size": micro_batch_sizes_text(par.replica_micro_batch_sizes),
         "global batch": str(plan.inputs.global_batch_size),
         "layers per stage": _layer_split(plan),
         "GPU per stage": " ".join("/".join(stage.gpu_types) for stage in plan.stages),

@@ -11,6 +11,7 @@ from autoplan.view.memory_bars import memory_table
 __all__ = [
     "alternatives_table",
     "breakdown_table",
+    "micro_batch_sizes_text",
     "plan_overview",
     "plan_renderables",
     "stages_table",
@@ -24,6 +25,17 @@ def _count(number: int) -> str:
     return str(number)
 
 
+def micro_batch_sizes_text(sizes: list[int]) -> str:
+    """Per-replica micro-batch sizes, runs collapsed: [1]*16 → '1 × 16', [3, 3, 1] → '3 × 2, 1'."""
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return ", ".join(f"{size} × {count}" if count > 1 else str(size) for size, count in runs)
+
+
 def plan_overview(plan: Plan, title: str = "Plan") -> Table:
     """Two columns of key facts: model, cluster, parallelism, batch and predicted speed."""
     par = plan.parallelism
@@ -32,7 +44,7 @@ def plan_overview(plan: Plan, title: str = "Plan") -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")
-    shares = ", ".join(str(size) for size in par.replica_micro_batch_sizes)
+    shares = micro_batch_sizes_text(par.replica_micro_batch_sizes)
     rows = [
         (
             "model",
