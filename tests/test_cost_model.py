@@ -196,3 +196,40 @@ def test_tensor_parallel_splits_only_the_sharded_work() -> None:
     # Half the FLOPs split 4 ways, the other half on every rank: 5/8 of the time.
     assert four == pytest.approx(one * 5 / 8)
     assert layer_time_ms(base, spec, "bf16", 4, 1)[0] == pytest.approx(one / 4)
+
+
+def test_inter_node_bandwidth_is_shared_by_the_flows_leaving_a_node() -> None:
+    # Nodes of 8 GPUs with 100 GB/s each between nodes (latency 0), 2-byte parameters.
+    spec = gpu("G", tflops=100.0, memory_gib=80)
+    cluster = make_cluster([("n", spec, 8, 4)], intra_gb_per_s=300.0, inter_gb_per_s=100.0)
+    profile = make_profile(
+        [layer(i, flops=10**9, params=10**6, saved=10, output=10) for i in range(4)]
+    )
+    model = cost_model(profile, cluster, SolveOptions())
+    params = 1e9  # 2 GB of gradients per GPU
+    inter = cluster.inter_node_latency_us * 1e-3  # one message latency, in ms
+    intra = cluster.node_groups[0].intra_node_latency_us * 1e-3
+    # tp 1, dp 32 over 4 nodes: one ring, the whole node bandwidth.
+    # 2 (31/32) × 2 GB / 100 GB/s = 38.75 ms.
+    assert model.dp_allreduce_ms(params, 0, 32, 1) == pytest.approx(
+        2 * 31 / 32 * 2e9 / 100e9 * 1e3 + inter
+    )
+    # tp 8, dp 4: eight rings (one per tp index) leave each node at once, 12.5 GB/s each.
+    # 2 (3/4) × 2 GB / 12.5 GB/s = 240 ms.
+    assert model.dp_allreduce_ms(params, 0, 4, 8) == pytest.approx(
+        2 * 3 / 4 * 2e9 / 12.5e9 * 1e3 + inter
+    )
+    # tp 2, dp 16: two rings share the node, 50 GB/s each.
+    assert model.dp_allreduce_ms(params, 0, 16, 2) == pytest.approx(
+        2 * 15 / 16 * 2e9 / 50e9 * 1e3 + inter
+    )
+    # A group inside one node uses NVLink (per GPU, not shared): tp 2, dp 4 = 8 GPUs.
+    assert model.dp_allreduce_ms(params, 0, 4, 2) == pytest.approx(
+        2 * 3 / 4 * 2e9 / 300e9 * 1e3 + intra
+    )
+    # Pipeline sends between nodes: a stage of 8 GPUs (tp 8) sends 8 boundaries at once,
+    # 1 GB each at 100/8 GB/s = 80 ms; a stage of 4 GPUs fits twice in a node: NVLink.
+    assert model.send_ms(1e9, 0, 0, 8) == pytest.approx(1e9 / 12.5e9 * 1e3 + inter)
+    assert model.send_ms(1e9, 0, 0, 4) == pytest.approx(1e9 / 300e9 * 1e3 + intra)
+    # A 16-GPU stage still has only 8 GPUs per node sharing each node's bandwidth.
+    assert model.send_ms(1e9, 0, 0, 16) == pytest.approx(1e9 / 12.5e9 * 1e3 + inter)

@@ -3,6 +3,12 @@
 A stage runs on dp × tp GPUs of one class. Node groups with the same GPU type, GPUs per node
 and intra-node link are one class (the planner cannot tell their nodes apart, so it need not
 search over them separately).
+
+The inter-node bandwidth of a cluster is a node's (all its NICs together), shared by the
+flows that leave the node at once: with tp = t inside a node, the t data-parallel rings (one
+per tp index) all cross the node boundary together, each at node bandwidth / t; the GPUs of a
+stage that all send their boundary activation to the next stage's node share it likewise. The
+intra-node link is per GPU (NVSwitch gives every GPU its own), so it is not shared.
 """
 
 from __future__ import annotations
@@ -11,7 +17,13 @@ from dataclasses import dataclass
 
 from autoplan.cluster.schema import Cluster, GpuSpec
 
-__all__ = ["DeviceClass", "device_classes", "link_between"]
+__all__ = ["DeviceClass", "device_classes", "link_between", "node_flows"]
+
+
+def node_flows(concurrent_flows: int, gpus_per_node: int) -> int:
+    """How many of ``concurrent_flows`` inter-node flows (one per GPU at most) leave one
+    node of ``gpus_per_node`` GPUs at once, sharing its inter-node bandwidth."""
+    return max(1, min(concurrent_flows, gpus_per_node))
 
 
 @dataclass(frozen=True)
@@ -36,12 +48,15 @@ class DeviceClass:
     def label(self) -> str:
         return "+".join(self.groups)
 
-    def group_link(self, group_gpus: int) -> tuple[float, float]:
-        """(bandwidth GB/s, latency us) of the slowest link a group of ``group_gpus``
-        consecutive GPUs of this class spans: inside one node if it fits, else between nodes."""
+    def group_link(self, group_gpus: int, concurrent_flows: int = 1) -> tuple[float, float]:
+        """(bandwidth GB/s, latency us) one flow gets on the slowest link a group of
+        ``group_gpus`` consecutive GPUs of this class spans: inside one node if it fits, else
+        between nodes, where ``concurrent_flows`` flows (e.g. the tp degree's dp rings) share
+        each node's bandwidth."""
         if group_gpus <= self.gpus_per_node:
             return self.intra_node_bandwidth_gb_per_s, self.intra_node_latency_us
-        return self.inter_node_bandwidth_gb_per_s, self.inter_node_latency_us
+        share = node_flows(concurrent_flows, self.gpus_per_node)
+        return self.inter_node_bandwidth_gb_per_s / share, self.inter_node_latency_us
 
 
 def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceClass]:
@@ -77,10 +92,15 @@ def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceCl
 def link_between(
     cluster: Cluster, first: DeviceClass, second: DeviceClass, group_gpus: int
 ) -> tuple[float, float]:
-    """(bandwidth GB/s, latency us) between consecutive pipeline ranks of ``group_gpus`` GPUs
-    each: inside one node when both are of one class and two groups fit in a node (the rank
-    convention puts consecutive pipeline ranks on consecutive GPUs), else between nodes."""
+    """(bandwidth GB/s, latency us) one GPU's send gets between consecutive pipeline ranks of
+    ``group_gpus`` GPUs each: inside one node when both are of one class and two groups fit in
+    a node (the rank convention puts consecutive pipeline ranks on consecutive GPUs), else
+    between nodes, where every GPU of the group sends its own boundary activation in the same
+    schedule slot, so the group's GPUs on one node share that node's bandwidth."""
     if first.index == second.index and 2 * group_gpus <= first.gpus_per_node:
         return first.intra_node_bandwidth_gb_per_s, first.intra_node_latency_us
     bandwidth = cluster.inter_node_bandwidth(set(first.groups) | set(second.groups))
-    return bandwidth, cluster.inter_node_latency_us
+    share = max(
+        node_flows(group_gpus, first.gpus_per_node), node_flows(group_gpus, second.gpus_per_node)
+    )
+    return bandwidth / share, cluster.inter_node_latency_us

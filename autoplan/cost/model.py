@@ -5,9 +5,10 @@ A rank's work per micro-batch is its stages' forward + backward (with recompute 
 all-reduces); the point-to-point sends of each boundary activation to the next stage and of
 its gradient back overlap computation in the steady state and lengthen the fill and drain
 (``autoplan.cost.schedule``). A rank's tail is the part of its gradient all-reduce over
-dp (ring, on the slowest link its dp × tp GPUs span) that the backward of the last
-micro-batch does not hide, plus its optimizer step (memory-bound: reads and writes the
-optimizer states, reads the gradients, writes the weights).
+dp (ring, on the slowest link its dp × tp GPUs span, whose node bandwidth the tp rings
+share) that the backward of the last micro-batch does not hide, plus its optimizer step
+(memory-bound: reads and writes the optimizer states, reads the gradients, writes the
+weights).
 
 Memory of one GPU of a rank = weights + gradients (training dtype) + Adam states (divided by
 dp under ZeRO-1) + saved activations of the micro-batches in flight + the largest transient
@@ -29,7 +30,7 @@ from autoplan.cluster.catalog import peak_tflops
 from autoplan.cluster.schema import Cluster, GpuSpec
 from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, StageChoice
-from autoplan.cost.devices import DeviceClass, device_classes, link_between
+from autoplan.cost.devices import DeviceClass, device_classes, link_between, node_flows
 from autoplan.cost.layers import (
     RECOMPUTE_MODES,
     LayerCost,
@@ -211,7 +212,8 @@ class CostModel:
 
     def dp_allreduce_ms(self, params_per_gpu: float, device_class: int, dp: int, tp: int) -> float:
         """Gradient all-reduce of one rank's parameters over its dp group of one class."""
-        bandwidth, latency = self.classes[device_class].group_link(dp * tp)
+        # One ring per tp index: the tp rings leave each node together (devices.py).
+        bandwidth, latency = self.classes[device_class].group_link(dp * tp, concurrent_flows=tp)
         return ring_allreduce_ms(params_per_gpu * self.dtype_bytes, dp, bandwidth, latency)
 
     def optimizer_ms(self, params_per_gpu: float, device_class: int, dp: int, zero1: bool) -> float:
@@ -407,11 +409,14 @@ class CostModel:
 
     def shared_allreduce_ms(self, params_per_gpu: float, config: PlanConfig) -> float:
         """Gradient all-reduce across replicas on several classes: between nodes, on the
-        slowest link joining their groups."""
+        slowest link joining their groups, whose node bandwidth the tp rings share."""
         names: set[str] = set()
+        flows = 1
         for g in config.replica_groups:
-            names |= set(self.classes[g.device_class].groups)
-        bandwidth = self.cluster.inter_node_bandwidth(names)
+            dc = self.classes[g.device_class]
+            names |= set(dc.groups)
+            flows = max(flows, node_flows(config.tp, dc.gpus_per_node))
+        bandwidth = self.cluster.inter_node_bandwidth(names) / flows
         return ring_allreduce_ms(
             params_per_gpu * self.dtype_bytes,
             config.dp,
