@@ -116,7 +116,40 @@ def test_tied_head_owns_no_parameters_and_totals_add_up() -> None:
     assert profile.model.parameter_count == profile.totals.param_count == 124_439_808
     assert profile.totals.param_bytes == 2 * 124_439_808
     assert profile.totals.forward_flops == sum(layer.forward_flops for layer in profile.layers)
-    assert profile.layers[0].tensor_parallel is None
+    # Vocab-parallel: the embedding's token table splits across tp ranks (its position table
+    # does not); the tied head splits the same table, which it does not own.
+    embed_tp, head_tp = profile.layers[0].tensor_parallel, head.tensor_parallel
+    assert embed_tp is not None and head_tp is not None
+    assert embed_tp.sharded_param_count == 50257 * 768
+    assert head_tp.sharded_param_count == 0
+
+
+def test_vocab_parallel_embedding_and_head() -> None:
+    """Megatron's vocabulary-parallel embedding (all-reduce of its b·s·h output forward) and
+    LM head (column-parallel over the vocabulary: its matmuls, logits and loss split; the
+    input gradient is all-reduced backward), for gpt-tiny (h 32, vocabulary 128, untied)."""
+    b, s, h, vocab = 2, 16, 32, 128
+    profile = profile_model("gpt-tiny", s, b, "bf16")
+    embed, head = profile.layers[0], profile.layers[-1]
+    bsh_bytes = b * s * h * 2
+    assert embed.tensor_parallel is not None and head.tensor_parallel is not None
+    e, o = embed.tensor_parallel, head.tensor_parallel
+    assert e.sharded_param_count == vocab * h
+    assert (e.forward_allreduce_count, e.backward_allreduce_count) == (1, 0)
+    assert e.allreduce_payload_bytes == bsh_bytes
+    assert e.sharded_forward_flops == 0  # a lookup
+    # Its backward writes the table's gradient: V·h bf16 values, of which each rank has 1/t.
+    assert e.sharded_backward_bytes_moved is not None
+    assert e.sharded_backward_bytes_moved >= vocab * h * 2
+    assert o.sharded_param_count == h * vocab  # the output weight (no bias)
+    assert (o.forward_allreduce_count, o.backward_allreduce_count) == (0, 1)
+    assert o.allreduce_payload_bytes == bsh_bytes
+    # 2·b·s·h·V forward (the norm counts no FLOPs), all of it split by vocabulary.
+    assert head.forward_flops == o.sharded_forward_flops == 2 * b * s * h * vocab
+    assert head.backward_flops == o.sharded_backward_flops == 4 * b * s * h * vocab
+    # The logits (and the loss's fp32 copies of them) split; the norm's saved input does not.
+    assert o.sharded_saved_activation_bytes >= b * s * vocab * 2
+    assert head.saved_activation_bytes - o.sharded_saved_activation_bytes >= bsh_bytes
 
 
 def test_profile_round_trips_through_json(tmp_path: Path) -> None:

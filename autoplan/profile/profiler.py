@@ -9,6 +9,7 @@ repeats point at it with ``replica_of``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +31,11 @@ from autoplan.profile.schema import (
     ProfileTotals,
     TensorParallelProfile,
 )
-from autoplan.profile.tensor_parallel import TensorParallelTrace, trace_tensor_parallel
+from autoplan.profile.tensor_parallel import (
+    TensorParallelTrace,
+    sharded_parameters,
+    trace_tensor_parallel,
+)
 from autoplan.profile.tracer import LayerTrace, TensorMeta
 from autoplan.zoo.registry import ModelSpec, get_model_spec
 
@@ -51,7 +56,8 @@ METHOD = (
     "bytes of every non-view aten op (lookups: indices + 2x rows); saved activations: unique "
     "storages packed by saved_tensors_hooks, parameters excluded; selective recompute drops "
     "what only scaled_dot_product_attention saved; tensor parallel: layer re-traced with "
-    "q/k/v/up/gate column- and out/down row-sharded, S = (cost1 - cost_t) t/(t-1)"
+    "q/k/v/up/gate/output column- and out/down row-sharded and the token embedding "
+    "vocab-sharded, S = (cost1 - cost_t) t/(t-1)"
 )
 
 
@@ -272,11 +278,17 @@ def _trace_layers(
             first_seen.setdefault(signature, index)
         trace, tp = traces[index if replica_of is None else replica_of]
         param_count = 0
+        owned: set[int] = set()
         # A parameter shared with an earlier layer (a tied head) is counted where it first is.
         for parameter in layer.module.parameters():
             if id(parameter) not in counted_parameters:
                 counted_parameters.add(id(parameter))
+                owned.add(id(parameter))
                 param_count += parameter.numel()
+        if tp is not None:
+            # Likewise its shard: a tied head's vocab-split weight belongs to the embedding.
+            sharded = sum(p.numel() for p in sharded_parameters(layer.module) if id(p) in owned)
+            tp = dataclasses.replace(tp, sharded_param_count=sharded)
         results.append((trace, tp, replica_of, param_count))
         inputs = [trace.output.make()]
     return results

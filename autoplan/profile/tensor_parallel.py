@@ -1,12 +1,29 @@
 """What Megatron-style tensor parallelism does to a layer, found by running a sharded copy.
 
 The runtime splits the linears named ``q, k, v, up, gate`` by columns and ``out, down`` by rows
-(DTensor ColwiseParallel / RowwiseParallel). Every cost of a layer is then R + S/t for tp degree
-t: a replicated part R (norms, residuals, the inputs of the column-split linears) and a sharded
-part S. Rather than classify ops by hand, the layer is traced a second time with those linears
-swapped for the shapes one rank of degree t holds (what DTensor leaves locally), and
-S = (cost₁ − cost_t) · t / (t − 1). The attention modules infer their local head count from
-the projections' widths, so the sharded copy runs unchanged.
+(DTensor ColwiseParallel / RowwiseParallel), and, as Megatron-LM does, splits the vocabulary:
+the token embedding ``token`` by rows (RowwiseParallel on nn.Embedding: each rank looks up the
+ids in its shard, zeros elsewhere, and the outputs are all-reduced forward) and the LM head's
+``output`` linear by columns (each rank computes its slice of the logits, and the
+cross-entropy runs vocab-parallel on it; the input gradient is all-reduced backward).
+
+Every cost of a layer is then R + S/t for tp degree t: a replicated part R (norms, residuals,
+the inputs of the column-split linears) and a sharded part S. Rather than classify ops by
+hand, the layer is traced a second time with those modules swapped for the shapes one rank of
+degree t holds (what DTensor leaves locally), and S = (cost₁ − cost_t) · t / (t − 1), at most
+the whole cost (a vocabulary t does not divide leaves a rank a little more than 1/t). The attention
+modules infer their local head count from the projections' widths, so the sharded copy runs
+unchanged.
+
+The sharded copy of the head computes the loss on its slice of the logits, which is what a
+vocab-parallel cross-entropy does on each rank: the log-softmax and its gradient over V/t
+columns. Megatron's vocab-parallel cross-entropy adds three all-reduces of b·s fp32 scalars
+(the row max, the sum of exponentials, the target logit); they are not counted: at hidden
+size h they carry h/2 times fewer bytes than the b·s·h input-gradient all-reduce the head
+already counts, and the profile records one payload size per layer. Lookups are charged
+their rows, not their table (``bytes_moved``), so a sharded embedding's forward costs as
+much as a whole one (the masking Megatron adds is a few elementwise ops on the ids, not
+counted); its backward writes a table gradient of V/t rows, which the re-trace captures.
 """
 
 from __future__ import annotations
@@ -21,10 +38,19 @@ from torch import nn
 from autoplan.profile.saved import storage_key
 from autoplan.profile.tracer import LayerTrace, trace_layer
 
-__all__ = ["COLWISE_NAMES", "ROWWISE_NAMES", "TensorParallelTrace", "trace_tensor_parallel"]
+__all__ = [
+    "COLWISE_NAMES",
+    "ROWWISE_NAMES",
+    "VOCAB_EMBEDDING_NAMES",
+    "TensorParallelTrace",
+    "sharded_parameters",
+    "trace_tensor_parallel",
+]
 
-COLWISE_NAMES = frozenset({"q", "k", "v", "up", "gate"})
+# ``output`` is the LM head's projection to the vocabulary: split by columns, i.e. by vocabulary.
+COLWISE_NAMES = frozenset({"q", "k", "v", "up", "gate", "output"})
 ROWWISE_NAMES = frozenset({"out", "down"})
+VOCAB_EMBEDDING_NAMES = frozenset({"token"})
 
 
 @dataclass(frozen=True)
@@ -43,12 +69,28 @@ class TensorParallelTrace:
     backward_allreduce_count: int
 
 
-def _split_linears(layer: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, str]]:
-    found = []
+def _split_linears(layer: nn.Module) -> list[tuple[nn.Module, str, nn.Module, str]]:
+    """The modules tensor parallelism splits: (parent, name, module, style) with style 'col'
+    (linear, output columns), 'row' (linear, input rows) or 'vocab' (embedding table rows)."""
+    found: list[tuple[nn.Module, str, nn.Module, str]] = []
     for parent in layer.modules():
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear) and name in COLWISE_NAMES | ROWWISE_NAMES:
                 found.append((parent, name, child, "col" if name in COLWISE_NAMES else "row"))
+            elif isinstance(child, nn.Embedding) and name in VOCAB_EMBEDDING_NAMES:
+                found.append((parent, name, child, "vocab"))
+    return found
+
+
+def sharded_parameters(layer: nn.Module) -> list[nn.Parameter]:
+    """The parameters of ``layer`` that tensor parallelism splits (row-split biases are
+    replicated, so they are not among them)."""
+    found = []
+    for _parent, _name, module, style in _split_linears(layer):
+        found.append(module.weight)
+        bias = getattr(module, "bias", None)
+        if style == "col" and bias is not None:
+            found.append(bias)
     return found
 
 
@@ -56,22 +98,33 @@ def _split_linears(layer: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, st
 def _sharded(layer: nn.Module, degree: int) -> Iterator[None]:
     """Swap the split linears for one rank's local shapes (built in the current fake mode)."""
     swapped = []
-    for parent, name, linear, style in _split_linears(layer):
-        weight = linear.weight
-        in_features, out_features = linear.in_features, linear.out_features
-        if style == "col":
-            out_features //= degree
+    for parent, name, module, style in _split_linears(layer):
+        weight = module.weight
+        local: nn.Module
+        if style == "vocab":
+            assert isinstance(module, nn.Embedding)
+            local = nn.Embedding(
+                module.num_embeddings // degree,
+                module.embedding_dim,
+                dtype=weight.dtype,
+                device=weight.device,
+            )
         else:
-            in_features //= degree
-        local = nn.Linear(
-            in_features,
-            out_features,
-            bias=linear.bias is not None,
-            dtype=weight.dtype,
-            device=weight.device,
-        )
+            assert isinstance(module, nn.Linear)
+            in_features, out_features = module.in_features, module.out_features
+            if style == "col":
+                out_features //= degree
+            else:
+                in_features //= degree
+            local = nn.Linear(
+                in_features,
+                out_features,
+                bias=module.bias is not None,
+                dtype=weight.dtype,
+                device=weight.device,
+            )
         setattr(parent, name, local)
-        swapped.append((parent, name, linear))
+        swapped.append((parent, name, module))
     try:
         yield
     finally:
@@ -89,13 +142,13 @@ class _Communication:
 def _trace_with_communication(
     layer: nn.Module, inputs: Sequence[torch.Tensor], loss: str | None
 ) -> tuple[LayerTrace, _Communication]:
-    """Trace unsharded while noting what the row-split linears output (all-reduced forward)
-    and which distinct tensors feed the column-split ones (their input gradient is
-    all-reduced backward)."""
+    """Trace unsharded while noting what the row-split linears and the vocab-split
+    embeddings output (all-reduced forward) and which distinct tensors feed the column-split
+    linears (their input gradient is all-reduced backward)."""
     seen = _Communication(colwise_input_keys=set())
     handles = []
     for _parent, _name, linear, style in _split_linears(layer):
-        if style == "row":
+        if style in ("row", "vocab"):
 
             def after(_module: nn.Module, _args: object, output: torch.Tensor) -> None:
                 seen.rowwise_calls += 1
@@ -107,6 +160,11 @@ def _trace_with_communication(
             def before(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
                 assert seen.colwise_input_keys is not None
                 seen.colwise_input_keys.add(storage_key(args[0]))
+                # Its gradient is what is all-reduced backward (the same size as a row-split
+                # output in a block; the only payload of an LM head).
+                seen.payload_bytes = max(
+                    seen.payload_bytes, args[0].numel() * args[0].element_size()
+                )
 
             handles.append(linear.register_forward_pre_hook(before))
     try:
@@ -144,13 +202,11 @@ def trace_tensor_parallel(
         local = trace_layer(layer, fresh_inputs, loss=loss)
 
     def sharded_part(full: int, one_rank: int) -> int:
-        return round((full - one_rank) * degree / (degree - 1))
+        return min(full, round((full - one_rank) * degree / (degree - 1)))
 
-    sharded_params = sum(
-        linear.weight.numel()
-        + (linear.bias.numel() if style == "col" and linear.bias is not None else 0)
-        for _parent, _name, linear, style in linears
-    )
+    # Of a parameter shared with an earlier layer (a tied head) only the owner's count is
+    # kept; the profiler restricts this to the parameters the layer owns.
+    sharded_params = sum(parameter.numel() for parameter in sharded_parameters(layer))
     return whole, TensorParallelTrace(
         emulated_degree=degree,
         sharded_param_count=sharded_params,
