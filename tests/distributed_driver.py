@@ -15,13 +15,16 @@ training.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from autoplan.files import read_json_model, write_json_model
@@ -30,6 +33,7 @@ from autoplan.runtime import trainer as train_module
 from autoplan.runtime.data import training_batches
 from autoplan.runtime.data_parallel import make_optimizer
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
+from autoplan.runtime.tensor_parallel import apply_tensor_parallel
 from autoplan.runtime.trainer import train
 
 STEPS = 2
@@ -53,6 +57,28 @@ def _master_weight_optimizer(
     return MasterWeightAdamW(params, learning_rate, group)
 
 
+def _recording_tensor_parallel(
+    path: Path,
+) -> Callable[[torch.nn.Module, DeviceMesh, int | None], None]:
+    stages: list[dict[str, dict[str, object]]] = []
+
+    def apply(model: torch.nn.Module, tp_mesh: DeviceMesh, divisor: int | None) -> None:
+        apply_tensor_parallel(model, tp_mesh, divisor)
+        first_name: dict[int, str] = {}
+        layout: dict[str, dict[str, object]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            local = param.to_local() if isinstance(param, DTensor) else param
+            layout[name] = {
+                "local_shape": list(local.shape),
+                "placements": str(getattr(param, "placements", "plain")),
+                "same_as": first_name.setdefault(id(param), name),
+            }
+        stages.append(layout)
+        path.write_text(json.dumps(stages, indent=1))
+
+    return apply
+
+
 def main(plans_dir: Path, out_dir: Path) -> None:
     world_size = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
@@ -69,6 +95,9 @@ def main(plans_dir: Path, out_dir: Path) -> None:
         batches = _data_loader(plan) if path.stem.endswith("_dataloader") else None
         train_module.make_optimizer = (
             _master_weight_optimizer if path.stem.endswith("_masterweights") else make_optimizer
+        )
+        train_module.apply_tensor_parallel = _recording_tensor_parallel(
+            target / f"rank{rank}_shards.json"
         )
         report = train(plan, STEPS, batches, on_gradients=save)
         if rank == 0:

@@ -8,7 +8,7 @@ from autoplan.zoo.gpt import GPT, GPTConfig
 
 __all__ = ["mlp_stack", "tied_gpt"]
 
-TIED_GPT = GPTConfig(2, 16, 2, 32, 16, tie_embeddings=True)
+TIED_GPT = GPTConfig(2, 16, 2, 33, 16, tie_embeddings=True)
 
 
 def tied_gpt(batch_size: int = 2, seq_len: int = 8) -> tuple[GPT, torch.Tensor]:

@@ -2,10 +2,14 @@
 training's (AdamW steps included: step 1's gradients follow step 0's update).
 
 One torchrun launch per world size runs all the plans of that size (tests/distributed_driver.py).
+
+Under tensor parallelism the token embedding and the head are split by vocabulary (evenly for
+the zoo's 128 tokens, unevenly for tied_gpt's 33); what each rank holds is checked too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +21,7 @@ import torch
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.report import RunReport
+from autoplan.runtime.tensor_parallel import vocabulary_shard_rows
 from tests.distributed_driver import LOADER_DATA_SEED, STEPS
 from tests.plan_factory import make_plan
 from tests.single_process_reference import reference_training
@@ -66,6 +71,15 @@ def _plans() -> dict[str, Plan]:
         "tied_pp2": make_plan(
             [2, 2], model="tests.runtime_models:tied_gpt", schedule="1f1b", num_micro_batches=2
         ),
+        # Tied embedding and head in one stage under tp 2: one parameter, split unevenly by
+        # vocabulary (33 = 17 + 16 rows), used by the embedding and the head.
+        "tied_tp2": make_plan(
+            [4],
+            model="tests.runtime_models:tied_gpt",
+            tensor_parallel=2,
+            schedule="gpipe",
+            num_micro_batches=2,
+        ),
         # A factory's nn.Sequential (pipeline layers = children), its own input, a sum loss.
         "sequential_pp2_gpipe": make_plan(
             [1, 3], model="tests.runtime_models:mlp_stack", schedule="gpipe", num_micro_batches=2
@@ -98,6 +112,24 @@ def _plans() -> dict[str, Plan]:
         "pp2_tp2": make_plan([2, 4], tensor_parallel=2, schedule="1f1b", num_micro_batches=2),
         "dp2_tp2": make_plan(
             [6], data_parallel=2, tensor_parallel=2, schedule="gpipe", num_micro_batches=2
+        ),
+        # Tied embedding and head in different stages under tp 2: a sharded copy in each,
+        # gradient shards summed across the stages.
+        "tied_pp2_tp2": make_plan(
+            [2, 2],
+            model="tests.runtime_models:tied_gpt",
+            tensor_parallel=2,
+            schedule="1f1b",
+            num_micro_batches=2,
+        ),
+        # FSDP2 over the tied, vocabulary-split parameter shared within one stage.
+        "tied_dp2_tp2": make_plan(
+            [4],
+            model="tests.runtime_models:tied_gpt",
+            data_parallel=2,
+            tensor_parallel=2,
+            schedule="gpipe",
+            num_micro_batches=2,
         ),
         # Llama: grouped-query attention (2 kv heads split over tp 2), RoPE, SwiGLU's gate.
         "llama_pp2_tp2_selective": make_plan(
@@ -164,3 +196,39 @@ def test_distributed_training_equals_single_process(runs: Path, name: str) -> No
         # Every parameter is covered (a tied weight under at least one of its names).
         first_names = {name for name in reference[step] if "head.output" not in name}
         assert first_names <= covered <= set(reference[step]), set(reference[step]) ^ covered
+
+
+VOCAB_WEIGHTS = ("layers.embed.token.weight", "layers.head.output.weight")
+
+
+@pytest.mark.parametrize(
+    "name", [name for name, plan in _plans().items() if plan.parallelism.tensor_parallel_degree > 1]
+)
+def test_tensor_parallel_splits_embedding_and_head_by_vocabulary(runs: Path, name: str) -> None:
+    plan = _plans()[name]
+    tp = plan.parallelism.tensor_parallel_degree
+    _, reference = reference_training(plan, 1)
+    seen: set[str] = set()
+    for entry in plan.rank_map:
+        stages = json.loads((runs / name / f"rank{entry.rank}_shards.json").read_text())
+        for layout in stages:
+            for weight in VOCAB_WEIGHTS:
+                if weight not in layout:
+                    continue
+                seen.add(weight)
+                vocab, hidden = reference[0][weight].shape
+                rows = vocabulary_shard_rows(vocab, tp)[entry.tp_index]
+                assert layout[weight]["local_shape"] == [rows, hidden], (entry.rank, weight)
+                assert layout[weight]["placements"] == "(Shard(dim=0),)", (entry.rank, weight)
+            if all(weight in layout for weight in VOCAB_WEIGHTS) and "tied" in name:
+                # One parameter, sharded once, serves the tied embedding and head.
+                head = layout["layers.head.output.weight"]
+                assert head["same_as"] == "layers.embed.token.weight"
+    assert seen == set(VOCAB_WEIGHTS)
+
+
+def test_vocabulary_shard_rows_follow_torch_chunk() -> None:
+    for vocab, degree in [(128, 2), (33, 2), (50257, 8), (10, 4), (5, 4)]:
+        chunks = [len(chunk) for chunk in torch.arange(vocab).chunk(degree)]
+        expected = chunks + [0] * (degree - len(chunks))
+        assert vocabulary_shard_rows(vocab, degree) == expected

@@ -2,20 +2,40 @@
 
 Both are means over the samples of a batch, so the pipelining schedule's average over
 micro-batches, and the replicas' weighted average, give the mean over the global batch.
+
+With the vocabulary split across the tensor-parallel group (see
+:mod:`autoplan.runtime.tensor_parallel`), the head's logits arrive as a DTensor sharded by
+vocabulary. The cross-entropy then runs under ``torch.distributed.tensor.parallel.loss_parallel``,
+as Megatron-LM's vocab-parallel cross-entropy does: each rank takes the log-softmax of its
+shard with all-reduces of the max and of the sum of exponentials over the group, so the full
+logits are never gathered. loss_parallel must also be active during the backward: the pipeline
+schedule runs forward and backward inside its ``step``, so the trainer enters
+:func:`loss_context` around the whole step (the context only changes the cross-entropy's ops on
+DTensors, nothing else the stages compute).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from autoplan.zoo.registry import LossKind
 
-__all__ = ["LossFunction", "loss_function"]
+__all__ = ["LossFunction", "loss_context", "loss_function"]
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def loss_context(split_vocabulary: bool) -> AbstractContextManager[None]:
+    """What to run a training step's forward and backward in: ``loss_parallel()`` when the
+    logits are split by vocabulary, else nothing."""
+    return loss_parallel() if split_vocabulary else contextlib.nullcontext()
 
 
 def loss_function(kind: LossKind, weight: float = 1.0) -> LossFunction:
@@ -23,18 +43,24 @@ def loss_function(kind: LossKind, weight: float = 1.0) -> LossFunction:
 
     'cross_entropy': mean token cross-entropy of logits against target ids. 'sum': the sum of
     the output per sample, averaged over the samples (targets unused): autoplan does not know a
-    factory model's loss, and the profile assumed a gradient of ones.
+    factory model's loss, and the profile assumed a gradient of ones. Either takes an output
+    sharded by vocabulary (a DTensor) and returns a plain tensor, the same on every tp rank.
     """
 
     def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # Half-precision logits are upcast: a vocabulary's softmax loses too much in 16 bits.
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
-        value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        value = F.cross_entropy(logits.flatten(0, -2), targets.reshape(-1))
+        if isinstance(value, DTensor):  # replicated over tp: every rank holds the whole loss
+            value = value.to_local()
         return value * weight if weight != 1.0 else value
 
     def summed(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        value = output.sum() / output.shape[0]
+        value = output.sum()
+        if isinstance(value, DTensor):  # partial sums of the vocabulary shards: one all-reduce
+            value = value.full_tensor()
+        value = value / output.shape[0]
         return value * weight if weight != 1.0 else value
 
     return cross_entropy if kind == "cross_entropy" else summed

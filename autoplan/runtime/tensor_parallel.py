@@ -1,35 +1,139 @@
-"""Megatron-style tensor parallelism with DTensor: column-split in, row-split out.
+"""Megatron-style tensor parallelism with DTensor: column-split in, row-split out, and the
+vocabulary split across the group.
 
 In each block, the projections that fan out (q, k, v, the MLP's up and gate) are split by
 output columns (``ColwiseParallel``) and the ones that fan back in (attention out, MLP down) by
 input rows (``RowwiseParallel``), so each attention or MLP sub-layer costs one all-reduce forward
-and one backward. Norms, embeddings and the head stay replicated. The zoo's attention reshapes
-with ``view(..., -1, head_dim)``, so it works on the tp-local heads unchanged.
+and one backward. The zoo's attention reshapes with ``view(..., -1, head_dim)``, so it works on
+the tp-local heads unchanged.
+
+The token embedding and the output head are split by vocabulary, as Megatron-LM does: the
+embedding table by rows (``RowwiseParallel`` on ``nn.Embedding``: each rank looks up the ids in
+its rows, zeros elsewhere, and one all-reduce gives every rank the whole embedding), the head by
+output columns (``ColwiseParallel``), its logits left sharded by vocabulary for the cross-entropy
+under ``loss_parallel`` (see :mod:`autoplan.runtime.loss`): the full logits, the largest
+activation of a language model, are never gathered. A head tied to the embedding holds the same
+rows (both are (vocab, hidden) split on dim 0), so one sharded parameter serves both.
+
+The vocabulary is split at every tp degree, whether or not tp divides it: DTensor shards a
+dimension tp does not divide unevenly, as ``torch.chunk`` does (ceil(V / tp) rows on the first
+ranks, fewer on the last), which holds what Megatron's padding of the vocabulary to a multiple
+of tp holds, without changing the model. So GPT-2's 50,257 tokens split over tp 2 as 25,129 and
+25,128 rows, and the vocabulary never limits the tp degree. Norms and position embeddings stay
+replicated.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from autoplan.errors import InputError
 from autoplan.runtime.model_stage import pipeline_layers
 
-__all__ = ["COLUMN_PROJECTIONS", "ROW_PROJECTIONS", "apply_tensor_parallel"]
+__all__ = [
+    "COLUMN_PROJECTIONS",
+    "ROW_PROJECTIONS",
+    "VOCAB_EMBEDDINGS",
+    "VOCAB_HEADS",
+    "apply_tensor_parallel",
+    "vocabulary_shard_rows",
+    "vocabulary_sizes",
+]
 
 # Leaf names of the projections, as the zoo's GPT and Llama blocks (and Hugging Face) name them.
 COLUMN_PROJECTIONS = frozenset(
     {"q", "k", "v", "up", "gate", "q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "w1", "w3"}
 )
 ROW_PROJECTIONS = frozenset({"out", "down", "o", "o_proj", "down_proj", "w2"})
+# Leaf names of the token embedding (nn.Embedding) and of the output head (nn.Linear over the
+# vocabulary), as the zoo (``token``, ``output``) and Hugging Face name them. Position and
+# token-type embeddings have other names and stay replicated.
+VOCAB_EMBEDDINGS = frozenset({"token", "embed_tokens", "wte", "word_embeddings"})
+VOCAB_HEADS = frozenset({"output", "lm_head"})
 
 
-def _tp_plan(layer_name: str, layer: nn.Module, degree: int) -> dict[str, object]:
+def _vocab_modules(layer: nn.Module) -> dict[str, nn.Embedding | nn.Linear]:
+    """The token embeddings and vocabulary heads among ``layer``'s modules, by name."""
+    found: dict[str, nn.Embedding | nn.Linear] = {}
+    for name, module in layer.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        is_embedding = isinstance(module, nn.Embedding) and leaf in VOCAB_EMBEDDINGS
+        if is_embedding or (isinstance(module, nn.Linear) and leaf in VOCAB_HEADS):
+            found[name] = module
+    return found
+
+
+def vocabulary_sizes(model: nn.Module) -> set[int]:
+    """The vocabulary sizes of ``model``'s token embeddings and heads (empty if it has none)."""
+    sizes: set[int] = set()
+    for _, layer in pipeline_layers(model):
+        for module in _vocab_modules(layer).values():
+            sizes.add(
+                module.num_embeddings if isinstance(module, nn.Embedding) else module.out_features
+            )
+    return sizes
+
+
+def vocabulary_shard_rows(vocab_size: int, degree: int) -> list[int]:
+    """Rows of a ``vocab_size`` table each of ``degree`` tp ranks holds (``torch.chunk``'s
+    split, DTensor's ``Shard(0)``): ceil(V / tp) on the first ranks, the rest on the last."""
+    rows = -(-vocab_size // degree)
+    return [max(0, min(rows, vocab_size - rank * rows)) for rank in range(degree)]
+
+
+class _GradientAsWeight(torch.autograd.Function):
+    """Identity on a DTensor weight whose backward gives the gradient the weight's placements.
+
+    DTensor has no row-sharded rule for the embedding's backward: it computes the whole
+    (vocab, hidden) table gradient, replicated, on every tp rank. Left so, that replicated
+    gradient would be what the parameter keeps (tp times the memory Megatron keeps, and FSDP2
+    would reduce-scatter a tensor of the wrong shape). Redistributing Replicate to Shard(0)
+    takes each rank's rows locally, no communication; the whole table gradient is only a
+    transient of the backward.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor) -> torch.Tensor:
+        ctx.placements = weight.placements
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        if isinstance(grad, DTensor) and grad.placements != ctx.placements:
+            grad = grad.redistribute(grad.device_mesh, ctx.placements)
+        return grad
+
+
+def _embedding_forward(module: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    weight = module.weight
+    if isinstance(weight, DTensor):
+        weight = _GradientAsWeight.apply(weight)
+    return F.embedding(
+        ids,
+        weight,
+        module.padding_idx,
+        module.max_norm,
+        module.norm_type,
+        module.scale_grad_by_freq,
+        module.sparse,
+    )
+
+
+def _tp_plan(
+    layer_name: str, layer: nn.Module, degree: int, vocab: dict[str, nn.Embedding | nn.Linear]
+) -> dict[str, object]:
     plan: dict[str, object] = {}
     unknown: list[str] = []
     for name, module in layer.named_modules():
-        if not isinstance(module, nn.Linear):
+        if not isinstance(module, nn.Linear) or name in vocab:
             continue
         leaf = name.rsplit(".", 1)[-1]
         if leaf in COLUMN_PROJECTIONS:
@@ -54,11 +158,59 @@ def _tp_plan(layer_name: str, layer: nn.Module, degree: int) -> dict[str, object
             f"tensor parallelism (known: column {sorted(COLUMN_PROJECTIONS)}, "
             f"row {sorted(ROW_PROJECTIONS)})"
         )
+    for name, module in vocab.items():
+        if isinstance(module, nn.Embedding):
+            # Token ids come replicated; the partial lookups are summed into a replicated output.
+            plan[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        else:
+            # Logits stay a DTensor sharded by vocabulary, for loss_parallel's cross-entropy.
+            plan[name] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     return plan
 
 
+def _parameter_slots(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    slots: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                slots.setdefault(id(param), []).append((module, name))
+    return slots
+
+
+def _retie(slots: dict[int, list[tuple[nn.Module, str]]]) -> None:
+    """Make the modules that shared a parameter before sharding share one again.
+
+    ``parallelize_module`` gives each module a new (DTensor) parameter, so a weight two modules
+    share (the tied embedding and head) would become two parameters with two gradients. Both
+    are split alike, so the first module's sharded parameter is put back in every slot.
+    """
+    for shared in slots.values():
+        if len(shared) < 2:
+            continue
+        params = [getattr(module, name) for module, name in shared]
+        keep = params[0]
+        for (module, name), param in zip(shared[1:], params[1:], strict=True):
+            if param is keep:
+                continue
+            same_layout = (
+                isinstance(keep, DTensor)
+                and isinstance(param, DTensor)
+                and keep.placements == param.placements
+                and keep.shape == param.shape
+            )
+            if not same_layout:
+                raise InputError(
+                    f"a weight shared by {type(shared[0][0]).__name__}.{shared[0][1]} and "
+                    f"{type(module).__name__}.{name} would be split differently by tensor "
+                    f"parallelism ({getattr(keep, 'placements', 'replicated')} vs "
+                    f"{getattr(param, 'placements', 'replicated')})"
+                )
+            setattr(module, name, keep)
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, divisor: int | None) -> None:
-    """Split, in place, every block among ``model``'s pipeline layers over the 1-D ``tp_mesh``.
+    """Split, in place, every block among ``model``'s pipeline layers over the 1-D ``tp_mesh``,
+    and its token embedding and output head by vocabulary.
 
     ``divisor`` is what the degree must divide (the zoo's gcd of attention heads, kv heads and
     MLP width; None when unknown): a kv head cannot be split, even where its width could be.
@@ -69,7 +221,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, divisor: int | 
             f"tensor parallel degree {degree} does not divide the model's heads, kv heads and "
             f"MLP width (their gcd is {divisor})"
         )
+    slots = _parameter_slots(model)
     for layer_name, layer in pipeline_layers(model):
-        plan = _tp_plan(layer_name or type(layer).__name__, layer, degree)
+        vocab = _vocab_modules(layer)
+        plan = _tp_plan(layer_name or type(layer).__name__, layer, degree, vocab)
         if plan:
             parallelize_module(layer, tp_mesh, plan)
+        for module in vocab.values():
+            if isinstance(module, nn.Embedding):
+                # Set on the instance (as recompute does), so parameter names stay unchanged.
+                module.forward = functools.partial(_embedding_forward, module)
+    _retie(slots)

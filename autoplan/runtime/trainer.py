@@ -35,14 +35,18 @@ from autoplan.plan.schema import Plan
 from autoplan.runtime.data import Batch, replica_rows, training_batches
 from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
-from autoplan.runtime.loss import loss_function
+from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.memory import model_state_bytes, peak_memory_bytes
 from autoplan.runtime.mesh import build_mesh, init_distributed
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.model_stage import build_stage_models, pipeline_layers
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.report import RunReport, StepRecord
-from autoplan.runtime.tensor_parallel import apply_tensor_parallel
+from autoplan.runtime.tensor_parallel import (
+    apply_tensor_parallel,
+    vocabulary_shard_rows,
+    vocabulary_sizes,
+)
 from autoplan.runtime.tied_weights import TiedGradientSync
 from autoplan.zoo import get_model_spec
 
@@ -75,14 +79,22 @@ def plan_summary(plan: Plan) -> str:
     )
 
 
+def _meta_model(plan: Plan) -> nn.Module:
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        return get_model_spec(plan.inputs.model.name).build()
+
+
 def check_runnable(plan: Plan) -> None:
     """Refuse, before any process starts work, what the runtime would reject later or run
     wrongly: an unknown model or one of another layer count, a tp degree its heads cannot
-    split into, stage layouts and schedules that torch's pipelining does not take."""
+    split into, stage layouts and schedules that torch's pipelining does not take.
+
+    A tp degree that does not divide the vocabulary is not refused: the embedding and head
+    are then split unevenly (logged here; see ``tensor_parallel``)."""
     par = plan.parallelism
     spec = get_model_spec(plan.inputs.model.name)
-    with torch.device("meta"):  # shapes only: nothing is allocated
-        num_layers = len(pipeline_layers(spec.build()))
+    model = _meta_model(plan)
+    num_layers = len(pipeline_layers(model))
     if num_layers != plan.inputs.model.num_layers:
         raise InputError(
             f"model '{spec.name}' has {num_layers} layers; the plan was made for "
@@ -94,6 +106,17 @@ def check_runnable(plan: Plan) -> None:
             f"tensor parallel degree {par.tensor_parallel_degree} does not divide "
             f"{plan.inputs.model.name}'s heads, kv heads and MLP width (their gcd is {divisor})"
         )
+    tp = par.tensor_parallel_degree
+    for size in sorted(vocabulary_sizes(model)) if tp > 1 else []:
+        if size % tp:
+            logger.info(
+                "tensor parallel degree %d does not divide %s's vocabulary of %d: its token "
+                "embedding and head are split unevenly, %s rows per tp rank",
+                tp,
+                plan.inputs.model.name,
+                size,
+                "/".join(str(rows) for rows in vocabulary_shard_rows(size, tp)),
+            )
     m, stages = par.num_micro_batches, par.num_stages
     previous_end = 0
     for position, stage in enumerate(plan.stages):
@@ -132,6 +155,7 @@ class _RankSetup:
     optimizer: torch.optim.Optimizer | MasterWeightAdamW
     tied: TiedGradientSync
     device: torch.device
+    split_vocabulary: bool
 
 
 def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _RankSetup:
@@ -151,6 +175,9 @@ def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _Rank
         entry,
     )
     spec = get_model_spec(plan.inputs.model.name)
+    # The logits are split by vocabulary when tp is (see tensor_parallel): a model without a
+    # recognised head gets a plain output, which the loss takes either way.
+    split_vocabulary = par.tensor_parallel_degree > 1
 
     pipeline_stages = []
     for stage, model in zip(my_stages, models, strict=True):
@@ -189,6 +216,7 @@ def _setup(plan: Plan, env: LaunchEnv, seed: int, learning_rate: float) -> _Rank
         optimizer=optimizer,
         tied=tied_sync,
         device=device,
+        split_vocabulary=split_vocabulary,
     )
 
 
@@ -275,7 +303,10 @@ def train(
         setup.optimizer.zero_grad(set_to_none=True)
         _synchronize(setup.device)
         started = time.perf_counter()
-        setup.schedule.step(*args, target=target, losses=losses)  # type: ignore[attr-defined]
+        # loss_parallel (vocabulary-split logits) must cover the loss's forward and backward,
+        # both of which run inside the schedule's step.
+        with loss_context(setup.split_vocabulary):
+            setup.schedule.step(*args, target=target, losses=losses)  # type: ignore[attr-defined]
         setup.tied.synchronize()
         _synchronize(setup.device)
         backward_done = time.perf_counter()
