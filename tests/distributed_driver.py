@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from autoplan.files import read_json_model, write_json_model
@@ -32,12 +32,15 @@ from autoplan.plan.schema import Plan
 from autoplan.runtime import trainer as train_module
 from autoplan.runtime.data import training_batches
 from autoplan.runtime.data_parallel import make_optimizer
+from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.tensor_parallel import apply_tensor_parallel
 from autoplan.runtime.trainer import train
 
 STEPS = 2
 LOADER_DATA_SEED = 123  # train()'s own synthetic data uses seed + 1 = 1
+SPLIT_LOSS_SHAPE = (2, 4, 33)  # (batch, seq, vocab): tp 2 holds 17 and 16 columns
+SPLIT_LOSS_WEIGHT = 0.5
 
 
 def _data_loader(plan: Plan) -> DataLoader:
@@ -79,6 +82,27 @@ def _recording_tensor_parallel(
     return apply
 
 
+def split_loss_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 logits and target ids of the vocabulary-split loss check."""
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(SPLIT_LOSS_SHAPE, dtype=torch.float64, generator=generator)
+    targets = torch.randint(0, SPLIT_LOSS_SHAPE[-1], SPLIT_LOSS_SHAPE[:-1], generator=generator)
+    return logits, targets
+
+
+def _check_vocabulary_split_loss(out_dir: Path, world_size: int, rank: int) -> None:
+    logits, targets = split_loss_inputs()
+    mesh = init_device_mesh("cpu", (world_size,))
+    sharded = distribute_tensor(logits, mesh, [Shard(-1)]).requires_grad_()
+    with loss_context(True):
+        loss = loss_function("cross_entropy", SPLIT_LOSS_WEIGHT)(sharded, targets)
+        loss.backward()
+    assert isinstance(sharded.grad, DTensor)
+    gradient = sharded.grad.full_tensor()
+    if rank == 0:
+        torch.save({"loss": loss.detach(), "gradient": gradient}, out_dir / "vocab_split_loss.pt")
+
+
 def main(plans_dir: Path, out_dir: Path) -> None:
     world_size = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
@@ -103,6 +127,8 @@ def main(plans_dir: Path, out_dir: Path) -> None:
         if rank == 0:
             write_json_model(target / "report.json", report)
         dist.barrier()
+    if world_size == 2:
+        _check_vocabulary_split_loss(out_dir, world_size, rank)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -1,9 +1,10 @@
 """The runtime's parts that need no process group: launch vs plan, ties, schedules, shares,
-recompute."""
+recompute, the vocabulary split."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -11,12 +12,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from autoplan.errors import InputError, LaunchMismatchError
 from autoplan.files import write_json_model
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.model_stage import TiedWeight, find_tied_weights
+from autoplan.runtime.tensor_parallel import vocabulary_shard_rows, vocabulary_sizes
 from autoplan.runtime.trainer import check_runnable
 from autoplan.zoo.gpt import GPT, GPTConfig
 from tests.plan_factory import make_plan
@@ -239,3 +242,25 @@ def test_master_weight_adamw_steps_16_bit_weights_through_fp32_masters() -> None
     assert {value.dtype for value in optimizer.state[optimizer.masters[0]].values()} >= {
         torch.float32
     }
+
+
+def test_vocabulary_shard_rows_follow_torch_chunk() -> None:
+    for vocab, degree in [(128, 2), (33, 2), (50257, 8), (10, 4), (5, 4)]:
+        chunks = [len(chunk) for chunk in torch.arange(vocab).chunk(degree)]
+        assert vocabulary_shard_rows(vocab, degree) == chunks + [0] * (degree - len(chunks))
+
+
+def test_vocabulary_tp_does_not_divide_is_split_unevenly_not_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with torch.device("meta"):
+        assert vocabulary_sizes(GPT(GPTConfig(2, 16, 2, 33, 16))) == {33}
+    plan = make_plan([4], model="tests.runtime_models:tied_gpt", tensor_parallel=2)
+    with caplog.at_level(logging.INFO, logger="autoplan.runtime.trainer"):
+        check_runnable(plan)
+    assert "does not divide tests.runtime_models:tied_gpt's vocabulary of 33" in caplog.text
+    assert "17/16 rows per tp rank" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="autoplan.runtime.trainer"):
+        check_runnable(make_plan([6], tensor_parallel=2))  # gpt-tiny: 128 tokens
+    assert "vocabulary" not in caplog.text

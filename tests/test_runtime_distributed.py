@@ -17,12 +17,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.report import RunReport
 from autoplan.runtime.tensor_parallel import vocabulary_shard_rows
-from tests.distributed_driver import LOADER_DATA_SEED, STEPS
+from tests.distributed_driver import (
+    LOADER_DATA_SEED,
+    SPLIT_LOSS_WEIGHT,
+    STEPS,
+    split_loss_inputs,
+)
 from tests.plan_factory import make_plan
 from tests.single_process_reference import reference_training
 
@@ -227,8 +233,13 @@ def test_tensor_parallel_splits_embedding_and_head_by_vocabulary(runs: Path, nam
     assert seen == set(VOCAB_WEIGHTS)
 
 
-def test_vocabulary_shard_rows_follow_torch_chunk() -> None:
-    for vocab, degree in [(128, 2), (33, 2), (50257, 8), (10, 4), (5, 4)]:
-        chunks = [len(chunk) for chunk in torch.arange(vocab).chunk(degree)]
-        expected = chunks + [0] * (degree - len(chunks))
-        assert vocabulary_shard_rows(vocab, degree) == expected
+def test_vocabulary_split_cross_entropy_equals_plain(runs: Path) -> None:
+    """loss_parallel's cross-entropy on logits split unevenly by vocabulary (33 over tp 2)."""
+    logits, targets = split_loss_inputs()
+    logits.requires_grad_()
+    expected = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    (expected * SPLIT_LOSS_WEIGHT).backward()
+    measured = torch.load(runs / "vocab_split_loss.pt")
+    assert abs(measured["loss"].item() - expected.item() * SPLIT_LOSS_WEIGHT) < TOLERANCE
+    assert logits.grad is not None
+    assert (measured["gradient"] - logits.grad).abs().max().item() < TOLERANCE
