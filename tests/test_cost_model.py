@@ -233,3 +233,41 @@ def test_inter_node_bandwidth_is_shared_by_the_flows_leaving_a_node() -> None:
     assert model.send_ms(1e9, 0, 0, 4) == pytest.approx(1e9 / 300e9 * 1e3 + intra)
     # A 16-GPU stage still has only 8 GPUs per node sharing each node's bandwidth.
     assert model.send_ms(1e9, 0, 0, 16) == pytest.approx(1e9 / 12.5e9 * 1e3 + inter)
+
+
+def test_memory_bound_bytes_add_to_the_matmul_time() -> None:
+    spec = gpu("A100-80GB", tflops=300.0, memory_gib=80, bandwidth=2000.0)
+    base = layer(0, flops=10**12, params=10**6, saved=10**6, output=10**6)
+    # Forward: 1e12 FLOPs at 300 TF/s × 0.5 = 6.667 ms; 2 GB moved by memory-bound ops at
+    # 2000 GB/s × 0.8 = 1.25 ms more (the other bytes are the matmuls', under their FLOPs).
+    # Tensor parallel 2 shards half the memory-bound bytes: 1.5 GB, 0.9375 ms.
+    split = base.model_copy(
+        update={
+            "forward_bytes_moved": 3 * 10**9,
+            "forward_memory_bound_bytes": 2 * 10**9,
+            "backward_bytes_moved": 6 * 10**9,
+            "backward_memory_bound_bytes": 4 * 10**9,
+            "tensor_parallel": base.tensor_parallel.model_copy(
+                update={
+                    "sharded_forward_memory_bound_bytes": 10**9,
+                    "sharded_backward_memory_bound_bytes": 2 * 10**9,
+                    "sharded_forward_bytes_moved": 2 * 10**9,
+                    "sharded_backward_bytes_moved": 4 * 10**9,
+                }
+            ),
+        }
+    )
+    forward, backward = layer_time_ms(split, spec, "bf16", 1, 1)
+    assert forward == pytest.approx(1e12 / 150e12 * 1e3 + 2e9 / 1600e9 * 1e3)
+    assert backward == pytest.approx(2e12 / 150e12 * 1e3 + 4e9 / 1600e9 * 1e3)
+    forward_tp2, _ = layer_time_ms(split, spec, "bf16", 2, 1)
+    assert forward_tp2 == pytest.approx(0.5e12 / 150e12 * 1e3 + 1.5e9 / 1600e9 * 1e3)
+    # Matmuls whose own traffic exceeds their FLOPs' time are bounded by it: 10 GB of
+    # matmul bytes take 5 ms > 1 ms of FLOPs, plus the 2 GB memory-bound.
+    slow = split.model_copy(
+        update={"forward_flops": 150 * 10**9, "forward_bytes_moved": 12 * 10**9}
+    )
+    assert layer_time_ms(slow, spec, "bf16", 1, 1)[0] == pytest.approx(5.0 + 1.25)
+    # A profile without the split keeps the whole-layer roofline (max, not sum).
+    assert base.forward_memory_bound_bytes is None
+    assert layer_time_ms(base, spec, "bf16", 1, 1)[0] == pytest.approx(1e12 / 150e12 * 1e3)

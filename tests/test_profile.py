@@ -15,9 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autoplan.errors import InputError
 from autoplan.files import read_json_model, write_json_model
+from autoplan.profile.bytes_moved import BytesMovedMode
 from autoplan.profile.live_memory import bytes_held_after
 from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import Profile
@@ -250,3 +252,33 @@ def test_shipped_reference_profile_is_current() -> None:
     `autoplan profile MODEL --seq S -o profiles/MODEL.profile.json` when this fails)."""
     shipped = read_json_model(REFERENCE / "gpt2-small.profile.json", Profile)
     assert shipped == profile_model("gpt2-small", shipped.seq_len, shipped.micro_batch_size)
+
+
+def test_memory_bound_bytes_are_those_of_non_matmul_ops() -> None:
+    """x (4×8) @ w (8×16) then relu, fp32: the matmul reads 32 + 128 and writes 64 values
+    (not memory-bound); relu reads and writes 64 values (memory-bound)."""
+    with FakeTensorMode():
+        x, w = torch.empty(4, 8), torch.empty(8, 16)
+        moved = BytesMovedMode()
+        with moved:
+            torch.relu(torch.mm(x, w))
+    assert moved.bytes_by_phase["forward"] == (32 + 128 + 64 + 2 * 64) * 4
+    assert moved.memory_bound_bytes_by_phase["forward"] == 2 * 64 * 4
+
+
+def test_profile_records_memory_bound_bytes_per_pass() -> None:
+    profile = profile_model("gpt-tiny", 16, 2, "bf16")
+    block = profile.layers[1]
+    for total, part in (
+        (block.forward_bytes_moved, block.forward_memory_bound_bytes),
+        (block.backward_bytes_moved, block.backward_memory_bound_bytes),
+    ):
+        assert part is not None and 0 < part < total
+    # Two LayerNorms read and write b·s·h bf16 values at least: 2 × 2 × b·s·h × 2 bytes.
+    assert block.forward_memory_bound_bytes >= 8 * 2 * 16 * 32
+    tp = block.tensor_parallel
+    assert tp is not None and tp.sharded_forward_memory_bound_bytes is not None
+    assert 0 < tp.sharded_forward_memory_bound_bytes < block.forward_memory_bound_bytes
+    # The embedding is all lookups and adds: every byte it moves is memory-bound.
+    embed = profile.layers[0]
+    assert embed.forward_memory_bound_bytes == embed.forward_bytes_moved

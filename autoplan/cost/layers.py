@@ -5,8 +5,14 @@ device; figures that scale with the batch (FLOPs, bytes moved, activations, all-
 payloads) scale linearly to the micro-batch size considered; parameters do not.
 
 Time of a pass: the profile's measured time on this GPU type when it has one (matched by name,
-scaled to the micro-batch and divided by tp), else the roofline
-max(FLOPs / (peak × efficiency), bytes moved / memory bandwidth). Tensor parallelism of degree
+scaled to the micro-batch and divided by tp), else the matmul-class ops' roofline
+max(FLOPs / (peak × efficiency), their bytes / memory bandwidth) PLUS the memory-bound ops'
+bytes / (memory bandwidth × ``MEMORY_BANDWIDTH_EFFICIENCY``): elementwise, normalisation,
+softmax and loss kernels run one after another with the matmuls, not under them, and their
+traffic grows with h while the matmuls' work grows with h², so at small hidden sizes they are
+a visible share of a layer's time. Profiles made before the memory-bound bytes were recorded
+get the old whole-layer roofline max(FLOPs / (peak × efficiency), bytes / bandwidth).
+Tensor parallelism of degree
 t divides a splittable layer's FLOPs, bytes and sharded parameters/activations by t and adds
 its all-reduces (ring, on the intra-node link); a layer with no tensor-parallel profile is
 replicated on every tp rank.
@@ -22,6 +28,7 @@ from autoplan.cost.comm import ring_allreduce_ms
 from autoplan.profile.schema import LayerProfile, MeasuredTimes
 
 __all__ = [
+    "MEMORY_BANDWIDTH_EFFICIENCY",
     "RECOMPUTE_MODES",
     "LayerCost",
     "layer_cost",
@@ -31,6 +38,12 @@ __all__ = [
 ]
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+
+# The fraction of the datasheet memory bandwidth that memory-bound kernels (elementwise, norms,
+# softmax, copies) reach: streaming kernels on A100/H100 HBM measure about 80-90% of the
+# datasheet figure (NVIDIA's BabelStream/STREAM-style results); 0.8 takes the low end, since
+# PyTorch's unfused kernels are shorter and less regular than a stream benchmark's.
+MEMORY_BANDWIDTH_EFFICIENCY = 0.8
 
 
 def _tokens(name: str) -> list[str]:
@@ -90,10 +103,24 @@ class LayerCost:
         return base
 
 
-def _pass_ms(flops: float, bytes_moved: float, gpu: GpuSpec, peak_tflops: float, eff: float):
+def _pass_ms(
+    flops: float,
+    bytes_moved: float,
+    memory_bound_bytes: float | None,
+    gpu: GpuSpec,
+    peak_tflops: float,
+    eff: float,
+) -> float:
+    """One pass: the matmuls' roofline plus the memory-bound ops' traffic time (module
+    docstring); without a memory-bound split, the whole layer's roofline."""
+    bandwidth = gpu.memory_bandwidth_gb_per_s * 1e9
     compute_s = flops / (peak_tflops * 1e12 * eff) if flops else 0.0
-    memory_s = bytes_moved / (gpu.memory_bandwidth_gb_per_s * 1e9) if bytes_moved else 0.0
-    return max(compute_s, memory_s) * 1e3
+    if memory_bound_bytes is None:
+        return max(compute_s, bytes_moved / bandwidth) * 1e3
+    matmul_bytes = max(0.0, bytes_moved - memory_bound_bytes)
+    matmul_s = max(compute_s, matmul_bytes / bandwidth)
+    memory_bound_s = memory_bound_bytes / (bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+    return (matmul_s + memory_bound_s) * 1e3
 
 
 def layer_cost(
@@ -131,6 +158,17 @@ def layer_cost(
     backward_bytes = per_gpu(
         layer.backward_bytes_moved, tpp.sharded_backward_bytes_moved if tpp else None
     )
+
+    def memory_bound(total: int | None, sharded: int | None) -> float | None:
+        return None if total is None else per_gpu(total, sharded)
+
+    forward_memory_bound = memory_bound(
+        layer.forward_memory_bound_bytes, tpp.sharded_forward_memory_bound_bytes if tpp else None
+    )
+    backward_memory_bound = memory_bound(
+        layer.backward_memory_bound_bytes,
+        tpp.sharded_backward_memory_bound_bytes if tpp else None,
+    )
     measured = _measured(layer, gpu)
     if measured is not None:
         # Measured on one device: scale by the share of the work one tp rank keeps.
@@ -141,8 +179,22 @@ def layer_cost(
         forward = measured.forward_ms * scale * forward_share
         backward = measured.backward_ms * scale * backward_share
     else:
-        forward = _pass_ms(forward_flops * scale, forward_bytes * scale, gpu, peak_tflops, eff)
-        backward = _pass_ms(backward_flops * scale, backward_bytes * scale, gpu, peak_tflops, eff)
+        forward = _pass_ms(
+            forward_flops * scale,
+            forward_bytes * scale,
+            None if forward_memory_bound is None else forward_memory_bound * scale,
+            gpu,
+            peak_tflops,
+            eff,
+        )
+        backward = _pass_ms(
+            backward_flops * scale,
+            backward_bytes * scale,
+            None if backward_memory_bound is None else backward_memory_bound * scale,
+            gpu,
+            peak_tflops,
+            eff,
+        )
     selective = (
         forward * layer.selective_recompute_flops / layer.forward_flops
         if (layer.forward_flops)

@@ -8,6 +8,11 @@ Lookups (embedding, index_select, gather) read only the rows they return, not th
 table: they are charged the indices plus twice the output (rows read, rows written). Ops that
 return no tensor (metadata queries such as ``prim.device``) and ``_unsafe_view`` (a reshape
 that shares its input's storage though its schema does not say so) move nothing.
+
+The bytes of ops that are not matmul-class (everything but mm/bmm/addmm/baddbmm/linear,
+convolutions and the fused attention kernels, forward and backward) are also summed apart:
+elementwise, normalisation, softmax, loss, copies and lookups, whose time is their traffic
+(their FLOPs are not counted, and their work grows with h while the matmuls' grows with h²).
 """
 
 from __future__ import annotations
@@ -25,6 +30,33 @@ Phase = Literal["forward", "backward"]
 _aten = torch.ops.aten
 _LOOKUPS = {_aten.embedding.default, _aten.index_select.default, _aten.gather.default}
 _FREE = {_aten._unsafe_view.default}
+# Ops whose time is their FLOPs (compute-bound on tensor cores); every other op is memory-bound.
+_MATMUL_CLASS = {
+    getattr(_aten, name)
+    for name in (
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "addbmm",
+        "linear",
+        "convolution",
+        "convolution_backward",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_cudnn_attention_backward",
+        "_flash_attention_forward",
+        "_flash_attention_backward",
+        "_efficient_attention_forward",
+        "_efficient_attention_backward",
+    )
+    if hasattr(_aten, name)
+}
 
 
 def _tensor_bytes(tree: Any) -> int:
@@ -36,12 +68,14 @@ def _tensor_bytes(tree: Any) -> int:
 
 
 class BytesMovedMode(TorchDispatchMode):
-    """Sums input + output tensor bytes of every non-view aten op, per phase."""
+    """Sums input + output tensor bytes of every non-view aten op, per phase, and apart those
+    of the memory-bound (not matmul-class) ops."""
 
     def __init__(self) -> None:
         super().__init__()
         self.phase: Phase = "forward"
         self.bytes_by_phase: dict[Phase, int] = {"forward": 0, "backward": 0}
+        self.memory_bound_bytes_by_phase: dict[Phase, int] = {"forward": 0, "backward": 0}
         self.paused = False
         """While True nothing is charged (e.g. creating the gradient a stage would receive)."""
 
@@ -52,7 +86,12 @@ class BytesMovedMode(TorchDispatchMode):
             return out
         if func in _LOOKUPS:
             indices = [arg for arg in args[1:] if isinstance(arg, torch.Tensor)]
-            self.bytes_by_phase[self.phase] += _tensor_bytes(indices) + 2 * _tensor_bytes(out)
+            moved = _tensor_bytes(indices) + 2 * _tensor_bytes(out)
         elif not func.is_view:
-            self.bytes_by_phase[self.phase] += _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+            moved = _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+        else:
+            return out
+        self.bytes_by_phase[self.phase] += moved
+        if func.overloadpacket not in _MATMUL_CLASS:
+            self.memory_bound_bytes_by_phase[self.phase] += moved
         return out

@@ -53,7 +53,8 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 METHOD = (
     "FakeTensorMode on CPU (flash-attention kernel); FLOPs: FlopCounterMode with the CPU "
     "flash-attention formulas, backward = (forward+backward) - forward; bytes moved: input+output "
-    "bytes of every non-view aten op (lookups: indices + 2x rows); saved activations: unique "
+    "bytes of every non-view aten op (lookups: indices + 2x rows), those of non-matmul ops "
+    "also apart (memory-bound); saved activations: unique "
     "storages packed by saved_tensors_hooks, parameters excluded; selective recompute drops "
     "what only scaled_dot_product_attention saved; tensor parallel: layer re-traced with "
     "q/k/v/up/gate/output column- and out/down row-sharded and the token embedding "
@@ -142,6 +143,8 @@ def _tensor_parallel_profile(tp: TensorParallelTrace, divisor: int) -> TensorPar
         sharded_backward_flops=tp.sharded_backward_flops,
         sharded_forward_bytes_moved=tp.sharded_forward_bytes_moved,
         sharded_backward_bytes_moved=tp.sharded_backward_bytes_moved,
+        sharded_forward_memory_bound_bytes=tp.sharded_forward_memory_bound_bytes,
+        sharded_backward_memory_bound_bytes=tp.sharded_backward_memory_bound_bytes,
     )
 
 
@@ -218,6 +221,8 @@ def profile_model(
                 backward_flops=trace.backward_flops,
                 forward_bytes_moved=trace.forward_bytes_moved,
                 backward_bytes_moved=trace.backward_bytes_moved,
+                forward_memory_bound_bytes=trace.forward_memory_bound_bytes,
+                backward_memory_bound_bytes=trace.backward_memory_bound_bytes,
                 param_count=param_count,
                 param_bytes=param_count * torch_dtype.itemsize,
                 saved_activation_bytes=trace.saved_activation_bytes,

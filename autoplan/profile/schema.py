@@ -77,6 +77,16 @@ class TensorParallelProfile(_Strict):
     sharded_backward_bytes_moved: int | None = Field(
         default=None, ge=0, description="Part of `backward_bytes_moved` that splits across tp."
     )
+    sharded_forward_memory_bound_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Part of `forward_memory_bound_bytes` that splits across the tp group.",
+    )
+    sharded_backward_memory_bound_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Part of `backward_memory_bound_bytes` that splits across the tp group.",
+    )
 
 
 class MeasuredTimes(_Strict):
@@ -100,6 +110,18 @@ class LayerProfile(_Strict):
         ge=0, description="Bytes read and written by forward ops (roofline memory term)."
     )
     backward_bytes_moved: int = Field(ge=0, description="Bytes read and written by backward ops.")
+    forward_memory_bound_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Part of `forward_bytes_moved` moved by ops that are not matmul-class "
+        "(elementwise, norms, softmax, loss, copies, lookups): timed by memory bandwidth, on "
+        "top of the matmuls' time. None in profiles made before it was recorded.",
+    )
+    backward_memory_bound_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Part of `backward_bytes_moved` moved by ops that are not matmul-class.",
+    )
     param_count: int = Field(ge=0, description="Parameters owned by this layer.")
     param_bytes: int = Field(ge=0, description="Bytes of those parameters in `dtype`.")
     saved_activation_bytes: int = Field(

@@ -63,6 +63,8 @@ class TensorParallelTrace:
     sharded_backward_flops: int
     sharded_forward_bytes_moved: int
     sharded_backward_bytes_moved: int
+    sharded_forward_memory_bound_bytes: int
+    sharded_backward_memory_bound_bytes: int
     sharded_saved_activation_bytes: int
     allreduce_payload_bytes: int
     forward_allreduce_count: int
@@ -217,6 +219,12 @@ def trace_tensor_parallel(
         ),
         sharded_backward_bytes_moved=sharded_part(
             whole.backward_bytes_moved, local.backward_bytes_moved
+        ),
+        sharded_forward_memory_bound_bytes=sharded_part(
+            whole.forward_memory_bound_bytes, local.forward_memory_bound_bytes
+        ),
+        sharded_backward_memory_bound_bytes=sharded_part(
+            whole.backward_memory_bound_bytes, local.backward_memory_bound_bytes
         ),
         sharded_saved_activation_bytes=sharded_part(
             whole.saved_activation_bytes, local.saved_activation_bytes

@@ -45,6 +45,8 @@ class LayerTrace:
     backward_flops: int
     forward_bytes_moved: int
     backward_bytes_moved: int
+    forward_memory_bound_bytes: int
+    backward_memory_bound_bytes: int
     saved_activation_bytes: int
     selective_recompute_saved_bytes: int
     selective_recompute_flops: int
@@ -104,6 +106,8 @@ def trace_layer(
         backward_flops=backward_flops,
         forward_bytes_moved=moved.bytes_by_phase["forward"],
         backward_bytes_moved=moved.bytes_by_phase["backward"],
+        forward_memory_bound_bytes=moved.memory_bound_bytes_by_phase["forward"],
+        backward_memory_bound_bytes=moved.memory_bound_bytes_by_phase["backward"],
         saved_activation_bytes=saved,
         selective_recompute_saved_bytes=min(saved, tracker.selective_recompute_saved_bytes),
         selective_recompute_flops=tracker.core_forward_flops,
