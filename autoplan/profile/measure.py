@@ -21,6 +21,7 @@ from autoplan.errors import InputError
 from autoplan.profile.layers import pipeline_layers
 from autoplan.profile.schema import MeasuredTimes
 from autoplan.profile.tracer import loss_of
+from autoplan.zoo.dtypes import default_dtype
 from autoplan.zoo.registry import ModelSpec
 
 __all__ = ["device_name", "free_memory_bytes", "measure_layers"]
@@ -117,13 +118,8 @@ def measure_layers(
             "is free; profile without --measure"
         )
     # Built directly on the device in the training dtype: no full-precision host copy first.
-    previous_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model, example = spec.build_with_input(micro_batch_size, seq_len)
-    finally:
-        torch.set_default_dtype(previous_dtype)
+    with default_dtype(dtype), torch.device(device):
+        model, example = spec.build_with_input(micro_batch_size, seq_len)
     model = model.to(device=device, dtype=dtype)
     layers, _ = pipeline_layers(model)
     items = list(example) if isinstance(example, tuple | list) else [example]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -37,18 +35,12 @@ from autoplan.profile.tensor_parallel import (
     trace_tensor_parallel,
 )
 from autoplan.profile.tracer import LayerTrace, TensorMeta
+from autoplan.zoo.dtypes import default_dtype, torch_dtype
 from autoplan.zoo.registry import ModelSpec, get_model_spec
 
-__all__ = ["TORCH_DTYPES", "profile_model"]
+__all__ = ["profile_model"]
 
 logger = logging.getLogger(__name__)
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "fp64": torch.float64,
-}
 
 METHOD = (
     "FakeTensorMode on CPU (flash-attention kernel); FLOPs: FlopCounterMode with the CPU "
@@ -72,16 +64,6 @@ def _check_sizes(spec: ModelSpec, seq_len: int, micro_batch_size: int) -> None:
             f"sequence length {seq_len} exceeds {spec.name}'s maximum of {spec.max_seq_len} "
             "positions"
         )
-
-
-@contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def _cast_floating_parameters(model: nn.Module, dtype: torch.dtype) -> None:
@@ -164,16 +146,14 @@ def profile_model(
     ``replicate=False`` traces every layer even when identical to an earlier one.
     ``measure=True`` also times the real model on the local device (CUDA if present).
     """
-    if dtype not in TORCH_DTYPES:
-        raise InputError(f"dtype '{dtype}' is not one of {', '.join(TORCH_DTYPES)}")
     spec = get_model_spec(model_name)
     _check_sizes(spec, seq_len, micro_batch_size)
-    torch_dtype = TORCH_DTYPES[dtype]
+    torch_type = torch_dtype(dtype)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with _default_dtype(torch_dtype), fake_mode:
+    with default_dtype(torch_type), fake_mode:
         model, example = spec.build_with_input(micro_batch_size, seq_len)
-        _cast_floating_parameters(model, torch_dtype)
-        inputs = _as_fake_inputs(example, fake_mode, torch_dtype)
+        _cast_floating_parameters(model, torch_type)
+        inputs = _as_fake_inputs(example, fake_mode, torch_type)
         # Checked before tracing, which is the slow part for a big factory model.
         input_note = (
             _check_factory_input(spec.name, inputs, micro_batch_size)
@@ -201,9 +181,9 @@ def profile_model(
             spec,
             seq_len,
             micro_batch_size,
-            torch_dtype,
+            torch_type,
             profiled_indices=profiled,
-            needed_bytes=_measure_memory_estimate(results, torch_dtype),
+            needed_bytes=_measure_memory_estimate(results, torch_type),
             repeats=measure_repeats,
             warmup=measure_warmup,
         )
@@ -224,7 +204,7 @@ def profile_model(
                 forward_memory_bound_bytes=trace.forward_memory_bound_bytes,
                 backward_memory_bound_bytes=trace.backward_memory_bound_bytes,
                 param_count=param_count,
-                param_bytes=param_count * torch_dtype.itemsize,
+                param_bytes=param_count * torch_type.itemsize,
                 saved_activation_bytes=trace.saved_activation_bytes,
                 selective_recompute_saved_bytes=trace.selective_recompute_saved_bytes,
                 selective_recompute_flops=trace.selective_recompute_flops,
@@ -251,7 +231,7 @@ def profile_model(
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,
         dtype=dtype,
-        dtype_bytes=torch_dtype.itemsize,
+        dtype_bytes=torch_type.itemsize,
         layers=layer_profiles,
         totals=_totals(layer_profiles),
         profiled_layer_indices=profiled,

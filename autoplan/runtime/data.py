@@ -8,8 +8,8 @@ import torch
 
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan
-from autoplan.runtime.model_stage import torch_dtype
 from autoplan.zoo import get_model_spec
+from autoplan.zoo.dtypes import torch_dtype
 
 __all__ = ["Batch", "replica_rows", "synthetic_batches", "training_batches"]
 

@@ -14,9 +14,7 @@ Weights shared by layers of different stages (tied embeddings) become one copy p
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -25,47 +23,16 @@ from torch import nn
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, Stage
 from autoplan.zoo import LayeredModel, get_model_spec, keep_layers
+from autoplan.zoo.dtypes import default_dtype, torch_dtype
 
 __all__ = [
-    "DTYPES",
     "TiedWeight",
     "build_full_model",
     "build_stage_models",
     "find_tied_weights",
     "keep_stage_layers",
     "pipeline_layers",
-    "torch_dtype",
 ]
-
-DTYPES: dict[str, torch.dtype] = {
-    "fp64": torch.float64,
-    "float64": torch.float64,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "tf32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a plan's dtype string ('fp64', 'bf16', ...)."""
-    try:
-        return DTYPES[name.lower()]
-    except KeyError:
-        raise InputError(f"dtype '{name}' is not one of {', '.join(sorted(DTYPES))}") from None
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def build_full_model(model_name: str, dtype: str, seed: int) -> nn.Module:
@@ -74,7 +41,7 @@ def build_full_model(model_name: str, dtype: str, seed: int) -> nn.Module:
     torch_type = torch_dtype(dtype)
     torch.manual_seed(seed)
     # Building under the default dtype allocates the weights once, in the training dtype.
-    with _default_dtype(torch_type if torch_type.is_floating_point else torch.float32):
+    with default_dtype(torch_type if torch_type.is_floating_point else torch.float32):
         model = spec.build()
     return model.to(torch_type)
 
