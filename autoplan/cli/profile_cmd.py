@@ -76,15 +76,31 @@ def profile(
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Profile to write.")
     ] = _DEFAULT_OUTPUT,
+    attention: Annotated[
+        str,
+        typer.Option(
+            "--attention",
+            help="Attention kernel to trace: flash (fused, as autoplan's runtime runs SDPA) or "
+            "math (unfused QKᵀ, softmax over s×s, ·V, as Megatron-LM 2021 ran it).",
+        ),
+    ] = "flash",
 ) -> None:
     """Profile a model per layer (FLOPs, bytes, parameters, activations) without allocating it."""
     # torch is imported here, not at module level: `autoplan solve` loads every command module
     # and must start without torch.
+    from autoplan.profile.attention import AttentionKernel
     from autoplan.profile.profiler import profile_model
 
     dtype_name: DType = dtype  # type: ignore[assignment]  # checked by profile_model
+    kernel: AttentionKernel = attention  # type: ignore[assignment]  # checked by profile_model
     result = profile_model(
-        model, seq, micro_batch, dtype_name, measure=measure, replicate=not all_layers
+        model,
+        seq,
+        micro_batch,
+        dtype_name,
+        measure=measure,
+        replicate=not all_layers,
+        attention=kernel,
     )
     write_json_model(output, result)
     console = _console()

@@ -2,7 +2,8 @@
 
 The model is built under ``FakeTensorMode`` (parameters carry shapes and dtypes, no memory), so
 a 70B model profiles on a laptop. Fake tensors live on the CPU device, so attention takes the
-CPU flash kernel: what is saved for backward matches a fused kernel, not the s×s math path.
+CPU flash kernel: what is saved for backward matches a fused kernel, not the s×s math path
+(``attention='math'`` traces that instead: :mod:`autoplan.profile.attention`).
 Each distinct layer (same structure, parameter shapes and input) is traced once; identical
 repeats point at it with ``replica_of``.
 """
@@ -18,6 +19,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autoplan.errors import InputError
+from autoplan.profile.attention import ATTENTION_KERNELS, AttentionKernel, UnfusedAttentionMode
 from autoplan.profile.layers import PipelineLayer, pipeline_layers
 from autoplan.profile.measure import measure_layers
 from autoplan.profile.schema import (
@@ -51,6 +53,11 @@ METHOD = (
     "what only scaled_dot_product_attention saved; tensor parallel: layer re-traced with "
     "q/k/v/up/gate/output column- and out/down row-sharded and the token embedding "
     "vocab-sharded, S = (cost1 - cost_t) t/(t-1)"
+)
+
+METHOD_MATH_ATTENTION = METHOD.replace(
+    "(flash-attention kernel)",
+    "(attention unfused: QKᵀ baddbmm, softmax over s×s in the training dtype, ·V bmm)",
 )
 
 
@@ -140,12 +147,21 @@ def profile_model(
     replicate: bool = True,
     measure_repeats: int = 5,
     measure_warmup: int = 2,
+    attention: AttentionKernel = "flash",
 ) -> Profile:
     """Profile ``model_name`` (zoo name or 'package.module:factory') per layer.
+
+    ``attention='math'`` traces attention unfused (QKᵀ, softmax over s×s, ·V in the training
+    dtype, as Megatron-LM 2021 ran it; see :mod:`autoplan.profile.attention`) instead of the
+    flash kernel; ``measure`` times the real model with its own kernel either way.
 
     ``replicate=False`` traces every layer even when identical to an earlier one.
     ``measure=True`` also times the real model on the local device (CUDA if present).
     """
+    if attention not in ATTENTION_KERNELS:
+        raise InputError(
+            f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}"
+        )
     spec = get_model_spec(model_name)
     _check_sizes(spec, seq_len, micro_batch_size)
     torch_type = torch_dtype(dtype)
@@ -161,7 +177,11 @@ def profile_model(
             else None
         )
         layers, layering_note = pipeline_layers(model)
-        results = _trace_layers(spec, layers, inputs, replicate)
+        if attention == "math":
+            with UnfusedAttentionMode():
+                results = _trace_layers(spec, layers, inputs, replicate)
+        else:
+            results = _trace_layers(spec, layers, inputs, replicate)
     notes = [layering_note] if input_note is None else [layering_note, input_note]
     profiled = [index for index, (_, _, replica_of, _) in enumerate(results) if replica_of is None]
     replicas = len(layers) - len(profiled)
@@ -235,7 +255,8 @@ def profile_model(
         layers=layer_profiles,
         totals=_totals(layer_profiles),
         profiled_layer_indices=profiled,
-        method=METHOD,
+        method=METHOD if attention == "flash" else METHOD_MATH_ATTENTION,
+        attention_kernel=attention,
         notes=notes,
     )
 

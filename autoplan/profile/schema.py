@@ -189,6 +189,11 @@ class Profile(_Strict):
         default_factory=list,
         description="What a reader should know: how layers were found, which were replicated.",
     )
+    attention_kernel: Literal["flash", "math"] = Field(
+        default="flash",
+        description="Attention traced: 'flash' (fused, no s×s scores in memory) or 'math' "
+        "(unfused QKᵀ, softmax over s×s, ·V). Profiles written before the field are flash.",
+    )
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Profile:
