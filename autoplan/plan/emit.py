@@ -6,7 +6,7 @@ from typing import Literal
 
 from autoplan.cluster.schema import Node
 from autoplan.cost.config import PlanConfig
-from autoplan.cost.model import CostModel, PlanCost
+from autoplan.cost.model import CostModel, PlanCost, RankMemory
 from autoplan.plan.ranks import NodeSlice, build_rank_map
 from autoplan.plan.schema import (
     Alternative,
@@ -35,6 +35,25 @@ def model_flops_per_iteration(model: CostModel, global_batch_size: int) -> float
     profile = model.profile
     per_micro = sum(layer.forward_flops + layer.backward_flops for layer in profile.layers)
     return per_micro / profile.micro_batch_size * global_batch_size
+
+
+def _memory_estimate(mem: RankMemory) -> MemoryEstimate:
+    """Whole bytes per category; the total is the sum of the rounded parts, so that it adds up
+    exactly (rounding the float total separately can differ by a byte)."""
+    parts = {
+        "weights_bytes": round(mem.weights_bytes),
+        "gradients_bytes": round(mem.gradients_bytes),
+        "optimizer_bytes": round(mem.optimizer_bytes),
+        "activations_bytes": round(mem.activations_bytes),
+        "transient_bytes": round(mem.transient_bytes),
+    }
+    return MemoryEstimate(
+        pipeline_rank=mem.pipeline_rank,
+        gpu_type=mem.gpu_type,
+        total_bytes=sum(parts.values()),
+        capacity_bytes=mem.capacity_bytes,
+        **parts,
+    )
 
 
 def _take(cursor: dict[str, int], nodes: list[Node], gpus: int, tp: int) -> list[NodeSlice]:
@@ -171,20 +190,7 @@ def emit_plan(
         ],
         dp_allreduce_ms=_round(cost.dp_allreduce_ms),
         rank_dp_allreduce_ms=[_round(value) for value in cost.rank_allreduce_ms],
-        memory=[
-            MemoryEstimate(
-                pipeline_rank=mem.pipeline_rank,
-                gpu_type=mem.gpu_type,
-                weights_bytes=round(mem.weights_bytes),
-                gradients_bytes=round(mem.gradients_bytes),
-                optimizer_bytes=round(mem.optimizer_bytes),
-                activations_bytes=round(mem.activations_bytes),
-                transient_bytes=round(mem.transient_bytes),
-                total_bytes=round(mem.total_bytes),
-                capacity_bytes=mem.capacity_bytes,
-            )
-            for mem in cost.memory
-        ],
+        memory=[_memory_estimate(mem) for mem in cost.memory],
     )
     return Plan(
         inputs=inputs,
