@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,3 +159,29 @@ def test_impossible_pins_exit_2(inputs, tmp_path) -> None:
         assert result.exit_code == 2, (flags, result.output)
         assert words in result.output, (flags, result.output)
         assert len(result.output.strip().splitlines()) == 1
+
+
+def test_separate_processes_with_different_hash_seeds_write_the_same_bytes(tmp_path) -> None:
+    # Set and dict iteration over strings depends on PYTHONHASHSEED: a plan that leaned on it
+    # would differ between runs even though one process always repeats itself.
+    shipped = Path(__file__).parent.parent / "profiles"
+    outputs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"plan-{seed}.json"
+        command = [
+            sys.executable,
+            "-c",
+            "from autoplan.cli import app; app()",
+            "solve",
+            str(shipped / "llama2-7b.profile.json"),
+            "--cluster",
+            "h100-a100-l4",
+            "--global-batch",
+            "256",
+            "-o",
+            str(out),
+        ]
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run(command, check=True, capture_output=True, env=env)
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
