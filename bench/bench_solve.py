@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from autoplan.cluster.catalog import example_cluster_path, gpu_specs, load_cluster, peak_tflops
+from autoplan.cluster.catalog import (
+    efficiency_for,
+    example_cluster_path,
+    gpu_specs,
+    load_cluster,
+    peak_tflops,
+)
 from autoplan.cluster.schema import Cluster, InterNodeLink, NodeGroup
 from autoplan.errors import AutoplanError
 from autoplan.plan.validate import plan_problems
@@ -164,7 +170,7 @@ def _physical_bound_samples_per_s(profile: Profile, cluster: Cluster) -> float:
     total = sum(
         peak_tflops(specs[g.gpu], profile.dtype)
         * 1e12
-        * specs[g.gpu].efficiency
+        * efficiency_for(specs[g.gpu], profile.dtype)
         * g.gpus_per_node
         * g.count
         for g in cluster.node_groups

@@ -271,3 +271,21 @@ def test_memory_bound_bytes_add_to_the_matmul_time() -> None:
     # A profile without the split keeps the whole-layer roofline (max, not sum).
     assert base.forward_memory_bound_bytes is None
     assert layer_time_ms(base, spec, "bf16", 1, 1)[0] == pytest.approx(1e12 / 150e12 * 1e3)
+
+
+def test_measured_efficiency_of_the_profiles_dtype_is_used_and_overrides_win() -> None:
+    # An fp32 profile on a GPU whose catalog entry measured 0.25 of the fp32 peak: layer times
+    # (the calibration path) and the plan's cost model must both use 0.25, not the 16-bit 0.5;
+    # a user's --efficiency override beats both.
+    spec = gpu("MEASURED", tflops=200.0, memory_gib=80).model_copy(
+        update={"efficiency_by_dtype": {"fp32": 0.25}}
+    )
+    big = layer(0, flops=10**12, params=10**3, saved=10**3, output=10**3)
+    forward, _ = layer_time_ms(big, spec, "fp32", 1, 1)
+    assert forward == pytest.approx(1e12 / (100e12 * 0.25) * 1e3)
+    profile = make_profile([big]).model_copy(update={"dtype": "fp32", "dtype_bytes": 4})
+    cluster = make_cluster([("m", spec, 1, 1)])
+    model = cost_model(profile, cluster, SolveOptions())
+    assert model.tables(0, 1, 1).layers[0].forward_compute_ms == pytest.approx(forward)
+    pinned = cost_model(profile, cluster, SolveOptions(efficiency={"MEASURED": 0.5}))
+    assert pinned.tables(0, 1, 1).layers[0].forward_compute_ms == pytest.approx(forward / 2)

@@ -255,7 +255,7 @@ def layer_time_ms(
     (``Profile.micro_batch_size``). The tp all-reduces are included only when the intra-node
     bandwidth is given. This is the function the calibration bench compares with measurements.
     """
-    from autoplan.cluster.catalog import peak_tflops
+    from autoplan.cluster.catalog import efficiency_for, peak_tflops
 
     cost = layer_cost(
         layer,
@@ -264,7 +264,7 @@ def layer_time_ms(
         tp=tp,
         micro_batch_size=micro_batch_size,
         profile_micro_batch_size=profile_micro_batch_size,
-        efficiency=efficiency,
+        efficiency=efficiency_for(gpu, dtype) if efficiency is None else efficiency,
         intra_node_bandwidth_gb_per_s=intra_node_bandwidth_gb_per_s,
         intra_node_latency_us=intra_node_latency_us,
     )

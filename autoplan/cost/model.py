@@ -26,7 +26,7 @@ import functools
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from autoplan.cluster.catalog import peak_tflops
+from autoplan.cluster.catalog import efficiency_for, peak_tflops
 from autoplan.cluster.schema import Cluster, GpuSpec
 from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, StageChoice
@@ -117,7 +117,9 @@ def _prefix(values: list[float]) -> list[float]:
 class CostModel:
     """Costs plans of ``profile`` on ``cluster``.
 
-    ``efficiency`` overrides the catalog's efficiency per GPU type name.
+    ``efficiency`` overrides the catalog's efficiency per GPU type name. Each GPU type's
+    efficiency is resolved once, here, for the profile's dtype (``efficiency_for``: measured
+    fp32/tf32 fractions where the catalog has them), so every cost below reads one figure.
     """
 
     def __init__(
@@ -129,9 +131,9 @@ class CostModel:
     ) -> None:
         efficiency = efficiency or {}
         specs = {
-            name: spec.model_copy(update={"efficiency": efficiency[name]})
-            if name in efficiency
-            else spec
+            name: spec.model_copy(
+                update={"efficiency": efficiency.get(name, efficiency_for(spec, profile.dtype))}
+            )
             for name, spec in specs.items()
         }
         self.profile = profile
