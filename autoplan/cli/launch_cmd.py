@@ -1,0 +1,187 @@
+"""``autoplan launch``: per-node torchrun scripts and a Slurm batch script for a plan.
+
+It only writes files and imports no torch. The plan is checked first (as ``autoplan validate``
+does), so every name a script holds is a node or GPU type of a checked cluster; all the rest
+(paths, addresses) is shell-quoted. The scripts name the plan by its absolute path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autoplan import limits
+from autoplan.cli.app import command
+from autoplan.cli.inputs import check_factory_trust, read_plan, safe_host
+from autoplan.errors import InputError
+from autoplan.files import check_output_path, write_text_atomic
+from autoplan.launch.slurm import slurm_script
+from autoplan.launch.torchrun import (
+    DEFAULT_MASTER_PORT,
+    Expand,
+    node_environment,
+    node_launches,
+)
+from autoplan.names import check_name, is_safe_name, printable, shown
+
+__all__ = ["launch_command", "runtime_args"]
+
+
+class Rendezvous(StrEnum):
+    static = "static"
+    c10d = "c10d"
+
+
+def runtime_args(steps: int, report: str | None) -> list[str]:
+    """The arguments of ``python -m autoplan.runtime`` after the plan path."""
+    return ["--steps", str(steps), *(["--report", report] if report else []), "--verbose"]
+
+
+def _by_gpu_type(values: list[str], flag: str, gpu_types: set[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        gpu_type, sep, name = item.partition("=")
+        if not sep or not is_safe_name(name):
+            raise InputError(
+                f"{flag} takes GPU_TYPE=NAME (NAME: letters, digits, '-', '_', '.'); "
+                f"got {shown(item)}"
+            )
+        if gpu_type not in gpu_types:
+            raise InputError(
+                f"{flag} {shown(item)}: the plan uses no GPU type {shown(gpu_type)} "
+                f"(it uses {', '.join(sorted(gpu_types))})"
+            )
+        out[gpu_type] = name
+    return out
+
+
+def _plan_id(path: Path) -> str:
+    """A rendezvous id all nodes derive alike from the plan file's bytes."""
+    return "autoplan-" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def _script_name(node_rank: int, name: str) -> str:
+    # Node names are checked names (no '/'); checked again here because it becomes a path.
+    return f"node{node_rank}-{check_name(name, 'node name')}.sh"
+
+
+@command("launch")
+def launch_command(
+    plan_path: Annotated[Path, typer.Argument(help="Plan JSON from `autoplan solve`.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the scripts.")],
+    master_addr: Annotated[
+        str | None,
+        typer.Option(help="Address of node rank 0 (the rendezvous); default $MASTER_ADDR."),
+    ] = None,
+    master_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="Rendezvous port.")
+    ] = DEFAULT_MASTER_PORT,
+    rdzv_backend: Annotated[
+        Rendezvous,
+        typer.Option(
+            "--rdzv-backend",
+            help="static (node ranks from --node-rank) or c10d (nodes meet at node 0; the "
+            "runtime maps plan nodes by AUTOPLAN_NODE_RANK, not by arrival).",
+        ),
+    ] = Rendezvous.static,
+    steps: Annotated[int, typer.Option(min=1, max=limits.MAX_STEPS, help="Training steps.")] = 100,
+    report: Annotated[str | None, typer.Option(help="Run report path (rank 0).")] = None,
+    cpus_per_task: Annotated[
+        int | None,
+        typer.Option(
+            "--cpus-per-task",
+            min=1,
+            max=limits.MAX_CPUS_PER_TASK,
+            help="CPUs of one node's torchrun under Slurm (default 4 per GPU process).",
+        ),
+    ] = None,
+    gres: Annotated[
+        list[str] | None,
+        typer.Option(help="GPU_TYPE=NAME: the site's GRES type name of a GPU type (repeatable)."),
+    ] = None,
+    no_gres: Annotated[
+        bool, typer.Option("--no-gres", help="Request no GRES (select nodes by --constraint).")
+    ] = False,
+    constraint: Annotated[
+        list[str] | None,
+        typer.Option(help="GPU_TYPE=FEATURE: a Slurm node feature for that type (repeatable)."),
+    ] = None,
+    trust_factory: Annotated[
+        bool,
+        typer.Option(
+            "--trust-factory", help="Allow a plan whose model is a factory (code it names)."
+        ),
+    ] = False,
+    factory: Annotated[
+        str | None, typer.Option(help="The factory you expect the plan to name (trusts it).")
+    ] = None,
+) -> None:
+    """Write one torchrun script per plan node (launch order) and a Slurm batch script."""
+    if master_addr is not None:
+        safe_host(master_addr)
+    if report is not None and (not report or not report.isprintable()):
+        raise InputError(f"--report {shown(report)} is not a usable path")
+    plan = read_plan(plan_path)
+    check_factory_trust(
+        plan.inputs.model.name,
+        trusted=trust_factory,
+        named=factory,
+        source=printable(str(plan_path)),
+        action="the launched scripts",
+    )
+    gpu_types = {node.gpu_type for node in plan.nodes}
+    gres_names = _by_gpu_type(gres or [], "--gres", gpu_types)
+    features = _by_gpu_type(constraint or [], "--constraint", gpu_types)
+    if os.path.lexists(output) and not output.is_dir():
+        raise InputError(f"--output {printable(str(output))}: is a file; give a folder")
+    absolute_plan = str(plan_path.resolve())
+    report_path = str(Path(report).resolve()) if report else None
+    args = runtime_args(steps, report_path)
+    scripts: dict[Path, tuple[str, int]] = {}
+    backend = rdzv_backend.value
+    address = master_addr if master_addr is not None else Expand("${MASTER_ADDR}")
+    run_id = _plan_id(plan_path)
+    first = min(plan.nodes, key=lambda node: node.node_rank)
+    for launch in node_launches(
+        plan, absolute_plan, address, master_port, args, rendezvous=backend, run_id=run_id
+    ):
+        node = launch.node
+        env = " ".join(f"{key}={value}" for key, value in node_environment(node).items())
+        lines = [
+            "#!/bin/bash",
+            f"# autoplan launch: plan node {node.node_rank} of {len(plan.nodes)}: {node.name}, "
+            f"{node.nproc_per_node} x {node.gpu_type}. Run it on that node.",
+            "set -euo pipefail",
+        ]
+        if master_addr is None:
+            lines.append(
+                f': "${{MASTER_ADDR:?set MASTER_ADDR to the address of plan node 0 '
+                f'({first.name})}}"'
+            )
+        lines += [f"export {env}", f"exec {launch.command}", ""]
+        scripts[output / _script_name(node.node_rank, node.name)] = ("\n".join(lines), 0o755)
+    slurm = slurm_script(
+        plan,
+        absolute_plan,
+        master_port,
+        args,
+        job_name=f"autoplan-{plan.inputs.model.name}",
+        rendezvous=backend,
+        gres=gres_names,
+        use_gres=not no_gres,
+        constraints=features,
+        cpus_per_task=cpus_per_task,
+    )
+    scripts[output / "launch.slurm"] = (slurm, 0o644)
+    # Every target checked before the first is written: a refusal leaves the folder as it was.
+    for path in scripts:
+        check_output_path(path, [plan_path], "--output")
+    for path, (text, mode) in scripts.items():
+        write_text_atomic(path, text, mode=mode)
+        typer.echo(f"wrote {printable(str(path))}")
+    typer.echo(f"submit with: sbatch {printable(str(output / 'launch.slurm'))}")
