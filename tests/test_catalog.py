@@ -143,3 +143,40 @@ def test_cli_lists_the_catalog_and_the_example_clusters() -> None:
     assert listed.exit_code == 0, listed.output
     for path in EXAMPLE_CLUSTERS:
         assert path.name in listed.output
+
+
+def test_work_dependent_figures_resolve_per_dtype() -> None:
+    from autoplan.cluster.catalog import half_intensity_for, spec_for_dtype
+
+    a100 = load_catalog()["A100-80GB"]
+    assert half_intensity_for(a100, "tf32") == a100.matmul_half_intensity_by_dtype["tf32"]
+    assert half_intensity_for(a100, "bf16") == a100.matmul_half_intensity_ridges
+    resolved = spec_for_dtype(a100, "tf32")
+    assert resolved.efficiency == a100.efficiency_by_dtype["tf32"]
+    assert resolved.matmul_half_intensity_ridges == a100.matmul_half_intensity_by_dtype["tf32"]
+    assert spec_for_dtype(a100, "bf16", 0.5).efficiency == 0.5
+    # No tf32 tensor cores: tf32 runs as fp32, with fp32's figures.
+    v100 = load_catalog()["V100-16GB"]
+    assert half_intensity_for(v100, "tf32") == v100.matmul_half_intensity_by_dtype["fp32"]
+    for gpu in load_catalog().values():
+        assert 0 <= gpu.matmul_half_intensity_ridges <= 4, gpu.name
+        assert 0.5 <= gpu.backward_matmul_efficiency <= 1, gpu.name
+        assert 0 <= gpu.kernel_launch_us <= 200, gpu.name
+        assert all(0 < e <= 1 for e in gpu.efficiency_by_dtype.values()), gpu.name
+
+
+def test_an_overlay_replaces_catalog_and_cluster_types(tmp_path: Path) -> None:
+    from autoplan.cluster.catalog import CatalogOverlay, load_overlay, with_overlay
+
+    h100 = load_catalog()["H100"].model_copy(update={"efficiency": 0.3})
+    path = tmp_path / "overlay.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(CatalogOverlay(gpu_types=[h100]).model_dump(mode="json")))
+    overlay = load_overlay(path)
+    cluster = load_cluster(example_cluster_path("h100-a100-l4"))
+    assert gpu_specs(with_overlay(cluster, overlay))["H100"].efficiency == 0.3
+    assert gpu_specs(cluster)["H100"].efficiency != 0.3
+    local = load_cluster(example_cluster_path("cpu-local"))
+    cpu = gpu_specs(local)["cpu"].model_copy(update={"efficiency": 0.01})
+    assert gpu_specs(with_overlay(local, [cpu]))["cpu"].efficiency == 0.01

@@ -1,4 +1,5 @@
-"""``autoplan profile`` (model → per-layer profile JSON) and ``autoplan models`` (the zoo)."""
+"""``autoplan profile`` (model → per-layer profile JSON), ``autoplan profile import`` (measured
+tables → a profile's measured times) and ``autoplan models`` (the zoo)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperCommand
 
-from autoplan.cli.app import command
-from autoplan.files import write_json_model
+from autoplan import limits
+from autoplan.cli.app import EXIT_BAD_INPUT, command
+from autoplan.cli.inputs import check_bounds
+from autoplan.errors import AutoplanError, InputError
+from autoplan.files import check_outputs, read_json_model, write_json_model
 from autoplan.profile.schema import DType, Profile
 
-__all__ = ["models", "profile"]
+__all__ = ["models", "profile", "profile_import"]
 
 _GIB = 1024**3
 _DEFAULT_OUTPUT = Path("profile.json")
@@ -59,17 +65,99 @@ def _summary_table(result: Profile) -> Table:
     return table
 
 
-@command("profile")
+_import_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+class _ProfileCommand(TyperCommand):
+    """``autoplan profile MODEL ...``; ``autoplan profile import ...`` goes to the import
+    command (a command cannot also be a group with a positional argument in front)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if args[:1] == ["import"]:
+            importer = typer.main.get_command(_import_app)
+            # Not standalone: usage errors propagate to the outer command; an exit returns
+            # its code.
+            code = importer.main(
+                args=args[1:], prog_name=f"{ctx.command_path} import", standalone_mode=False
+            )
+            ctx.exit(code if isinstance(code, int) else 0)
+        return super().parse_args(ctx, args)
+
+
+def _gpu_names(values: list[str]) -> dict[str, str]:
+    names = {}
+    for item in values:
+        old, sep, new = item.partition("=")
+        if not sep or not old or not new:
+            raise InputError(f"--gpu-name takes TABLE_NAME=GPU_TYPE; got '{item}'")
+        names[old] = new
+    return names
+
+
+@_import_app.command()
+def profile_import(
+    table: Annotated[Path, typer.Argument(help="Measured table, CSV or JSON.")],
+    profile_path: Annotated[
+        Path, typer.Option("--profile", "-p", help="Profile to attach the times to.")
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Profile to write.")],
+    model: Annotated[
+        str | None, typer.Option("--model", help="Keep only this model's rows (model column).")
+    ] = None,
+    gpu_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--gpu-name", help="TABLE_NAME=GPU_TYPE, e.g. A100-40=A100-40GB (repeatable)."
+        ),
+    ] = None,
+) -> None:
+    """Attach measured per-layer times (per GPU type, tp, micro-batch size) to a profile."""
+    from autoplan.profile.measured_table import attach, read_table
+
+    try:
+        rows = read_table(table, model=model, gpu_names=_gpu_names(gpu_name or []))
+        base = read_json_model(profile_path, Profile)
+        result = attach(base, rows, source=str(table))
+    except (AutoplanError, ValidationError) as error:
+        typer.echo(f"error: {' '.join(str(error).split())}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    write_json_model(output, result)
+    layers_of: dict[tuple[str, int, int], set[str]] = {}
+    for row in rows:
+        layers_of.setdefault((row.gpu, row.tp, row.micro_batch), set()).add(row.layer)
+    summary = Table(title=f"{table} → {output}")
+    for column in ("gpu", "tp", "micro-batch", "layers"):
+        summary.add_column(column, justify="left" if column == "gpu" else "right")
+    for (gpu, tp, micro_batch), layers in sorted(layers_of.items()):
+        summary.add_row(gpu, str(tp), str(micro_batch), f"{len(layers)}/{len(result.layers)}")
+    console = _console()
+    console.print(summary)
+    console.print(
+        f"wrote {output}: {len(rows)} measured layer times attached to {result.model.name}; "
+        "the cost model uses them for GPU types whose name matches, at their tp, and "
+        "interpolates between micro-batch sizes"
+    )
+
+
+@command("profile", cls=_ProfileCommand)
 def profile(
     model: str = typer.Argument(
         ..., help="Zoo name (see `autoplan models`) or 'package.module:factory'."
     ),
     seq: int = typer.Option(..., "--seq", help="Tokens per sample."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Samples per micro-batch."),
-    dtype: str = typer.Option("bf16", "--dtype", help="fp32, fp16, bf16 or fp64."),
+    dtype: str = typer.Option(
+        "bf16", "--dtype", help="bf16, fp16, tf32 (fp32 storage, TF32 matmuls), fp32 or fp64."
+    ),
     measure: bool = typer.Option(
         False, "--measure", help="Also time the real layers on this machine (small models)."
     ),
+    table: Annotated[
+        Path | None,
+        typer.Option(
+            "--table", help="With --measure: also write the times as a measured table (CSV)."
+        ),
+    ] = None,
     all_layers: bool = typer.Option(
         False, "--all-layers", help="Trace every layer, even identical repeats."
     ),
@@ -85,7 +173,17 @@ def profile(
         ),
     ] = "flash",
 ) -> None:
-    """Profile a model per layer (FLOPs, bytes, parameters, activations) without allocating it."""
+    """Profile a model per layer (FLOPs, bytes, parameters, activations) without allocating it.
+
+    `autoplan profile import TABLE --profile P -o OUT` attaches measured per-layer times.
+    """
+    check_bounds(
+        {
+            "--seq": (seq, 1, limits.MAX_SEQ_LEN),
+            "--micro-batch": (micro_batch, 1, limits.MAX_MICRO_BATCH_SIZE),
+        }
+    )
+    check_outputs({"--output": output})
     # torch is imported here, not at module level: `autoplan solve` loads every command module
     # and must start without torch.
     from autoplan.profile.attention import AttentionKernel
@@ -102,9 +200,16 @@ def profile(
         replicate=not all_layers,
         attention=kernel,
     )
+    if table is not None and not measure:
+        raise InputError("--table writes measured times: add --measure")
     write_json_model(output, result)
     console = _console()
     console.print(_summary_table(result))
+    if table is not None:
+        from autoplan.profile.measured_table import table_rows, write_table
+
+        write_table(table, table_rows(result))
+        console.print(f"wrote {table}: the measured times as a table (autoplan profile import)")
     for note in result.notes:
         console.print(f"note: {note}")
     totals = result.totals

@@ -9,10 +9,12 @@ cores for that dtype, so its matmuls run on the plain FP32 units at best. ``bf16
 ``fp16`` therefore fall back to the ``fp32`` peak (bf16 on a V100 is not faster than fp32);
 ``fp32`` itself and ``fp64`` have no fallback and raise InputError.
 
-What efficiency to use (``efficiency_for``): a GPU's ``efficiency`` is the fraction of peak its
-16-bit training achieves; ``efficiency_by_dtype`` holds fractions measured for other dtypes
-(the calibration data ran in fp32/tf32). A dtype without its own figure uses the figure of the
-dtype whose peak stands in for it, else ``efficiency``.
+What efficiency to use (``efficiency_for``): a GPU's ``efficiency`` is the ceiling of its
+matmul efficiency in 16-bit training; ``efficiency_by_dtype`` holds ceilings fitted for other
+dtypes (the calibration data ran in fp32/tf32). A dtype without its own figure uses the figure
+of the dtype whose peak stands in for it, else ``efficiency``. The efficiency curve's
+half-intensity resolves the same way (``half_intensity_for``); ``spec_for_dtype`` resolves
+both, once per cost model.
 """
 
 from __future__ import annotations
@@ -31,14 +33,19 @@ from autoplan.files import read_yaml_model
 __all__ = [
     "CATALOG_SCHEMA_VERSION",
     "REQUIRED_DTYPES",
+    "CatalogOverlay",
     "GpuCatalog",
     "efficiency_for",
     "example_cluster_path",
     "gpu_specs",
+    "half_intensity_for",
     "load_catalog",
     "load_cluster",
+    "load_overlay",
     "peak_tflops",
     "profiles_dir",
+    "spec_for_dtype",
+    "with_overlay",
 ]
 
 CATALOG_SCHEMA_VERSION = 1
@@ -115,10 +122,43 @@ def load_catalog() -> dict[str, GpuSpec]:
 
 def gpu_specs(cluster: Cluster) -> dict[str, GpuSpec]:
     """Every GPU type the cluster may use: the catalog, overridden and extended by the
-    cluster file's own ``gpu_types``."""
+    cluster file's own ``gpu_types`` (``with_overlay`` puts a catalog overlay's there); the
+    cluster's ``memory_reserve_gib``, where set, replaces every type's."""
     specs = load_catalog()
     specs.update({gpu.name: gpu for gpu in cluster.gpu_types})
+    if cluster.memory_reserve_gib is not None:
+        specs = {
+            name: spec.model_copy(update={"memory_reserve_gib": cluster.memory_reserve_gib})
+            for name, spec in specs.items()
+        }
     return specs
+
+
+class CatalogOverlay(BaseModel):
+    """GPU types that replace the catalog's entries of the same name (or add new ones) for a
+    solve: what ``autoplan calibrate`` writes and ``autoplan solve --catalog`` reads. Each
+    entry is a whole GpuSpec, so the file says everything the cost model will use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = Field(default=CATALOG_SCHEMA_VERSION, description="Version of the file.")
+    source: str = Field(default="", description="Where the figures come from (e.g. run reports).")
+    gpu_types: list[GpuSpec] = Field(min_length=1, description="Whole GPU type entries.")
+
+
+def load_overlay(path: str | Path) -> list[GpuSpec]:
+    """The GPU types of a catalog overlay file (``CatalogOverlay``)."""
+    return list(read_yaml_model(path, CatalogOverlay).gpu_types)
+
+
+def with_overlay(cluster: Cluster, overlay: list[GpuSpec]) -> Cluster:
+    """``cluster`` with the overlay's GPU types among its own ``gpu_types``, replacing the
+    catalog's entries and the file's own of the same name (an overlay asked for on the command
+    line is the more specific: e.g. fitted on this cluster's run). The plan records the
+    cluster, so a plan solved with an overlay carries the figures it used."""
+    replaced = {gpu.name for gpu in overlay}
+    kept = [gpu for gpu in cluster.gpu_types if gpu.name not in replaced]
+    return cluster.model_copy(update={"gpu_types": [*kept, *overlay]})
 
 
 def _check_gpu_types(cluster: Cluster, where: str) -> None:
@@ -161,6 +201,30 @@ def peak_tflops(gpu: GpuSpec, dtype: str) -> float:
     raise InputError(
         f"GPU type {gpu.name} has no peak_tflops for dtype '{dtype}' "
         f"(it lists {', '.join(sorted(gpu.peak_tflops))})"
+    )
+
+
+def half_intensity_for(gpu: GpuSpec, dtype: str) -> float:
+    """``matmul_half_intensity_ridges`` for ``dtype``: its own figure where the catalog has
+    one (``matmul_half_intensity_by_dtype``), else that of the dtype whose peak stands in for
+    it, else the default."""
+    if dtype in gpu.matmul_half_intensity_by_dtype:
+        return gpu.matmul_half_intensity_by_dtype[dtype]
+    fallback = _FALLBACK_DTYPE.get(dtype)
+    if dtype not in gpu.peak_tflops and fallback in gpu.matmul_half_intensity_by_dtype:
+        return gpu.matmul_half_intensity_by_dtype[fallback]
+    return gpu.matmul_half_intensity_ridges
+
+
+def spec_for_dtype(gpu: GpuSpec, dtype: str, efficiency: float | None = None) -> GpuSpec:
+    """``gpu`` with its dtype-dependent figures resolved for ``dtype`` (``efficiency`` and
+    ``matmul_half_intensity_ridges``), so that a cost model reads one of each;
+    ``efficiency`` overrides the catalog's."""
+    return gpu.model_copy(
+        update={
+            "efficiency": efficiency_for(gpu, dtype) if efficiency is None else efficiency,
+            "matmul_half_intensity_ridges": half_intensity_for(gpu, dtype),
+        }
     )
 
 

@@ -13,6 +13,15 @@ The bytes of ops that are not matmul-class (everything but mm/bmm/addmm/baddbmm/
 convolutions and the fused attention kernels, forward and backward) are also summed apart:
 elementwise, normalisation, softmax, loss, copies and lookups, whose time is their traffic
 (their FLOPs are not counted, and their work grows with h while the matmuls' grows with h²).
+
+Two more figures per phase feed the cost model's work-dependent terms:
+- The matmul-class bytes that do not grow with the batch (``matmul_fixed_bytes_by_phase``):
+  operands that are the layer's parameters, and the outputs of parameter-free matmuls that
+  have a parameter's shape (or its transpose): the weight gradients, dW = dYᵀ·X. When the
+  micro-batch grows, a GEMM's FLOPs and activation operands grow with it but these do not, so
+  its arithmetic intensity rises (``autoplan.cost.efficiency``).
+- The kernels launched (``kernels_by_phase``): every op that moves bytes is one launch. A pass
+  cannot run faster than the host can launch its kernels, whatever the GPU.
 """
 
 from __future__ import annotations
@@ -67,17 +76,40 @@ def _tensor_bytes(tree: Any) -> int:
     )
 
 
+def _shape_key(shape: torch.Size) -> tuple[int, ...]:
+    return tuple(shape)
+
+
 class BytesMovedMode(TorchDispatchMode):
     """Sums input + output tensor bytes of every non-view aten op, per phase, and apart those
-    of the memory-bound (not matmul-class) ops."""
+    of the memory-bound (not matmul-class) ops; counts kernels and the matmuls' fixed bytes
+    (module docstring). ``parameters``: the layer's parameters (their storages and shapes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parameters: list[torch.Tensor] | None = None) -> None:
         super().__init__()
         self.phase: Phase = "forward"
         self.bytes_by_phase: dict[Phase, int] = {"forward": 0, "backward": 0}
         self.memory_bound_bytes_by_phase: dict[Phase, int] = {"forward": 0, "backward": 0}
+        self.matmul_fixed_bytes_by_phase: dict[Phase, int] = {"forward": 0, "backward": 0}
+        self.kernels_by_phase: dict[Phase, int] = {"forward": 0, "backward": 0}
         self.paused = False
         """While True nothing is charged (e.g. creating the gradient a stage would receive)."""
+        parameters = parameters or []
+        self._parameter_keys = {p.untyped_storage()._cdata for p in parameters}
+        shapes = {_shape_key(p.shape) for p in parameters if p.dim() == 2}
+        self._parameter_shapes = shapes | {shape[::-1] for shape in shapes}
+
+    def _matmul_fixed_bytes(self, args: Any, kwargs: Any, out: Any) -> int:
+        """Bytes of a matmul's operands that do not scale with the batch (module docstring)."""
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        fixed = [t for t in inputs if t.untyped_storage()._cdata in self._parameter_keys]
+        if not fixed:
+            fixed = [
+                t
+                for t in tree_leaves(out)
+                if isinstance(t, torch.Tensor) and _shape_key(t.shape) in self._parameter_shapes
+            ]
+        return _tensor_bytes(fixed)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -92,6 +124,11 @@ class BytesMovedMode(TorchDispatchMode):
         else:
             return out
         self.bytes_by_phase[self.phase] += moved
+        self.kernels_by_phase[self.phase] += 1
         if func.overloadpacket not in _MATMUL_CLASS:
             self.memory_bound_bytes_by_phase[self.phase] += moved
+        else:
+            self.matmul_fixed_bytes_by_phase[self.phase] += self._matmul_fixed_bytes(
+                args, kwargs, out
+            )
         return out

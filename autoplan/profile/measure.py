@@ -9,9 +9,11 @@ not fit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -21,7 +23,7 @@ from autoplan.errors import InputError
 from autoplan.profile.layers import pipeline_layers
 from autoplan.profile.schema import MeasuredTimes
 from autoplan.profile.tracer import loss_of
-from autoplan.zoo.dtypes import default_dtype
+from autoplan.zoo.dtypes import default_dtype, set_matmul_precision
 from autoplan.zoo.registry import ModelSpec
 
 __all__ = ["device_name", "free_memory_bytes", "measure_layers"]
@@ -56,6 +58,19 @@ def free_memory_bytes(device: torch.device) -> int:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
     raise InputError("cannot tell how much memory is free (no MemAvailable in /proc/meminfo)")
+
+
+@contextlib.contextmanager
+def _matmul_precision(dtype_name: str | None) -> Iterator[None]:
+    """PyTorch's fp32 matmul precision for ``dtype_name`` inside the block, restored after."""
+    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    if dtype_name is not None:
+        set_matmul_precision(dtype_name)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.allow_tf32 = saved[1]
 
 
 def _synchronize(device: torch.device) -> None:
@@ -103,11 +118,13 @@ def measure_layers(
     needed_bytes: int,
     repeats: int = 5,
     warmup: int = 2,
+    dtype_name: str | None = None,
 ) -> dict[int, MeasuredTimes]:
     """Median forward/backward times of the layers at ``profiled_indices`` on the local device.
 
     ``needed_bytes`` is the profile's estimate of what the run needs; more than 90% of the
-    device's free memory is refused.
+    device's free memory is refused. ``dtype_name`` (the profile's dtype, e.g. 'tf32') sets
+    PyTorch's matmul precision for the run (``set_matmul_precision``), restored afterwards.
     """
     device = _device()
     free = free_memory_bytes(device)
@@ -137,10 +154,17 @@ def measure_layers(
         loss = spec.loss if index == len(layers) - 1 else None
         (layer_input,) = layer_inputs[index][:1]
         logger.info("timing layer %d on %s", index, name)
-        forward_ms, backward_ms = _time_layer(
-            layers[index].module, layer_input, loss, device, warmup, repeats
-        )
+        with _matmul_precision(dtype_name):
+            forward_ms, backward_ms = _time_layer(
+                layers[index].module, layer_input, loss, device, warmup, repeats
+            )
         measured[index] = MeasuredTimes(
-            device_name=name, forward_ms=forward_ms, backward_ms=backward_ms, repeats=repeats
+            device_name=name,
+            forward_ms=forward_ms,
+            backward_ms=backward_ms,
+            repeats=repeats,
+            tensor_parallel_degree=1,
+            micro_batch_size=micro_batch_size,
+            source="autoplan profile --measure",
         )
     return measured

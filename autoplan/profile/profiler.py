@@ -38,7 +38,7 @@ from autoplan.profile.tensor_parallel import (
 )
 from autoplan.profile.tracer import LayerTrace, TensorMeta
 from autoplan.zoo.dtypes import default_dtype, torch_dtype
-from autoplan.zoo.registry import ModelSpec, get_model_spec
+from autoplan.zoo.registry import LossKind, ModelSpec, get_model_spec
 
 __all__ = ["profile_model"]
 
@@ -134,6 +134,8 @@ def _tensor_parallel_profile(tp: TensorParallelTrace, divisor: int) -> TensorPar
         sharded_backward_bytes_moved=tp.sharded_backward_bytes_moved,
         sharded_forward_memory_bound_bytes=tp.sharded_forward_memory_bound_bytes,
         sharded_backward_memory_bound_bytes=tp.sharded_backward_memory_bound_bytes,
+        sharded_forward_matmul_fixed_bytes=tp.sharded_forward_matmul_fixed_bytes,
+        sharded_backward_matmul_fixed_bytes=tp.sharded_backward_matmul_fixed_bytes,
     )
 
 
@@ -148,12 +150,22 @@ def profile_model(
     measure_repeats: int = 5,
     measure_warmup: int = 2,
     attention: AttentionKernel = "flash",
+    tensor_parallel_divisor: int | None = None,
+    loss: LossKind | None = None,
 ) -> Profile:
     """Profile ``model_name`` (zoo name or 'package.module:factory') per layer.
 
     ``attention='math'`` traces attention unfused (QKᵀ, softmax over s×s, ·V in the training
     dtype, as Megatron-LM 2021 ran it; see :mod:`autoplan.profile.attention`) instead of the
     flash kernel; ``measure`` times the real model with its own kernel either way.
+
+    ``tensor_parallel_divisor`` gives a factory model what the zoo knows of its own models:
+    what the tp degree must divide (gcd of heads, kv heads and MLP size); with it the layers'
+    tensor-parallel behaviour is traced (a zoo model's own figure is used when None).
+
+    ``loss`` overrides the loss the last layer's output feeds: 'cross_entropy' tells the
+    profiler that a factory model's output is token logits (a zoo model's default), so the
+    fp32 token cross-entropy is traced with it; 'sum' seeds its backward with ones.
 
     ``replicate=False`` traces every layer even when identical to an earlier one.
     ``measure=True`` also times the real model on the local device (CUDA if present).
@@ -163,6 +175,15 @@ def profile_model(
             f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}"
         )
     spec = get_model_spec(model_name)
+    if tensor_parallel_divisor is not None and tensor_parallel_divisor < 1:
+        raise InputError(
+            f"tensor-parallel divisor must be at least 1, got {tensor_parallel_divisor}"
+        )
+    divisor = tensor_parallel_divisor or spec.tensor_parallel_divisor or 1
+    if loss is not None:
+        if loss not in ("cross_entropy", "sum"):
+            raise InputError(f"loss must be 'cross_entropy' or 'sum', got {loss!r}")
+        spec = dataclasses.replace(spec, loss=loss)
     _check_sizes(spec, seq_len, micro_batch_size)
     torch_type = torch_dtype(dtype)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -179,9 +200,9 @@ def profile_model(
         layers, layering_note = pipeline_layers(model)
         if attention == "math":
             with UnfusedAttentionMode():
-                results = _trace_layers(spec, layers, inputs, replicate)
+                results = _trace_layers(spec, layers, inputs, replicate, divisor)
         else:
-            results = _trace_layers(spec, layers, inputs, replicate)
+            results = _trace_layers(spec, layers, inputs, replicate, divisor)
     notes = [layering_note] if input_note is None else [layering_note, input_note]
     profiled = [index for index, (_, _, replica_of, _) in enumerate(results) if replica_of is None]
     replicas = len(layers) - len(profiled)
@@ -206,6 +227,7 @@ def profile_model(
             needed_bytes=_measure_memory_estimate(results, torch_type),
             repeats=measure_repeats,
             warmup=measure_warmup,
+            dtype_name=dtype,
         )
     layer_profiles = []
     for index, (layer, (trace, tp, replica_of, param_count)) in enumerate(
@@ -223,6 +245,10 @@ def profile_model(
                 backward_bytes_moved=trace.backward_bytes_moved,
                 forward_memory_bound_bytes=trace.forward_memory_bound_bytes,
                 backward_memory_bound_bytes=trace.backward_memory_bound_bytes,
+                forward_matmul_fixed_bytes=trace.forward_matmul_fixed_bytes,
+                backward_matmul_fixed_bytes=trace.backward_matmul_fixed_bytes,
+                forward_kernels=trace.forward_kernels,
+                backward_kernels=trace.backward_kernels,
                 param_count=param_count,
                 param_bytes=param_count * torch_type.itemsize,
                 saved_activation_bytes=trace.saved_activation_bytes,
@@ -230,11 +256,7 @@ def profile_model(
                 selective_recompute_flops=trace.selective_recompute_flops,
                 input_activation_bytes=trace.input_activation_bytes,
                 output_activation_bytes=trace.output.nbytes,
-                tensor_parallel=(
-                    _tensor_parallel_profile(tp, spec.tensor_parallel_divisor or 1)
-                    if tp is not None
-                    else None
-                ),
+                tensor_parallel=(_tensor_parallel_profile(tp, divisor) if tp is not None else None),
                 replica_of=replica_of,
                 measured=[measured[source]] if source in measured else [],
             )
@@ -265,14 +287,17 @@ _LayerResult = tuple[LayerTrace, TensorParallelTrace | None, int | None, int]
 
 
 def _trace_layers(
-    spec: ModelSpec, layers: list[PipelineLayer], inputs: list[torch.Tensor], replicate: bool
+    spec: ModelSpec,
+    layers: list[PipelineLayer],
+    inputs: list[torch.Tensor],
+    replicate: bool,
+    divisor: int,
 ) -> list[_LayerResult]:
     """Trace each distinct layer (call under FakeTensorMode); count each layer's own params."""
     first_seen: dict[tuple, int] = {}
     traces: dict[int, tuple[LayerTrace, TensorParallelTrace | None]] = {}
     counted_parameters: set[int] = set()
     results: list[_LayerResult] = []
-    divisor = spec.tensor_parallel_divisor or 1
     for index, layer in enumerate(layers):
         loss = spec.loss if index == len(layers) - 1 else None
         metas = [TensorMeta(tuple(t.shape), t.dtype) for t in inputs]

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from autoplan import limits
+
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
     "DType",
@@ -26,7 +28,9 @@ __all__ = [
 PROFILE_SCHEMA_VERSION = 1
 
 LayerKind = Literal["embedding", "block", "head", "other"]
-DType = Literal["fp32", "fp16", "bf16", "fp64"]
+# tf32: fp32 storage (4-byte weights, activations and gradients) with matmuls on TF32 tensor
+# cores (torch.backends.cuda.matmul.allow_tf32), costed at the TF32 peak where a GPU has one.
+DType = Literal["fp32", "tf32", "fp16", "bf16", "fp64"]
 
 
 class _Strict(BaseModel):
@@ -41,7 +45,9 @@ class ModelRef(_Strict):
         "'package.module:callable'."
     )
     parameter_count: int = Field(ge=0, description="Total parameters of the whole model.")
-    num_layers: int = Field(ge=1, description="Number of entries in `layers` (pipeline units).")
+    num_layers: int = Field(
+        ge=1, le=limits.MAX_LAYERS, description="Number of entries in `layers` (pipeline units)."
+    )
     hidden_size: int | None = Field(default=None, ge=1, description="Hidden size, if known.")
     num_attention_heads: int | None = Field(default=None, ge=1, description="Attention heads.")
     vocab_size: int | None = Field(default=None, ge=1, description="Vocabulary size, if known.")
@@ -87,15 +93,49 @@ class TensorParallelProfile(_Strict):
         ge=0,
         description="Part of `backward_memory_bound_bytes` that splits across the tp group.",
     )
+    sharded_forward_matmul_fixed_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Part of `forward_matmul_fixed_bytes` that splits across the tp group.",
+    )
+    sharded_backward_matmul_fixed_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Part of `backward_matmul_fixed_bytes` that splits across the tp group.",
+    )
 
 
 class MeasuredTimes(_Strict):
-    """Times measured by running the real layer (``autoplan profile --measure``)."""
+    """Times measured by running the real layer on one GPU of a tensor-parallel group.
 
-    device_name: str = Field(description="torch's name for the device, e.g. 'NVIDIA H200'.")
+    Written by ``autoplan profile --measure`` (this machine's device, tp 1) or attached by
+    ``autoplan profile import`` (a table measured elsewhere). One entry per (device,
+    tensor-parallel degree, micro-batch size); the cost model uses it for that GPU type and
+    tp, interpolating between measured micro-batch sizes (``autoplan.cost.measured``).
+    """
+
+    device_name: str = Field(
+        description="The device: torch's name (e.g. 'NVIDIA H200') or a catalog GPU type "
+        "(e.g. 'A100-80GB'); matched to GPU types by autoplan.cost.layers.matches_device."
+    )
     forward_ms: float = Field(ge=0, description="Median forward time of one micro-batch.")
     backward_ms: float = Field(ge=0, description="Median backward time of one micro-batch.")
-    repeats: int = Field(ge=1, description="Timed repetitions after warm-up.")
+    repeats: int = Field(default=1, ge=1, le=10**6, description="Timed repetitions after warm-up.")
+    tensor_parallel_degree: int = Field(
+        default=1, ge=1, description="tp of the group the times were measured on (per GPU)."
+    )
+    micro_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Samples per micro-batch measured; None: the profile's micro_batch_size "
+        "(entries written before the field).",
+    )
+    memory_bytes: int | None = Field(
+        default=None, ge=0, description="Peak memory of the layer's pass, where measured."
+    )
+    source: str = Field(
+        default="", description="Where the times come from, e.g. 'profile --measure' or a file."
+    )
 
 
 class LayerProfile(_Strict):
@@ -121,6 +161,24 @@ class LayerProfile(_Strict):
         default=None,
         ge=0,
         description="Part of `backward_bytes_moved` moved by ops that are not matmul-class.",
+    )
+    forward_matmul_fixed_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Part of the matmul-class bytes of forward that does not grow with the "
+        "batch (weights read). None in profiles made before it was recorded.",
+    )
+    backward_matmul_fixed_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Part of the matmul-class bytes of backward that does not grow with the "
+        "batch (weights read, weight gradients written).",
+    )
+    forward_kernels: int | None = Field(
+        default=None, ge=0, description="Kernels the forward launches (ops that move bytes)."
+    )
+    backward_kernels: int | None = Field(
+        default=None, ge=0, description="Kernels the backward launches."
     )
     param_count: int = Field(ge=0, description="Parameters owned by this layer.")
     param_bytes: int = Field(ge=0, description="Bytes of those parameters in `dtype`.")
@@ -149,7 +207,9 @@ class LayerProfile(_Strict):
         description="Index of the identical layer whose profile this is a copy of (profiled once).",
     )
     measured: list[MeasuredTimes] = Field(
-        default_factory=list, description="Measured times, one entry per device profiled on."
+        default_factory=list,
+        max_length=limits.MAX_MEASURED_ENTRIES,
+        description="Measured times, one entry per (device, tp, micro-batch size) measured.",
     )
 
 
@@ -173,14 +233,17 @@ class Profile(_Strict):
         default=PROFILE_SCHEMA_VERSION, description="Version of this schema."
     )
     model: ModelRef
-    seq_len: int = Field(ge=1, description="Tokens per sample.")
-    micro_batch_size: int = Field(ge=1, description="Samples per micro-batch profiled.")
+    seq_len: int = Field(ge=1, le=limits.MAX_SEQ_LEN, description="Tokens per sample.")
+    micro_batch_size: int = Field(
+        ge=1, le=limits.MAX_MICRO_BATCH_SIZE, description="Samples per micro-batch profiled."
+    )
     dtype: DType = Field(description="Training dtype of parameters and activations.")
-    dtype_bytes: int = Field(ge=1, description="Bytes per element of `dtype`.")
-    layers: list[LayerProfile] = Field(min_length=1)
+    dtype_bytes: int = Field(ge=1, le=8, description="Bytes per element of `dtype`.")
+    layers: list[LayerProfile] = Field(min_length=1, max_length=limits.MAX_LAYERS)
     totals: ProfileTotals
     profiled_layer_indices: list[int] = Field(
-        description="Layers actually traced; all others are replicas of one of these."
+        max_length=limits.MAX_LAYERS,
+        description="Layers actually traced; all others are replicas of one of these.",
     )
     method: str = Field(
         description="How figures were obtained, e.g. 'FakeTensorMode + FlopCounterMode'."

@@ -65,6 +65,8 @@ class TensorParallelTrace:
     sharded_backward_bytes_moved: int
     sharded_forward_memory_bound_bytes: int
     sharded_backward_memory_bound_bytes: int
+    sharded_forward_matmul_fixed_bytes: int
+    sharded_backward_matmul_fixed_bytes: int
     sharded_saved_activation_bytes: int
     allreduce_payload_bytes: int
     forward_allreduce_count: int
@@ -225,6 +227,12 @@ def trace_tensor_parallel(
         ),
         sharded_backward_memory_bound_bytes=sharded_part(
             whole.backward_memory_bound_bytes, local.backward_memory_bound_bytes
+        ),
+        sharded_forward_matmul_fixed_bytes=sharded_part(
+            whole.forward_matmul_fixed_bytes, local.forward_matmul_fixed_bytes
+        ),
+        sharded_backward_matmul_fixed_bytes=sharded_part(
+            whole.backward_matmul_fixed_bytes, local.backward_matmul_fixed_bytes
         ),
         sharded_saved_activation_bytes=sharded_part(
             whole.saved_activation_bytes, local.saved_activation_bytes

@@ -47,6 +47,10 @@ class LayerTrace:
     backward_bytes_moved: int
     forward_memory_bound_bytes: int
     backward_memory_bound_bytes: int
+    forward_matmul_fixed_bytes: int
+    backward_matmul_fixed_bytes: int
+    forward_kernels: int
+    backward_kernels: int
     saved_activation_bytes: int
     selective_recompute_saved_bytes: int
     selective_recompute_flops: int
@@ -75,7 +79,7 @@ def trace_layer(
     """
     excluded = {storage_key(t) for t in [*layer.parameters(), *layer.buffers()]}
     flops = flop_counter()
-    moved = BytesMovedMode()
+    moved = BytesMovedMode(list(layer.parameters()))
     tracker = SavedActivationTracker(excluded, flops.get_total_flops)
     with flops, moved:
         with tracker:
@@ -108,6 +112,10 @@ def trace_layer(
         backward_bytes_moved=moved.bytes_by_phase["backward"],
         forward_memory_bound_bytes=moved.memory_bound_bytes_by_phase["forward"],
         backward_memory_bound_bytes=moved.memory_bound_bytes_by_phase["backward"],
+        forward_matmul_fixed_bytes=moved.matmul_fixed_bytes_by_phase["forward"],
+        backward_matmul_fixed_bytes=moved.matmul_fixed_bytes_by_phase["backward"],
+        forward_kernels=moved.kernels_by_phase["forward"],
+        backward_kernels=moved.kernels_by_phase["backward"],
         saved_activation_bytes=saved,
         selective_recompute_saved_bytes=min(saved, tracker.selective_recompute_saved_bytes),
         selective_recompute_flops=tracker.core_forward_flops,
