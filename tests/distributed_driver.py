@@ -7,7 +7,12 @@ name ends in ``_dataloader`` get their data through ``train``'s ``batches`` argu
 ``torch.utils.data.DataLoader`` over synthetic tokens of another seed (``LOADER_DATA_SEED``),
 so that the run matches the reference only if the loader's data was used. Plans whose name ends
 in ``_masterweights`` train with ``MasterWeightAdamW`` (ZeRO-1 sharded over dp when the plan
-says ZeRO-1) although float64, so that its sharding and broadcasts are checked exactly. Every rank
+says ZeRO-1) although float64, so that its sharding and broadcasts are checked exactly. Plans
+whose name ends in ``_groups`` run through the groups executor although uniform
+(``train(..., executor="groups")``).
+Plans of several nodes run in the one launch too: each rank is given the torchrun variables
+its node would have (``GROUP_RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` from the plan's rank
+map), as if each plan node were its own torchrun agent on this machine. Every rank
 saves its stages' gradients of each step to ``OUT/<plan>/rank<r>_step<s>.pt`` and rank 0 the
 run report to ``OUT/<plan>/report.json``; the pytest process compares them with single-process
 training.
@@ -29,12 +34,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
-from autoplan.runtime import trainer as train_module
+from autoplan.runtime import mesh_engine, tensor_parallel
 from autoplan.runtime.data import training_batches
 from autoplan.runtime.data_parallel import make_optimizer
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
-from autoplan.runtime.tensor_parallel import apply_tensor_parallel
 from autoplan.runtime.trainer import train
 
 STEPS = 2
@@ -60,13 +64,16 @@ def _master_weight_optimizer(
     return MasterWeightAdamW(params, learning_rate, group)
 
 
+_APPLY_TENSOR_PARALLEL = tensor_parallel.apply_tensor_parallel
+
+
 def _recording_tensor_parallel(
     path: Path,
 ) -> Callable[[torch.nn.Module, DeviceMesh, int | None], None]:
     stages: list[dict[str, dict[str, object]]] = []
 
     def apply(model: torch.nn.Module, tp_mesh: DeviceMesh, divisor: int | None) -> None:
-        apply_tensor_parallel(model, tp_mesh, divisor)
+        _APPLY_TENSOR_PARALLEL(model, tp_mesh, divisor)
         first_name: dict[int, str] = {}
         layout: dict[str, dict[str, object]] = {}
         for name, param in model.named_parameters(remove_duplicate=False):
@@ -103,12 +110,25 @@ def _check_vocabulary_split_loss(out_dir: Path, world_size: int, rank: int) -> N
         torch.save({"loss": loss.detach(), "gradient": gradient}, out_dir / "vocab_split_loss.pt")
 
 
+def _node_environ(plan: Plan, rank: int) -> dict[str, str]:
+    """The torchrun variables of ``rank`` had each plan node its own agent."""
+    entry = plan.rank_map[rank]
+    node = next(node for node in plan.nodes if node.node_rank == entry.node_rank)
+    return {
+        "WORLD_SIZE": str(plan.world_size),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(entry.local_rank),
+        "GROUP_RANK": str(entry.node_rank),
+        "LOCAL_WORLD_SIZE": str(node.nproc_per_node),
+    }
+
+
 def main(plans_dir: Path, out_dir: Path) -> None:
     world_size = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
     for path in sorted(plans_dir.glob("*.json")):
         plan = read_json_model(path, Plan)
-        if plan.parallelism.world_size != world_size:
+        if plan.world_size != world_size:
             continue
         target = out_dir / path.stem
         target.mkdir(parents=True, exist_ok=True)
@@ -117,13 +137,21 @@ def main(plans_dir: Path, out_dir: Path) -> None:
             torch.save(gradients, target / f"rank{rank}_step{step}.pt")
 
         batches = _data_loader(plan) if path.stem.endswith("_dataloader") else None
-        train_module.make_optimizer = (
+        mesh_engine.make_optimizer = (  # type: ignore[assignment]
             _master_weight_optimizer if path.stem.endswith("_masterweights") else make_optimizer
         )
-        train_module.apply_tensor_parallel = _recording_tensor_parallel(
+        tensor_parallel.apply_tensor_parallel = _recording_tensor_parallel(
             target / f"rank{rank}_shards.json"
         )
-        report = train(plan, STEPS, batches, on_gradients=save)
+        executor = "groups" if path.stem.endswith("_groups") else "auto"
+        report = train(
+            plan,
+            STEPS,
+            batches,
+            on_gradients=save,
+            environ=_node_environ(plan, rank),
+            executor=executor,
+        )
         if rank == 0:
             write_json_model(target / "report.json", report)
         dist.barrier()

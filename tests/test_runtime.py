@@ -16,6 +16,7 @@ import torch
 
 from autoplan.errors import InputError, LaunchMismatchError
 from autoplan.files import write_json_model
+from autoplan.plan.schema import PLAN_SCHEMA_VERSION
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.model_stage import TiedWeight, find_tied_weights
@@ -68,7 +69,8 @@ def test_unknown_plan_schema_version_is_refused(tmp_path: Path) -> None:
     result = _run_runtime(plan_path, {})
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: {plan_path}: schema_version 99 is not one this autoplan reads (it reads 1)"
+        f"error: {plan_path}: schema_version 99 is not one this autoplan reads "
+        f"(it reads {PLAN_SCHEMA_VERSION})"
     ]
 
 
@@ -256,11 +258,11 @@ def test_vocabulary_tp_does_not_divide_is_split_unevenly_not_refused(
     with torch.device("meta"):
         assert vocabulary_sizes(GPT(GPTConfig(2, 16, 2, 33, 16))) == {33}
     plan = make_plan([4], model="tests.runtime_models:tied_gpt", tensor_parallel=2)
-    with caplog.at_level(logging.INFO, logger="autoplan.runtime.trainer"):
+    with caplog.at_level(logging.INFO, logger="autoplan.runtime.check"):
         check_runnable(plan)
     assert "does not divide tests.runtime_models:tied_gpt's vocabulary of 33" in caplog.text
     assert "17/16 rows per tp rank" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="autoplan.runtime.trainer"):
+    with caplog.at_level(logging.INFO, logger="autoplan.runtime.check"):
         check_runnable(make_plan([6], tensor_parallel=2))  # gpt-tiny: 128 tokens
     assert "vocabulary" not in caplog.text

@@ -1,19 +1,22 @@
-"""``autoplan launch`` (per-node torchrun commands and a Slurm script) and ``autoplan run``.
+"""``autoplan run``: train a plan for a few steps on this machine and compare with its prediction.
 
-``launch`` only writes files and imports no torch. ``run --local`` starts the plan's processes
-on this machine: one torchrun agent per plan node, all on localhost, exactly as ``launch``
-would start them on separate machines, so heterogeneous plans (nodes with different process
-counts) run too. It then prints the measured step time and memory beside the plan's prediction.
+``run --local`` starts the plan's processes here: one torchrun agent per plan node, all on
+localhost, exactly as ``autoplan launch`` would start them on separate machines, so
+heterogeneous plans (nodes with different process counts) run too. It then prints the measured
+step time and memory beside the plan's prediction. A plan is checked first (as ``autoplan
+validate`` does), and a plan whose model is a factory ('package.module:callable', code from
+wherever the plan came from) runs only with ``--trust-factory`` or that factory named again.
+When a worker fails, one line names its rank, node and last error line; the whole log stays
+in a file.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -21,17 +24,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autoplan import limits
 from autoplan.cli.app import command
+from autoplan.cli.inputs import check_factory_trust, read_plan
+from autoplan.cli.launch_cmd import runtime_args
 from autoplan.errors import InputError
-from autoplan.files import read_json_model
-from autoplan.launch import node_launches, slurm_script
-from autoplan.launch.torchrun import DEFAULT_MASTER_PORT
+from autoplan.files import check_outputs, read_json_model
+from autoplan.launch import node_launches
+from autoplan.launch.local import agent_log_args, environment_for_local_run, run_agents
+from autoplan.names import printable
 from autoplan.plan.schema import Plan
 from autoplan.runtime.report import RunReport
 
 __all__ = [
     "MAX_LOCAL_PROCESSES",
-    "launch_command",
     "measured_vs_predicted",
     "run_command",
     "run_local",
@@ -39,64 +45,6 @@ __all__ = [
 
 MAX_LOCAL_PROCESSES = 8
 _MIB = 2**20
-
-
-def _runtime_args(steps: int, report: str | None) -> list[str]:
-    return ["--steps", str(steps), *(["--report", report] if report else []), "--verbose"]
-
-
-@command("launch")
-def launch_command(
-    plan_path: Annotated[Path, typer.Argument(help="Plan JSON from `autoplan solve`.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the scripts.")],
-    master_addr: Annotated[
-        str | None,
-        typer.Option(help="Address of node rank 0 (the rendezvous); default $MASTER_ADDR."),
-    ] = None,
-    master_port: Annotated[int, typer.Option(help="Rendezvous port.")] = DEFAULT_MASTER_PORT,
-    steps: Annotated[int, typer.Option(help="Training steps.")] = 100,
-    report: Annotated[str | None, typer.Option(help="Run report path (rank 0).")] = None,
-) -> None:
-    """Write one torchrun script per plan node (launch order) and a Slurm batch script."""
-    plan = read_json_model(plan_path, Plan)
-    output.mkdir(parents=True, exist_ok=True)
-    runtime_args = _runtime_args(steps, report)
-    address = master_addr or "MASTER"
-    for launch in node_launches(plan, plan_path.name, address, master_port, runtime_args):
-        command_line = launch.command
-        header = ["#!/bin/bash", "set -euo pipefail"]
-        if master_addr is None:
-            first = min(plan.nodes, key=lambda node: node.node_rank).name
-            command_line = command_line.replace(
-                "--master-addr=MASTER", '--master-addr="$MASTER_ADDR"'
-            )
-            header.append(f': "${{MASTER_ADDR:?set MASTER_ADDR to the address of {first}}}"')
-        node = launch.node
-        script = output / f"node{node.node_rank}-{node.name}.sh"
-        script.write_text(
-            "\n".join(
-                [
-                    *header,
-                    f"# Node rank {node.node_rank}: {node.name}, {node.nproc_per_node} × "
-                    f"{node.gpu_type}. Run from the folder holding {plan_path.name}.",
-                    command_line,
-                    "",
-                ]
-            )
-        )
-        script.chmod(0o755)
-        typer.echo(f"{script}: {command_line}")
-    slurm = output / "launch.slurm"
-    slurm.write_text(
-        slurm_script(
-            plan,
-            plan_path.name,
-            master_port,
-            runtime_args,
-            job_name=f"autoplan-{plan.inputs.model.name}",
-        )
-    )
-    typer.echo(f"{slurm}: sbatch {slurm.name}")
 
 
 def _free_port() -> int:
@@ -160,11 +108,18 @@ def measured_vs_predicted(report: RunReport) -> Table:
 
 
 def run_local(
-    plan: Plan, plan_path: Path, steps: int, report_path: Path, *, device: str = "cpu"
-) -> int:
-    """Start every plan node's torchrun on this machine and wait for all; returns 0, or the
-    exit code of the first agent that failed (the others are then stopped)."""
-    world = plan.parallelism.world_size
+    plan: Plan,
+    plan_path: Path,
+    steps: int,
+    report_path: Path,
+    log_dir: Path,
+    *,
+    device: str = "cpu",
+) -> None:
+    """Start every plan node's torchrun on this machine and wait for all. Raises InputError
+    (one line: the failed rank, its node, its last error line, where the log is) when a
+    process fails; the agents' and workers' output is kept under ``log_dir``."""
+    world = plan.world_size
     if world > MAX_LOCAL_PROCESSES:
         raise InputError(
             f"the plan needs {world} processes; run --local starts at most "
@@ -175,32 +130,20 @@ def run_local(
     from autoplan.runtime.trainer import check_runnable
 
     check_runnable(plan)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    env.pop("MASTER_ADDR", None)
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
     launches = node_launches(
         plan,
-        str(plan_path),
+        str(plan_path.resolve()),
         "127.0.0.1",
         _free_port(),
-        _runtime_args(steps, str(report_path)),
+        runtime_args(steps, str(report_path.resolve())),
         launcher=[sys.executable, "-m", "torch.distributed.run"],
+        launcher_args={
+            node.node_rank: agent_log_args(log_dir, node.node_rank) for node in plan.nodes
+        },
     )
-    agents = [subprocess.Popen(launch.argv, env=env) for launch in launches]
-    try:
-        # Polled together: a failed node would leave the others waiting on it until a timeout.
-        while True:
-            codes = [agent.poll() for agent in agents]
-            failed = next((code for code in codes if code not in (None, 0)), None)
-            if failed is not None or all(code == 0 for code in codes):
-                return failed or 0
-            time.sleep(0.2)
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.terminate()
-                agent.wait()
+    result = run_agents(launches, environment_for_local_run(os.environ, device), log_dir)
+    if result.failure is not None:
+        raise InputError(f"{result.failure} (full log: {printable(str(result.log_path))})")
 
 
 @command("run")
@@ -209,11 +152,29 @@ def run_command(
     local: Annotated[
         bool, typer.Option("--local", help="Run every process of the plan on this machine.")
     ] = False,
-    steps: Annotated[int, typer.Option(help="Training steps.")] = 5,
+    steps: Annotated[int, typer.Option(min=1, max=limits.MAX_STEPS, help="Training steps.")] = 5,
     report: Annotated[Path | None, typer.Option(help="Where to write the run report.")] = None,
     device: Annotated[
         str, typer.Option(help="'cpu' (gloo; the default) or 'auto' (CUDA when present).")
     ] = "cpu",
+    trust_factory: Annotated[
+        bool,
+        typer.Option(
+            "--trust-factory",
+            help="Run a plan whose model is a factory: import and call the code it names.",
+        ),
+    ] = False,
+    factory: Annotated[
+        str | None,
+        typer.Option(help="The factory ('package.module:callable') you expect the plan to name."),
+    ] = None,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Keep the processes' output here (default: a temporary folder, kept "
+            "only when the run fails)."
+        ),
+    ] = None,
 ) -> None:
     """Train the plan for a few steps and print measured time and memory beside the prediction."""
     if not local:
@@ -222,18 +183,30 @@ def run_command(
             "commands with `autoplan launch`"
         )
     if device not in ("cpu", "auto"):
-        raise InputError(f"--device must be 'cpu' or 'auto'; got '{device}'")
-    if steps < 1:
-        raise InputError(f"--steps must be >= 1; got {steps}")
-    plan = read_json_model(plan_path, Plan)
-    with tempfile.TemporaryDirectory() as scratch:
-        report_path = report or Path(scratch) / "report.json"
-        code = run_local(plan, plan_path, steps, report_path, device=device)
-        if code != 0:
-            typer.echo(f"error: the run failed (torchrun exited with {code}; see above)", err=True)
-            raise typer.Exit(1)
+        raise InputError(f"--device must be 'cpu' or 'auto'; got {device!r}")
+    check_outputs({"--report": report}, [plan_path])
+    if log_dir is not None and log_dir.exists() and not log_dir.is_dir():
+        raise InputError(f"--log-dir {printable(str(log_dir))}: is a file; give a folder")
+    plan = read_plan(plan_path)
+    check_factory_trust(
+        plan.inputs.model.name,
+        trusted=trust_factory,
+        named=factory,
+        source=printable(str(plan_path)),
+        action="run",
+    )
+    folder = log_dir or Path(tempfile.mkdtemp(prefix="autoplan-run-"))
+    try:
+        report_path = report or folder / "report.json"
+        run_local(plan, plan_path, steps, report_path, folder, device=device)
         result = read_json_model(report_path, RunReport)
+    except InputError:
+        if log_dir is None and not (folder / "run.log").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if log_dir is None:
+        shutil.rmtree(folder, ignore_errors=True)
     console = Console()
     console.print(measured_vs_predicted(result))
     if report is not None:
-        console.print(f"report: {report}")
+        console.print(f"report: {printable(str(report))}")

@@ -1,4 +1,4 @@
-"""``python -m autoplan.runtime plan.json [--steps N] [--report PATH] [--seed S]`` under torchrun.
+"""``python -m autoplan.runtime plan.json [--steps N] [--report PATH] [--seed S] [--executor E]``.
 
 Every rank reads the plan, checks the launch against it, trains, and rank 0 writes the report.
 A plan or launch that cannot run is one line on stderr and exit code 2, before any training.
@@ -29,6 +29,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10, help="Training steps (default 10).")
     parser.add_argument("--report", type=Path, help="Where rank 0 writes the run report JSON.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of weights and data.")
+    parser.add_argument(
+        "--executor",
+        choices=("auto", "mesh", "groups"),
+        default="auto",
+        help="'mesh' (one DeviceMesh, torch's pipelining; uniform plans), 'groups' (per-stage "
+        "process groups; any plan) or 'auto' (mesh when the plan is uniform; the default).",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="Log each step (rank 0).")
     return parser.parse_args(argv)
 
@@ -48,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         check_launch(plan, env)
         from autoplan.runtime.trainer import train
 
-        report = train(plan, args.steps, seed=args.seed)
+        report = train(plan, args.steps, seed=args.seed, executor=args.executor)
     except AutoplanError as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -56,9 +56,11 @@ def training_batches(plan: Plan, seed: int) -> Iterator[Batch]:
 
 
 def replica_rows(plan: Plan, dp_index: int) -> slice:
-    """The rows of the global batch that data-parallel replica ``dp_index`` trains on."""
+    """The rows of the global batch that data-parallel replica ``dp_index`` of a uniform plan
+    trains on: a block of its share × micro-batches rows, after those of replicas before it
+    (the schedule cuts it into the micro-batches)."""
     par = plan.parallelism
-    shares = [size * par.num_micro_batches for size in par.replica_micro_batch_sizes]
+    shares = [size * par.num_micro_batches for size in plan.stages[0].shares]
     if sum(shares) != plan.inputs.global_batch_size:
         raise InputError(
             f"the plan's replicas take {' + '.join(map(str, shares))} = {sum(shares)} samples "
@@ -67,3 +69,25 @@ def replica_rows(plan: Plan, dp_index: int) -> slice:
         )
     start = sum(shares[:dp_index])
     return slice(start, start + shares[dp_index])
+
+
+def sample_rows(plan: Plan, micro_batch: int, start: int, end: int) -> torch.Tensor:
+    """Global-batch rows of samples ``[start, end)`` of micro-batch ``micro_batch`` (positions
+    within the micro-batch, as a stage's replica shares count them).
+
+    Position j of a micro-batch is sample j - lo_r of the first stage's replica r that owns
+    it (lo_r = the shares before r), which reads its micro-batches from its block of rows as
+    ``replica_rows`` gives it: so a uniform plan trains on the same samples in the same
+    micro-batches under either executor.
+    """
+    shares = plan.stages[0].shares
+    m = plan.parallelism.num_micro_batches
+    rows: list[int] = []
+    low = 0
+    for share in shares:
+        high = low + share
+        first, last = max(start, low), min(end, high)
+        block = low * m + micro_batch * share  # this replica's rows of this micro-batch
+        rows.extend(range(block + first - low, block + last - low))
+        low = high
+    return torch.tensor(rows, dtype=torch.long)

@@ -66,15 +66,27 @@ def _as_int(name: str, text: str) -> int:
         raise LaunchMismatchError(f"{name}={text!r} is not an integer") from None
 
 
+def _shape(plan: Plan) -> str:
+    """How the plan's processes add up: 'pp 2 × dp 2 × tp 1' for a uniform plan, else the
+    GPUs of each pipeline rank's replicas, e.g. 'pp 2: 1+1, 2'."""
+    uniform = plan.uniform_shape()
+    pp = plan.parallelism.pipeline_degree
+    if uniform is not None:
+        return f"pp {pp} × dp {uniform[0]} × tp {uniform[1]}"
+    per_rank = [
+        "+".join(str(r.tensor_parallel_degree) for r in plan.stages_of_rank(p)[0].replicas)
+        for p in range(pp)
+    ]
+    return f"pp {pp}, GPUs per replica: {', '.join(per_rank)}"
+
+
 def check_launch(plan: Plan, env: LaunchEnv) -> RankEntry:
     """This worker's entry of the plan's rank map; LaunchMismatchError when the launch differs."""
-    par = plan.parallelism
-    if env.world_size != par.world_size:
+    if env.world_size != plan.world_size:
         layout = ", ".join(f"{node.name}×{node.nproc_per_node}" for node in plan.nodes)
         raise LaunchMismatchError(
-            f"launched with WORLD_SIZE={env.world_size}, but the plan needs {par.world_size} "
-            f"processes (pp {par.pipeline_degree} × dp {par.data_parallel_degree} × "
-            f"tp {par.tensor_parallel_degree}) on {len(plan.nodes)} node(s): {layout}"
+            f"launched with WORLD_SIZE={env.world_size}, but the plan needs {plan.world_size} "
+            f"processes ({_shape(plan)}) on {len(plan.nodes)} node(s): {layout}"
         )
     if not 0 <= env.rank < env.world_size:
         raise LaunchMismatchError(f"RANK={env.rank} is outside 0..{env.world_size - 1}")

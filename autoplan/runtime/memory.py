@@ -35,7 +35,8 @@ def _local_bytes(tensor: torch.Tensor) -> int:
 
 
 def model_state_bytes(
-    models: list[nn.Module], optimizer: torch.optim.Optimizer | MasterWeightAdamW
+    models: list[nn.Module],
+    optimizers: list[torch.optim.Optimizer | MasterWeightAdamW],
 ) -> int:
     """Bytes of this rank's parameters, gradients and optimizer states (its shards only)."""
     seen: set[int] = set()
@@ -48,13 +49,14 @@ def model_state_bytes(
             total += _local_bytes(param)
             if param.grad is not None:
                 total += _local_bytes(param.grad)
-    # ZeroRedundancyOptimizer keeps this rank's shard of the states in a local optimizer;
-    # MasterWeightAdamW keeps fp32 master weights besides its states.
-    local_optimizer = getattr(optimizer, "optim", optimizer)
-    if isinstance(optimizer, MasterWeightAdamW):
-        total += optimizer.master_bytes()
-    for state in local_optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                total += _local_bytes(value)
+    for optimizer in optimizers:
+        # ZeroRedundancyOptimizer keeps this rank's shard of the states in a local optimizer;
+        # MasterWeightAdamW keeps fp32 master weights besides its states.
+        local_optimizer = getattr(optimizer, "optim", optimizer)
+        if isinstance(optimizer, MasterWeightAdamW):
+            total += optimizer.master_bytes()
+        for state in local_optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    total += _local_bytes(value)
     return total

@@ -1,4 +1,4 @@
-"""Process groups: the backend (NCCL on CUDA, gloo on CPU) and the plan's (pp, dp, tp) mesh."""
+"""Process groups: the backend (NCCL on CUDA, gloo on CPU) and a uniform plan's DeviceMesh."""
 
 from __future__ import annotations
 
@@ -9,38 +9,43 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from autoplan.errors import LaunchMismatchError
+from autoplan.errors import InputError, LaunchMismatchError
 from autoplan.plan.schema import Plan, RankEntry
 from autoplan.runtime.launch_check import LaunchEnv
 
-__all__ = ["MESH_DIMS", "build_mesh", "init_distributed"]
+__all__ = ["MESH_DIMS", "build_mesh", "init_distributed", "local_device"]
 
 logger = logging.getLogger(__name__)
 
 MESH_DIMS = ("pp", "dp", "tp")
 
 
-def init_distributed(env: LaunchEnv) -> torch.device:
-    """Join the default process group (once per process) and return this rank's device.
+def local_device(env: LaunchEnv) -> torch.device:
+    """This rank's device: CUDA device ``LOCAL_RANK`` when every process of this node has a
+    CUDA device of its own, else the CPU.
 
-    NCCL when every process of this node has a CUDA device of its own, gloo otherwise;
-    decided here, at run time, so one plan runs on a GPU cluster and on a laptop. (Deciding by
+    Decided here, at run time, so one plan runs on a GPU cluster and on a laptop. (Deciding by
     node, not by process, keeps one backend per launch: 4 processes on a 1-GPU machine all use
     gloo rather than mixing NCCL and gloo.)
     """
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size
-    device = torch.device("cuda", env.local_rank) if use_cuda else torch.device("cpu")
+    return torch.device("cuda", env.local_rank) if use_cuda else torch.device("cpu")
+
+
+def init_distributed(env: LaunchEnv, device: torch.device) -> None:
+    """Join the default process group (once per process): NCCL on CUDA, gloo on the CPU."""
+    use_cuda = device.type == "cuda"
     if use_cuda:
         torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        backend = "nccl" if use_cuda else "gloo"
-        if env.world_size == 1 and not _launched_by_torchrun():
-            # A single process started without torchrun has no rendezvous address.
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        else:
-            dist.init_process_group(backend, device_id=device if use_cuda else None)
-        logger.info("rank %d/%d joined with %s on %s", env.rank, env.world_size, backend, device)
-    return device
+    if dist.is_initialized():
+        return
+    backend = "nccl" if use_cuda else "gloo"
+    if env.world_size == 1 and not _launched_by_torchrun():
+        # A single process started without torchrun has no rendezvous address.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend, device_id=device if use_cuda else None)
+    logger.info("rank %d/%d joined with %s on %s", env.rank, env.world_size, backend, device)
 
 
 def _launched_by_torchrun() -> bool:
@@ -48,9 +53,16 @@ def _launched_by_torchrun() -> bool:
 
 
 def build_mesh(plan: Plan, device: torch.device, entry: RankEntry) -> DeviceMesh:
-    """The (pp, dp, tp) DeviceMesh of the plan; checks this rank sits where the rank map says."""
-    par = plan.parallelism
-    shape = (par.pipeline_degree, par.data_parallel_degree, par.tensor_parallel_degree)
+    """The (pp, dp, tp) DeviceMesh of a uniform plan; checks this rank sits where the rank map
+    says."""
+    uniform = plan.uniform_shape()
+    if uniform is None:
+        raise InputError(
+            "the plan's stages differ in replicas, tp or shares: one DeviceMesh cannot hold "
+            "it (run it with the groups executor)"
+        )
+    dp, tp = uniform
+    shape = (plan.parallelism.pipeline_degree, dp, tp)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
     coordinate = mesh.get_coordinate()
     expected = [entry.pipeline_rank, entry.dp_index, entry.tp_index]

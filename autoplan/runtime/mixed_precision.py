@@ -43,7 +43,7 @@ def _owners(params: list[nn.Parameter], ranks: int) -> list[int]:
 
 
 class MasterWeightAdamW:
-    """AdamW on fp32 masters of 16-bit ``params`` (wider ones keep their dtype); a
+    """AdamW on fp32 masters of 16-bit ``params`` (wider ones are their own masters); a
     ``dp_group`` shards the masters and moments over it (ZeRO-1)."""
 
     def __init__(
@@ -61,8 +61,13 @@ class MasterWeightAdamW:
             dist.get_global_rank(dp_group, owner) if dp_group is not None else 0 for owner in owners
         ]
         self._owned = [index for index, owner in enumerate(owners) if owner == me]
+        # A parameter already as wide as its master (fp32, fp64) is its own master: no copy.
+        # That also makes this the ZeRO-1 optimizer of any dtype for DTensor parameters, which
+        # ZeroRedundancyOptimizer cannot broadcast.
         self.masters = [
-            nn.Parameter(params[index].detach().clone().to(_master_dtype(params[index].dtype)))
+            params[index]
+            if _master_dtype(params[index].dtype) == params[index].dtype
+            else nn.Parameter(params[index].detach().clone().to(_master_dtype(params[index].dtype)))
             for index in self._owned
         ]
         self.inner = torch.optim.AdamW(self.masters, lr=learning_rate)
@@ -81,11 +86,13 @@ class MasterWeightAdamW:
     def step(self) -> None:
         """Update the owned masters from the 16-bit gradients, then every replica's weights."""
         for master, index in zip(self.masters, self._owned, strict=True):
-            grad = self.params[index].grad
-            master.grad = None if grad is None else grad.to(master.dtype)
+            if master is not self.params[index]:
+                grad = self.params[index].grad
+                master.grad = None if grad is None else grad.to(master.dtype)
         self.inner.step()
         for master, index in zip(self.masters, self._owned, strict=True):
-            self.params[index].copy_(master)
+            if master is not self.params[index]:
+                self.params[index].copy_(master)
         if self.dp_group is not None:
             # One broadcast per owner of all its parameters, flattened (the dtypes of a model's
             # parameters agree), instead of one per parameter.
@@ -103,5 +110,9 @@ class MasterWeightAdamW:
                     offset += tensor.numel()
 
     def master_bytes(self) -> int:
-        """Bytes of the fp32 master copies this rank holds."""
-        return sum(_local(m).numel() * _local(m).element_size() for m in self.masters)
+        """Bytes of the fp32 master copies this rank holds (parameters that are their own
+        masters count as parameters, not here)."""
+        own = {id(param) for param in self.params}
+        return sum(
+            _local(m).numel() * _local(m).element_size() for m in self.masters if id(m) not in own
+        )

@@ -1,4 +1,9 @@
-"""The run report: what a run measured, beside what the plan predicted (rank 0 writes it)."""
+"""The run report: what a run measured, beside what the plan predicted (rank 0 writes it).
+
+The plan predicts memory per kind of replica (pipeline rank, GPU type, tp, share:
+``MemoryEstimate``); :func:`predicted_memory_of_rank` finds each rank's, so the report lists
+measured and predicted figures rank by rank.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RUN_REPORT_SCHEMA_VERSION", "RunReport", "StepRecord"]
+from autoplan.plan.schema import MemoryEstimate, Plan
+
+__all__ = ["RUN_REPORT_SCHEMA_VERSION", "RunReport", "StepRecord", "predicted_memory_of_rank"]
 
 RUN_REPORT_SCHEMA_VERSION = 1
 
@@ -71,5 +78,37 @@ class RunReport(_Strict):
         ge=0, description="Largest weights + gradients + optimizer of plan.prediction.memory."
     )
     model_state_per_rank_bytes: list[int] = Field(description="Model-state bytes of each rank.")
+    predicted_peak_memory_per_rank_bytes: list[int] = Field(
+        default_factory=list,
+        description="Each rank's predicted total (its replica's MemoryEstimate; 0 if none).",
+    )
+    predicted_model_state_per_rank_bytes: list[int] = Field(
+        default_factory=list,
+        description="Each rank's predicted weights + gradients + optimizer states.",
+    )
+    executor: Literal["mesh", "groups"] = Field(
+        default="mesh",
+        description="'mesh': one (pp, dp, tp) DeviceMesh with torch's pipelining (uniform "
+        "plans); 'groups': per-stage process groups and the runtime's own stage transfers.",
+    )
     measured_tokens_per_s: float = Field(ge=0)
     predicted_tokens_per_s: float = Field(ge=0)
+
+
+def predicted_memory_of_rank(plan: Plan, rank: int) -> MemoryEstimate | None:
+    """The plan's memory estimate for ``rank``: the one of its pipeline rank, GPU type, tp and
+    share; failing that, the largest of its pipeline rank and GPU type; None if neither."""
+    entry = plan.rank_map[rank]
+    replica = plan.stages_of_rank(entry.pipeline_rank)[0].replicas[entry.dp_index]
+    candidates = [
+        estimate
+        for estimate in plan.prediction.memory
+        if estimate.pipeline_rank == entry.pipeline_rank and estimate.gpu_type == entry.gpu_type
+    ]
+    for estimate in candidates:
+        if (estimate.tensor_parallel_degree, estimate.micro_batch_size) == (
+            replica.tensor_parallel_degree,
+            replica.micro_batch_size,
+        ):
+            return estimate
+    return max(candidates, key=lambda estimate: estimate.total_bytes, default=None)

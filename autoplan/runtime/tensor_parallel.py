@@ -44,6 +44,7 @@ __all__ = [
     "VOCAB_EMBEDDINGS",
     "VOCAB_HEADS",
     "apply_tensor_parallel",
+    "parameter_shard_dims",
     "vocabulary_shard_rows",
     "vocabulary_sizes",
 ]
@@ -87,6 +88,40 @@ def vocabulary_shard_rows(vocab_size: int, degree: int) -> list[int]:
     split, DTensor's ``Shard(0)``): ceil(V / tp) on the first ranks, the rest on the last."""
     rows = -(-vocab_size // degree)
     return [max(0, min(rows, vocab_size - rank * rows)) for rank in range(degree)]
+
+
+def parameter_shard_dims(layer: nn.Module) -> dict[str, int | None]:
+    """The dimension tensor parallelism splits each of ``layer``'s parameters along (None:
+    replicated on every tp rank), by name within the layer (tied names listed each), as
+    :func:`apply_tensor_parallel` splits them: column projections and the vocabulary head by
+    output rows (weight and bias dim 0), row projections by input columns (weight dim 1, bias
+    replicated), the token embedding by vocabulary rows (dim 0). A layer with none of the known
+    projections is replicated whole. The gradient sync of replicas of different tp degrees
+    needs this for replicas it does not hold (where no DTensor says it).
+    """
+    vocab = _vocab_modules(layer)
+    split = any(
+        isinstance(module, nn.Linear)
+        and name not in vocab
+        and name.rsplit(".", 1)[-1] in COLUMN_PROJECTIONS | ROW_PROJECTIONS
+        for name, module in layer.named_modules()
+    )
+    dims: dict[str, int | None] = {}
+    for module_name, module in layer.named_modules():
+        leaf = module_name.rsplit(".", 1)[-1]
+        for param_name, _ in module.named_parameters(recurse=False, remove_duplicate=False):
+            if module_name in vocab:
+                dim: int | None = 0
+            elif isinstance(module, nn.Linear) and split and leaf in COLUMN_PROJECTIONS:
+                dim = 0
+            elif isinstance(module, nn.Linear) and split and leaf in ROW_PROJECTIONS:
+                dim = 1 if param_name == "weight" else None
+            else:
+                dim = None
+            full = f"{module_name}.{param_name}" if module_name else param_name
+            # A tied weight is split by the first module that uses it (they split alike).
+            dims.setdefault(full, dim)
+    return dims
 
 
 class _GradientAsWeight(torch.autograd.Function):

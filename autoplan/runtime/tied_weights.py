@@ -1,5 +1,6 @@
-"""Weights tied across pipeline stages (embedding and output head): one copy per stage, with
-their gradients summed after each backward, as Megatron-LM does.
+"""Weights tied across pipeline stages (embedding and output head) of a uniform plan: one copy
+per stage, with their gradients summed after each backward, as Megatron-LM does. (The groups
+executor sums ties with the rest of its gradients: ``grad_sync``.)
 
 Every copy starts from the same bits (every rank builds the model from one seed), gets the same
 summed gradient and so takes the same optimizer step: the copies stay equal, and the summed
@@ -36,9 +37,12 @@ class TiedGradientSync:
         models_by_stage: dict[int, nn.Module],
         entry: RankEntry,
     ) -> None:
-        par = plan.parallelism
-        group_size = par.data_parallel_degree * par.tensor_parallel_degree
-        my_offset = entry.dp_index * par.tensor_parallel_degree + entry.tp_index
+        uniform = plan.uniform_shape()
+        if uniform is None:
+            raise ValueError("TiedGradientSync is the mesh executor's; see grad_sync for others")
+        dp, tp = uniform
+        group_size = dp * tp
+        my_offset = entry.dp_index * tp + entry.tp_index
         # (module, parameter name) pairs, looked up at each call: tensor parallelism and FSDP2
         # replace a module's parameters after this object is made.
         self._weights: list[tuple[list[tuple[nn.Module, str]], dist.ProcessGroup | None]] = []

@@ -1,0 +1,205 @@
+"""Refuse, before any process trains, a plan the runtime would reject later or run wrongly.
+
+Checked on every rank (and by ``autoplan run --local`` before it starts any process), so a bad
+plan is one line, not a hang or an error from every rank halfway into the first step. The
+checks are about the plan alone; the launch (world size, node ranks) is ``launch_check``'s and
+the device (GPU type) ``device_check``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from autoplan.errors import InputError
+from autoplan.plan.schema import Plan, Replica, Stage
+from autoplan.runtime.model_stage import pipeline_layers
+from autoplan.runtime.tensor_parallel import vocabulary_shard_rows, vocabulary_sizes
+from autoplan.zoo import get_model_spec
+
+__all__ = ["check_runnable", "meta_model"]
+
+logger = logging.getLogger(__name__)
+
+
+def meta_model(plan: Plan) -> nn.Module:
+    """The plan's whole model on the meta device: shapes only, nothing allocated."""
+    with torch.device("meta"):
+        return get_model_spec(plan.inputs.model.name).build()
+
+
+def _placement(replica: Replica) -> tuple[str, str, int, tuple[int, ...], int]:
+    return (
+        replica.gpu_type,
+        replica.node,
+        replica.tensor_parallel_degree,
+        tuple(replica.ranks),
+        replica.micro_batch_size,
+    )
+
+
+def _check_stage_layout(plan: Plan) -> None:
+    par = plan.parallelism
+    previous_end = 0
+    for position, stage in enumerate(plan.stages):
+        if stage.index != position:
+            raise InputError(f"stage {position} of the plan has index {stage.index}")
+        if stage.layer_start != previous_end or stage.layer_end <= stage.layer_start:
+            raise InputError(
+                f"stage {stage.index} holds layers [{stage.layer_start}, {stage.layer_end}); "
+                f"stages must be non-empty and follow on (it should start at {previous_end})"
+            )
+        # Both executors place stage s on pipeline rank s % pp (the plan's convention, and
+        # torch's pipelining's).
+        if stage.pipeline_rank != stage.index % par.pipeline_degree:
+            raise InputError(
+                f"stage {stage.index} is on pipeline rank {stage.pipeline_rank}; with pp = "
+                f"{par.pipeline_degree} it must be on {stage.index % par.pipeline_degree}"
+            )
+        previous_end = stage.layer_end
+
+
+def _check_shares(plan: Plan) -> None:
+    par = plan.parallelism
+    batch = par.micro_batch_size * par.num_micro_batches
+    if batch != plan.inputs.global_batch_size:
+        raise InputError(
+            f"micro-batches of {par.micro_batch_size} samples × {par.num_micro_batches} = "
+            f"{batch} samples, but the plan's global batch is {plan.inputs.global_batch_size}"
+        )
+    for stage in plan.stages:
+        if stage.micro_batch_size != par.micro_batch_size:
+            shares = " + ".join(str(share) for share in stage.shares)
+            raise InputError(
+                f"stage {stage.index}'s replicas take {shares} = {stage.micro_batch_size} "
+                f"samples of each micro-batch; the plan's micro-batch is {par.micro_batch_size}"
+            )
+
+
+def _check_replicas(plan: Plan) -> None:
+    """Every replica's ranks are where the rank map says, the stages of one pipeline rank run
+    on the same replicas, and every rank of the launch serves exactly one pipeline rank."""
+    world = plan.world_size
+    for stage in plan.stages:
+        for d, replica in enumerate(stage.replicas):
+            # torch orders a process group's ranks ascending, and so the shards of a tp
+            # DeviceMesh made from it: tp index t must be the t-th smallest rank.
+            if replica.ranks != sorted(set(replica.ranks)):
+                raise InputError(
+                    f"stage {stage.index} replica {d} lists ranks {replica.ranks}; a replica's "
+                    "ranks must be distinct and ascending by tp index"
+                )
+            for t, rank in enumerate(replica.ranks):
+                if not 0 <= rank < world or plan.rank_map[rank].rank != rank:
+                    raise InputError(
+                        f"stage {stage.index} replica {d} lists rank {rank}; the rank map "
+                        f"holds ranks 0..{world - 1} in order"
+                    )
+                entry = plan.rank_map[rank]
+                expected = (stage.pipeline_rank, d, t, replica.gpu_type, replica.node)
+                found = (entry.pipeline_rank, entry.dp_index, entry.tp_index)
+                found += (entry.gpu_type, entry.node)
+                if found != expected:
+                    raise InputError(
+                        f"rank {rank} is (pipeline rank, replica, tp index, GPU type, node) "
+                        f"= {found} in the rank map, but stage {stage.index} puts it at "
+                        f"{expected}"
+                    )
+    owner: dict[int, int] = {}
+    for p in range(plan.parallelism.pipeline_degree):
+        stages = plan.stages_of_rank(p)
+        first = stages[0]
+        for other in stages[1:]:
+            if [_placement(r) for r in other.replicas] != [_placement(r) for r in first.replicas]:
+                raise InputError(
+                    f"stages {first.index} and {other.index} both run on pipeline rank {p} but "
+                    "on different replicas (GPUs, tp or shares); interleaved stages of one "
+                    "pipeline rank must share its replicas"
+                )
+        for rank in first.ranks:
+            if rank in owner:
+                raise InputError(
+                    f"rank {rank} serves pipeline ranks {owner[rank]} and {p}; a GPU runs one"
+                )
+            owner[rank] = p
+    unused = sorted(set(range(world)) - set(owner))
+    if unused:
+        raise InputError(f"ranks {unused} of the rank map are in no stage's replicas")
+
+
+def _check_tensor_parallel(plan: Plan, model: nn.Module) -> None:
+    spec = get_model_spec(plan.inputs.model.name)
+    degrees = sorted({r.tensor_parallel_degree for s in plan.stages for r in s.replicas})
+    divisor = spec.tensor_parallel_divisor
+    for tp in degrees:
+        if divisor is not None and divisor % tp:
+            raise InputError(
+                f"tensor parallel degree {tp} does not divide {plan.inputs.model.name}'s "
+                f"heads, kv heads and MLP width (their gcd is {divisor})"
+            )
+    # A tp degree that does not divide the vocabulary is not refused: the embedding and head
+    # are then split unevenly (see tensor_parallel).
+    for tp in degrees:
+        for size in sorted(vocabulary_sizes(model)) if tp > 1 else []:
+            if size % tp:
+                logger.info(
+                    "tensor parallel degree %d does not divide %s's vocabulary of %d: its "
+                    "token embedding and head are split unevenly, %s rows per tp rank",
+                    tp,
+                    plan.inputs.model.name,
+                    size,
+                    "/".join(str(rows) for rows in vocabulary_shard_rows(size, tp)),
+                )
+
+
+def _check_zero1(stage: Stage) -> None:
+    degrees = {replica.tensor_parallel_degree for replica in stage.replicas}
+    if stage.zero1 and len(degrees) > 1:
+        raise InputError(
+            f"stage {stage.index} shards optimizer states (ZeRO-1) over replicas of tp "
+            f"{sorted(degrees)}; the runtime shards them only over replicas of one tp degree "
+            "(their shards must line up)"
+        )
+
+
+def _check_schedule(plan: Plan) -> None:
+    par = plan.parallelism
+    m = par.num_micro_batches
+    if par.schedule == "1f1b" and m < par.pipeline_degree:
+        raise InputError(f"1F1B needs micro-batches ({m}) >= pipeline stages ({par.num_stages})")
+    if par.schedule == "interleaved_1f1b":
+        rounds = max(1, m // par.pipeline_degree)
+        if m % rounds:
+            raise InputError(
+                f"interleaved 1F1B needs micro-batches ({m}) to be a multiple of "
+                f"{rounds} = max(1, micro-batches // pp {par.pipeline_degree})"
+            )
+
+
+def check_runnable(plan: Plan) -> None:
+    """Raise InputError (one line) unless the runtime can run ``plan``: the model it names
+    with the plan's layer count; stages that follow on, each on pipeline rank index % pp;
+    replica shares that add up to the micro-batch; replicas whose ranks match the rank map,
+    the same replicas for every stage of a pipeline rank (interleaving); tp degrees that split
+    whole heads; ZeRO-1 only over replicas of one tp; a schedule its micro-batches fit."""
+    model = meta_model(plan)
+    num_layers = len(pipeline_layers(model))
+    if num_layers != plan.inputs.model.num_layers:
+        raise InputError(
+            f"model '{plan.inputs.model.name}' has {num_layers} layers; the plan was made for "
+            f"{plan.inputs.model.num_layers}"
+        )
+    if plan.stages[-1].layer_end != num_layers:
+        raise InputError(
+            f"the plan's stages cover layers [0, {plan.stages[-1].layer_end}); the model has "
+            f"{num_layers}"
+        )
+    _check_stage_layout(plan)
+    _check_shares(plan)
+    _check_replicas(plan)
+    _check_tensor_parallel(plan, model)
+    for stage in plan.stages:
+        _check_zero1(stage)
+    _check_schedule(plan)

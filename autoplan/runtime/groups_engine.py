@@ -1,0 +1,146 @@
+"""The groups executor: any version-2 plan, each stage with its own replicas.
+
+Per rank it
+
+1. creates every process group any rank needs (``stage_groups.ProcessGroups``: each
+   replica's tp group, the gradient sync's groups, ZeRO-1's), the same on every rank;
+2. builds the model from a fixed seed and keeps this rank's stage(s)' layers;
+3. applies tensor parallelism on its replica's tp DeviceMesh (DTensor, as the mesh executor
+   does), and its replica's recompute;
+4. runs its pipeline rank's action list (``executor``) with the runtime's own stage transfers
+   (``transfers``), then sums gradients over each parameter's replicas (``grad_sync``);
+5. steps one optimizer per stage: AdamW, or ``MasterWeightAdamW`` for 16-bit weights and for
+   ZeRO-1, sharded over the stage's replicas at this rank's tp index.
+
+Uniform plans run here too when asked (``train(..., executor="groups")``); their numerics equal
+the mesh executor's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autoplan.plan.schema import Plan, RankEntry, Stage
+from autoplan.runtime import tensor_parallel
+from autoplan.runtime.check import meta_model
+from autoplan.runtime.engine import Optimizer
+from autoplan.runtime.executor import ActionListExecutor, loss_weight
+from autoplan.runtime.grad_sync import GradientSync, parameter_families
+from autoplan.runtime.loss import loss_context, loss_function
+from autoplan.runtime.mixed_precision import MasterWeightAdamW
+from autoplan.runtime.model_stage import build_stage_models
+from autoplan.runtime.recompute import apply_recompute
+from autoplan.runtime.stage_groups import ProcessGroups, rank_place, tp_mesh
+from autoplan.runtime.transfers import Mailbox, boundary_shapes
+from autoplan.schedule import schedule_order
+from autoplan.zoo import get_model_spec
+
+__all__ = ["GroupsEngine", "group_rank_sets", "zero1_ranks"]
+
+_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+
+
+def zero1_ranks(stage: Stage, tp_index: int) -> list[int]:
+    """The ranks that share optimizer states with tp rank ``tp_index`` of each replica of
+    ``stage`` under ZeRO-1 (its replicas have one tp degree: ``check_runnable``)."""
+    return [replica.ranks[tp_index] for replica in stage.replicas]
+
+
+def group_rank_sets(plan: Plan, sync: GradientSync) -> list[tuple[int, ...]]:
+    """Every rank set any rank will use a group of (the same list on every rank)."""
+    sets: list[tuple[int, ...]] = []
+    for stage in plan.stages:
+        sets += [tuple(r.ranks) for r in stage.replicas if r.tensor_parallel_degree > 1]
+        if stage.zero1 and stage.data_parallel_degree > 1:
+            tp = stage.replicas[0].tensor_parallel_degree
+            sets += [tuple(zero1_ranks(stage, t)) for t in range(tp)]
+    return sets + sync.rank_sets()
+
+
+class GroupsEngine:
+    """One rank of any plan, on per-stage process groups (see the module docstring)."""
+
+    name = "groups"
+
+    def __init__(
+        self, plan: Plan, entry: RankEntry, device: torch.device, seed: int, learning_rate: float
+    ) -> None:
+        self.plan = plan
+        self.device = device
+        place = rank_place(plan, entry.rank)
+        self.place = place
+        self.sync = GradientSync(plan, parameter_families(plan, meta_model(plan)), entry.rank)
+        self.groups = ProcessGroups(group_rank_sets(plan, self.sync))
+
+        my_stages = [plan.stages[index] for index in place.stages]
+        models, _ = build_stage_models(plan, my_stages, seed)
+        spec = get_model_spec(plan.inputs.model.name)
+        self.modules: dict[int, nn.Module] = {}
+        replica_of = {}
+        for stage, model in zip(my_stages, models, strict=True):
+            replica = stage.replicas[place.replica]
+            replica_of[stage.index] = replica
+            if replica.tensor_parallel_degree > 1:
+                mesh = tp_mesh(self.groups, replica, device)
+                tensor_parallel.apply_tensor_parallel(model, mesh, spec.tensor_parallel_divisor)
+            apply_recompute(model, replica.recompute)
+            model.to(device)
+            self.modules[stage.index] = model
+        self.sync.check_layout(self.modules, replica_of)
+        self.models: list[nn.Module] = models
+        replica = my_stages[0].replicas[place.replica]
+        # Logits come split by vocabulary on a tp replica of the last stage (tensor_parallel).
+        self.split_vocabulary = replica.tensor_parallel_degree > 1
+        self.optimizers: list[Optimizer] = [
+            self._optimizer(stage, model, learning_rate)
+            for stage, model in zip(my_stages, models, strict=True)
+        ]
+
+        par = plan.parallelism
+        order = schedule_order(
+            par.schedule, par.pipeline_degree, par.num_micro_batches, par.virtual_stages_per_rank
+        )
+        self.mailbox = Mailbox(plan, order, entry.rank, self.groups, device)
+        last = plan.stages[-1]
+        self.is_last = last.index in place.stages
+        share = last.shares[place.replica] if self.is_last else 1
+        self.executor = ActionListExecutor(
+            plan,
+            place,
+            self.modules,
+            order[place.pipeline_rank],
+            self.mailbox,
+            loss_function(spec.loss, loss_weight(plan, share)),
+            device,
+        )
+        self.reports_loss = self.is_last and place.tp_index == 0
+        # Every group exists everywhere before the first point-to-point operation (NCCL asks
+        # that a group's first operation involve all its ranks).
+        dist.barrier()
+        self._shapes_for: tuple[tuple[int, ...], ...] | None = None
+
+    def _optimizer(self, stage: Stage, model: nn.Module, learning_rate: float) -> Optimizer:
+        params = list(model.parameters())
+        if stage.zero1 and stage.data_parallel_degree > 1:
+            group = self.groups.get(zero1_ranks(stage, self.place.tp_index))
+            return MasterWeightAdamW(params, learning_rate, group)
+        if any(param.dtype in _SIXTEEN_BIT for param in params):
+            return MasterWeightAdamW(params, learning_rate)
+        return torch.optim.AdamW(params, lr=learning_rate)
+
+    def run(self, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor) -> float:
+        """The action list, then the gradient sums; this rank's part of the mean loss."""
+        # Boundary shapes follow the input's (a meta run, no communication), found again
+        # only when a batch's per-sample shape changes.
+        key = tuple(tuple(tensor.shape[1:]) for tensor in inputs)
+        if key != self._shapes_for:
+            self.mailbox.set_shapes(boundary_shapes(self.plan, inputs))
+            self._shapes_for = key
+        with loss_context(self.split_vocabulary):
+            losses = self.executor.run(inputs, targets)
+        self.sync.synchronize(self.modules, self.groups)
+        if not self.reports_loss:
+            return 0.0
+        return sum(float(value.double().sum()) for value in losses)

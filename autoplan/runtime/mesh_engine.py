@@ -1,0 +1,128 @@
+"""The mesh executor: a uniform plan on PyTorch's own engine.
+
+A plan whose every pipeline rank has dp replicas of tp GPUs with the same shares
+(``Plan.uniform_shape``) is one DeviceMesh of shape (pp, dp, tp). Per rank this executor
+
+1. builds the mesh,
+2. builds the model from a fixed seed in the plan's dtype and keeps its stage(s)' layers,
+3. applies tensor parallelism (DTensor, "tp" sub-mesh), its replica's activation recompute,
+   and data parallelism over the "dp" sub-mesh (DDP, with ZeRO-1 per stage when the plan says
+   so; FSDP2 with tensor parallelism: see ``data_parallel``),
+4. wraps each stage in a ``PipelineStage`` on the "pp" group and runs the plan's schedule
+   (GPipe, 1F1B, Interleaved 1F1B) with the plan's micro-batches.
+
+Uneven shares scale replica d's loss by dp × its samples / global batch, so that DDP's plain
+average of the replicas' gradients is the full-batch mean. (Each replica's pipeline is its own
+row of the mesh, so replicas may run micro-batches of different sizes.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import get_schedule_class
+
+from autoplan.plan.schema import Plan, RankEntry
+from autoplan.runtime import tensor_parallel
+from autoplan.runtime.data import replica_rows
+from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
+from autoplan.runtime.engine import Optimizer
+from autoplan.runtime.loss import loss_context, loss_function
+from autoplan.runtime.mesh import build_mesh
+from autoplan.runtime.model_stage import build_stage_models
+from autoplan.runtime.recompute import apply_recompute
+from autoplan.runtime.tied_weights import TiedGradientSync
+from autoplan.zoo import get_model_spec
+
+__all__ = ["SCHEDULE_CLASSES", "MeshEngine"]
+
+SCHEDULE_CLASSES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+
+
+class MeshEngine:
+    """One rank of a uniform plan on a (pp, dp, tp) DeviceMesh (see the module docstring)."""
+
+    name = "mesh"
+
+    def __init__(
+        self, plan: Plan, entry: RankEntry, device: torch.device, seed: int, learning_rate: float
+    ) -> None:
+        uniform = plan.uniform_shape()
+        assert uniform is not None, "the mesh executor runs uniform plans"
+        self.dp, self.tp = uniform
+        self.plan = plan
+        self.entry = entry
+        self.device = device
+        par = plan.parallelism
+        mesh = build_mesh(plan, device, entry)
+
+        my_stages = plan.stages_of_rank(entry.pipeline_rank)
+        models, tied = build_stage_models(plan, my_stages, seed)
+        self.tied = TiedGradientSync(
+            plan,
+            tied,
+            {stage.index: model for stage, model in zip(my_stages, models, strict=True)},
+            entry,
+        )
+        spec = get_model_spec(plan.inputs.model.name)
+        # The logits are split by vocabulary when tp is (see tensor_parallel): a model without
+        # a recognised head gets a plain output, which the loss takes either way.
+        self.split_vocabulary = self.tp > 1
+
+        pipeline_stages = []
+        self.optimizers: list[Optimizer] = []
+        for stage, model in zip(my_stages, models, strict=True):
+            if self.tp > 1:
+                tensor_parallel.apply_tensor_parallel(
+                    model, mesh["tp"], spec.tensor_parallel_divisor
+                )
+            apply_recompute(model, stage.replicas[entry.dp_index].recompute)
+            model.to(device)
+            module = wrap_data_parallel(
+                model, mesh["dp"], device, shard=self.tp > 1, pipelined=par.num_stages > 1
+            )
+            pipeline_stages.append(
+                PipelineStage(
+                    module, stage.index, par.num_stages, device, group=mesh["pp"].get_group()
+                )
+            )
+        # One optimizer per stage: ZeRO-1 is the stage's choice. (Under FSDP2 the parameters
+        # are DTensors made at wrapping, so the lists are taken after it.)
+        for stage, model in zip(my_stages, models, strict=True):
+            self.optimizers.append(
+                make_optimizer(list(model.parameters()), mesh["dp"], stage.zero1, learning_rate)
+            )
+        self.models: list[nn.Module] = models
+
+        share = plan.stages[0].shares[entry.dp_index]
+        weight = self.dp * share * par.num_micro_batches / plan.inputs.global_batch_size
+        schedule_class = get_schedule_class(SCHEDULE_CLASSES[par.schedule])
+        loss_fn = loss_function(spec.loss, weight)
+        if par.schedule == "interleaved_1f1b":
+            self.schedule = schedule_class(pipeline_stages, par.num_micro_batches, loss_fn=loss_fn)
+        else:
+            self.schedule = schedule_class(
+                pipeline_stages[0], par.num_micro_batches, loss_fn=loss_fn
+            )
+        indices = {stage.index for stage in my_stages}
+        self.is_first = 0 in indices
+        self.is_last = par.num_stages - 1 in indices
+        self.rows = replica_rows(plan, entry.dp_index)
+
+    def run(self, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor) -> float:
+        """One step of the schedule on this replica's rows; the tied-weight sum after it."""
+        args = tuple(t[self.rows].to(self.device) for t in inputs) if self.is_first else ()
+        target = targets[self.rows].to(self.device) if self.is_last else None
+        losses: list[torch.Tensor] = []
+        # loss_parallel (vocabulary-split logits) must cover the loss's forward and backward,
+        # both of which run inside the schedule's step.
+        with loss_context(self.split_vocabulary):
+            self.schedule.step(*args, target=target, losses=losses)
+        self.tied.synchronize()
+        # Each last-stage replica holds weighted micro-batch losses w_d × mean; their sum over
+        # replicas and micro-batches divided by dp × m is the global batch's mean loss.
+        if not (self.is_last and self.entry.tp_index == 0):
+            return 0.0
+        total = sum(float(value.detach().double().sum()) for value in losses)
+        return total / (self.dp * self.plan.parallelism.num_micro_batches)
