@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
+from autoplan.checks import check_plan
 from autoplan.cli.app import command
+from autoplan.cli.inputs import read_profile
 from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
-from autoplan.plan.validate import validate_plan
-from autoplan.profile.schema import Profile
 
 __all__ = ["validate"]
 
@@ -28,13 +28,13 @@ def validate(
         ),
     ] = None,
 ) -> None:
-    """Check a plan independently of the solver: stages, rank layout, nodes, batch, memory."""
+    """Check a plan independently of the solver: stages, replicas, ranks, nodes, batch, memory."""
     plan = read_json_model(plan_path, Plan)
-    profile = read_json_model(profile_path, Profile) if profile_path is not None else None
-    validate_plan(plan, profile)
+    profile = read_profile(profile_path) if profile_path is not None else None
+    check_plan(plan, profile)
     checks = "with profile" if profile is not None else "without profile"
+    par = plan.parallelism
     typer.echo(
-        f"{plan_path}: valid ({checks}): pp={plan.parallelism.pipeline_degree} "
-        f"dp={plan.parallelism.data_parallel_degree} tp={plan.parallelism.tensor_parallel_degree}"
-        f", {len(plan.rank_map)} ranks on {len(plan.nodes)} nodes"
+        f"{plan_path}: valid ({checks}): {len(plan.stages)} stages on {plan.world_size} GPUs "
+        f"(pp={par.pipeline_degree}, {par.schedule}), {len(plan.nodes)} nodes"
     )

@@ -2,25 +2,46 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from autoplan.checks import simulation_size_problem
 from autoplan.cli.app import command
-from autoplan.files import read_json_model, write_json_model
+from autoplan.cli.inputs import read_plan
+from autoplan.errors import InputError
+from autoplan.files import atomic_output, check_outputs, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.schedule import format_grid, schedule_order, unit_step_grid
 from autoplan.simulate import SimulationResult, simulate_plan
 from autoplan.simulate.chrome_trace import write_chrome_trace
 from autoplan.simulate.gantt import write_gantt_png
-from autoplan.view import compare_table, plan_renderables
+from autoplan.view import Document, Section, compare_document, plan_document, print_document
+from autoplan.view.units import bytes_text, duration_text, percent_text
 
 __all__ = ["compare", "show", "simulate"]
 
 PlanPath = Annotated[Path, typer.Argument(help="A plan JSON written by `autoplan solve`.")]
+
+
+class Format(StrEnum):
+    """How a view is printed."""
+
+    text = "text"
+    markdown = "markdown"
+    json = "json"
+
+
+FormatOption = Annotated[
+    Format,
+    typer.Option(
+        "--format",
+        help="text: tables that fit the terminal (stacked rows when narrow); markdown; json.",
+    ),
+]
 
 
 def _title(path: Path, plan: Plan) -> str:
@@ -28,34 +49,57 @@ def _title(path: Path, plan: Plan) -> str:
 
 
 @command("show")
-def show(plan_path: PlanPath) -> None:
-    """Print a plan: stages and layers, memory per GPU, time breakdown, alternatives."""
-    plan = read_json_model(plan_path, Plan)
-    console = Console()
-    for renderable in plan_renderables(plan, _title(plan_path, plan)):
-        console.print(renderable)
-        console.print()
+def show(plan_path: PlanPath, output: FormatOption = Format.text) -> None:
+    """Print a plan: stages and their replicas, memory per replica kind, time breakdown, idle
+    GPUs, alternatives."""
+    plan = read_plan(plan_path)
+    print_document(Console(), plan_document(plan, _title(plan_path, plan)), output.value)
 
 
-def _rank_table(result: SimulationResult) -> Table:
-    table = Table(title="Simulated iteration per pipeline rank", title_justify="left")
-    table.add_column("rank", justify="right")
-    table.add_column("GPU")
-    table.add_column("stages")
-    for column in ("busy ms", "idle ms", "comm ms", "peak GiB", "capacity GiB"):
-        table.add_column(column, justify="right")
+def _ranges(numbers: list[int]) -> str:
+    return str(numbers[0]) if len(numbers) == 1 else f"{numbers[0]}–{numbers[-1]} ({len(numbers)})"
+
+
+def _simulation_document(plan: Plan, result: SimulationResult, title: str) -> Document:
+    """The simulated iteration and one row per group of replicas that fared alike."""
+    predicted = plan.prediction.iteration_time_ms
+    simulated = result.iteration_time_ms
+    summary = Section(title="Simulated iteration", columns=["what", "value"], key_value=True)
+    summary.add("simulated", duration_text(simulated))
+    summary.add("plan predicts", duration_text(predicted))
+    summary.add("simulated / predicted", f"{simulated / predicted:.3f}")
+    summary.add("replicas idle", f"{percent_text(result.bubble_fraction)} of the pipeline time")
+    for number, note in enumerate(result.notes, start=1):
+        summary.add(f"note {number}", note)
+    table = Section(
+        title="Per replica (replicas of one rank that fared alike share a row)",
+        columns=["rank", "replicas", "GPU", "busy", "idle", "comm", "peak", "capacity"],
+        right=frozenset({0, 1, 3, 4, 5, 6, 7}),
+    )
     for rank in result.ranks:
-        table.add_row(
-            str(rank.pipeline_rank),
-            rank.gpu_type,
-            ",".join(str(stage) for stage in rank.stages),
-            f"{rank.busy_ms:,.2f}",
-            f"{rank.idle_ms:,.2f}",
-            f"{rank.communication_ms:,.2f}",
-            f"{rank.peak_bytes / 2**30:.2f}",
-            f"{rank.capacity_bytes / 2**30:.2f}",
-        )
-    return table
+        groups: dict[tuple, list[int]] = {}
+        for replica in rank.replicas:
+            key = (
+                replica.label,
+                round(replica.busy_ms, 9),
+                round(replica.idle_ms, 9),
+                round(replica.communication_ms, 9),
+                replica.peak_bytes,
+                replica.capacity_bytes,
+            )
+            groups.setdefault(key, []).append(replica.replica)
+        for (label, busy, idle, comm, peak, capacity), members in groups.items():
+            table.add(
+                str(rank.pipeline_rank),
+                _ranges(members),
+                label,
+                duration_text(busy),
+                duration_text(idle),
+                duration_text(comm),
+                bytes_text(peak),
+                bytes_text(capacity),
+            )
+    return Document(title=title, sections=[summary, table])
 
 
 @command("simulate")
@@ -77,9 +121,15 @@ def simulate(
             "--grid", help="Also print the schedule as a step × rank grid (one step per action)."
         ),
     ] = False,
+    output: FormatOption = Format.text,
 ) -> None:
-    """Play the plan's schedule event by event; compare with the plan's closed-form prediction."""
-    plan = read_json_model(plan_path, Plan)
+    """Play the plan's schedule replica by replica; compare with the plan's closed-form
+    prediction."""
+    check_outputs({"--trace": trace, "--png": png, "--out": out}, [plan_path])
+    plan = read_plan(plan_path)
+    too_big = simulation_size_problem(plan)
+    if too_big is not None:
+        raise InputError(too_big)
     result = simulate_plan(plan)
     if grid:
         par = plan.parallelism
@@ -90,21 +140,14 @@ def simulate(
         typer.echo(format_grid(steps))
     title = _title(plan_path, plan)
     console = Console()
-    console.print(_rank_table(result))
-    predicted = plan.prediction.iteration_time_ms
-    simulated = result.iteration_time_ms
-    console.print(
-        f"iteration time: simulated {simulated:,.3f} ms, plan predicts {predicted:,.3f} ms "
-        f"(simulated / predicted = {simulated / predicted:.3f}); "
-        f"ranks idle (no forward/backward) {result.bubble_fraction:.1%} of the pipeline time"
-    )
-    for note in result.notes:
-        console.print(f"note: {note}", style="dim")
+    print_document(console, _simulation_document(plan, result, title), output.value)
     if trace is not None:
-        write_chrome_trace(trace, result, title)
+        with atomic_output(trace) as temporary:
+            write_chrome_trace(temporary, result, title)
         console.print(f"wrote {trace} (Chrome trace: open in ui.perfetto.dev or chrome://tracing)")
     if png is not None:
-        write_gantt_png(png, result, title)
+        with atomic_output(png) as temporary:
+            write_gantt_png(temporary, result, title)
         console.print(f"wrote {png}")
     if out is not None:
         write_json_model(out, result)
@@ -115,9 +158,10 @@ def simulate(
 def compare(
     first: Annotated[Path, typer.Argument(help="The plan to compare against (A).")],
     second: Annotated[Path, typer.Argument(help="The other plan (B).")],
+    output: FormatOption = Format.text,
 ) -> None:
     """Two plans side by side, with the ratio of their predicted throughput (B / A)."""
-    plan_a = read_json_model(first, Plan)
-    plan_b = read_json_model(second, Plan)
+    plan_a = read_plan(first)
+    plan_b = read_plan(second)
     names = (first.name, second.name) if first.name != second.name else (str(first), str(second))
-    Console().print(compare_table(plan_a, plan_b, names))
+    print_document(Console(), compare_document(plan_a, plan_b, names), output.value)

@@ -1,20 +1,39 @@
 """An independent check of a plan: the rules every executable plan obeys.
 
 The solver re-checks its own answer with its own code; this module checks plans again from
-their definition only (the rank convention of ``autoplan.plan.schema``, the cluster file and,
-when given, the profile), so that a bug in the cost model or the search cannot hide itself.
-It must therefore never import ``autoplan.cost`` or ``autoplan.solve``.
+their definition only (``autoplan.plan.schema``: stages, their replicas, the rank map; the
+cluster file and, when given, the profile), so that a bug in the cost model or the search
+cannot hide itself. It must therefore never import ``autoplan.cost`` or ``autoplan.solve``.
 
 Every rule is checked and every violation is reported at once, in one PlanInvalidError.
 Plans made with ``model_copy(update=...)`` skip pydantic's own checks, so nothing here assumes
 that the schema validators ran.
 
-The independent memory bound: a GPU of pipeline rank p holds at least its stages' parameters
-split ``tp`` ways, once as weights and once as gradients (in the training dtype), and Adam's
-two moments per parameter in fp32 (fp64 when training in fp64), further split ``dp`` ways
-under ZeRO-1. Mixed-precision Adam keeps more (fp32 master weights, 16-18 bytes per
-parameter), so this is a floor: a plan's estimate below it has forgotten something, and a
-floor above the GPU's memory means the plan cannot run.
+The rules, by family (one ``_check_*`` function each):
+
+- stages: indices in order, stage ``s`` on pipeline rank ``s % pp``, contiguous non-empty
+  layer ranges that cover the model;
+- batch and schedule: every stage's replica shares add up to ``micro_batch_size``, global
+  batch = micro_batch_size × num_micro_batches, ZeRO-1 only over more than one replica, the
+  interleaved schedule's conditions;
+- replicas and ranks: ranks 0..world-1 once each; every rank belongs to exactly one replica of
+  its pipeline rank, and its rank_map entry agrees with that replica (pipeline rank, dp index
+  = replica index, tp index = position in the replica, node, GPU type); a replica's tp GPUs sit
+  on its one node; the stages of one pipeline rank run on identical replicas (same GPUs, same
+  shares; recompute may differ per stage module);
+- nodes: in launch order, each holding the contiguous block of ranks torchrun gives it;
+- memory: an estimate for every (pipeline rank, replica kind = GPU type, tp, share), its parts
+  adding up, total + reserve within the GPU's memory; with the profile, the independent floor;
+- prediction: samples/s, tokens/s, the breakdown, TFLOP/s per GPU over the world size, the
+  per-replica and per-rank figures, and the idle GPUs per type.
+
+The independent memory floor of one GPU of a replica of tp t on pipeline rank p: it holds at
+least its stages' parameters split t ways (a tp group shards at most every parameter), once as
+weights and once as gradients (in the training dtype), and Adam's two moments per parameter in
+fp32 (fp64 when training in fp64), those of a stage further split over the stage's replicas
+under ZeRO-1. Mixed-precision Adam keeps more (fp32 master weights, 16-18 bytes per parameter),
+so this is a floor: a plan's estimate below it has forgotten something, and a floor above the
+GPU's usable memory means the plan cannot run.
 """
 
 from __future__ import annotations
@@ -23,9 +42,9 @@ import math
 from collections import Counter, defaultdict
 
 from autoplan.cluster.catalog import gpu_specs
-from autoplan.cluster.schema import Node
+from autoplan.cluster.schema import GpuSpec, Node
 from autoplan.errors import PlanInvalidError
-from autoplan.plan.schema import Plan
+from autoplan.plan.schema import MemoryEstimate, Plan, Replica, Stage
 from autoplan.profile.schema import Profile
 
 __all__ = ["plan_problems", "validate_plan"]
@@ -36,6 +55,8 @@ _RELATIVE_TOLERANCE = 0.01
 _ADAM_MOMENT_BYTES = {"fp64": 8}
 _ADAM_MOMENT_BYTES_DEFAULT = 4
 _GIB = 1024**3
+# Replica kind: what one memory estimate describes (pipeline rank, GPU type, tp, share).
+_Kind = tuple[int, str, int, int]
 
 
 def validate_plan(plan: Plan, profile: Profile | None = None) -> None:
@@ -53,18 +74,40 @@ def plan_problems(plan: Plan, profile: Profile | None = None) -> list[str]:
     """Every rule ``plan`` breaks, as one message each (empty when valid)."""
     problems: list[str] = []
     _check_layers_and_stages(plan, profile, problems)
-    _check_rank_convention(plan, problems)
-    _check_nodes(plan, problems)
     _check_batch_and_schedule(plan, problems)
+    _check_replicas(plan, problems)
+    _check_nodes(plan, problems)
     if profile is not None:
         _check_against_profile(plan, profile, problems)
     _check_memory(plan, profile, problems)
     _check_prediction(plan, problems)
+    _check_idle_gpus(plan, problems)
     return problems
 
 
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=_RELATIVE_TOLERANCE, abs_tol=1e-9)
+
+
+def _stages_by_rank(plan: Plan) -> dict[int, list[Stage]]:
+    """Stages of each pipeline rank 0..pp-1, in stage order (a rank may have none)."""
+    by_rank: dict[int, list[Stage]] = {p: [] for p in range(plan.parallelism.pipeline_degree)}
+    for stage in plan.stages:
+        by_rank.setdefault(stage.pipeline_rank, []).append(stage)
+    return by_rank
+
+
+def _replicas_of_rank(plan: Plan) -> dict[int, list[Replica]]:
+    """The replicas of each pipeline rank: those of its first stage (the others must agree)."""
+    return {p: stages[0].replicas for p, stages in _stages_by_rank(plan).items() if stages}
+
+
+def _kind_text(kind: _Kind) -> str:
+    p, gpu_type, tp, share = kind
+    return f"pipeline rank {p}'s {gpu_type} tp {tp} replicas with {share} samples"
+
+
+# ---- stages -------------------------------------------------------------------------------
 
 
 def _check_layers_and_stages(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
@@ -105,50 +148,140 @@ def _check_layers_and_stages(plan: Plan, profile: Profile | None, problems: list
         problems.append(f"stages cover layers up to {next_layer}; the model has {num_layers}")
 
 
-def _check_rank_convention(plan: Plan, problems: list[str]) -> None:
+# ---- batch and schedule -------------------------------------------------------------------
+
+
+def _check_batch_and_schedule(plan: Plan, problems: list[str]) -> None:
     par = plan.parallelism
-    pp, dp, tp = par.pipeline_degree, par.data_parallel_degree, par.tensor_parallel_degree
-    world = pp * dp * tp
+    micro_batch = par.micro_batch_size
+    for stage in plan.stages:
+        shares = stage.shares
+        if not shares:
+            problems.append(f"stage {stage.index} has no replicas")
+            continue
+        if min(shares) < 1:
+            problems.append(f"stage {stage.index} has a replica share below 1: {shares}")
+        if sum(shares) != micro_batch:
+            problems.append(
+                f"stage {stage.index}'s replica shares {shares} add up to {sum(shares)}; the "
+                f"micro-batch is {micro_batch} samples (every stage runs all of them)"
+            )
+        if stage.zero1 and len(shares) < 2:
+            problems.append(
+                f"stage {stage.index} has zero1 with a single replica; ZeRO-1 shards optimizer "
+                "states across replicas"
+            )
+    samples = micro_batch * par.num_micro_batches
+    if samples != plan.inputs.global_batch_size:
+        problems.append(
+            f"global batch {plan.inputs.global_batch_size} != micro-batch size ({micro_batch}) × "
+            f"micro-batches ({par.num_micro_batches}) = {samples}"
+        )
+    if par.schedule == "interleaved_1f1b":
+        if par.num_micro_batches % par.pipeline_degree:
+            problems.append(
+                f"interleaved 1F1B needs micro-batches ({par.num_micro_batches}) divisible by "
+                f"pp ({par.pipeline_degree})"
+            )
+        num_stages = par.pipeline_degree * par.virtual_stages_per_rank
+        if plan.inputs.model.num_layers < num_stages:
+            problems.append(
+                f"interleaved 1F1B with {num_stages} stages needs at least as many layers "
+                f"({plan.inputs.model.num_layers})"
+            )
+    elif par.virtual_stages_per_rank != 1:
+        problems.append(
+            f"virtual_stages_per_rank {par.virtual_stages_per_rank} needs schedule "
+            f"interleaved_1f1b, not {par.schedule}"
+        )
+
+
+# ---- replicas and ranks -------------------------------------------------------------------
+
+
+def _gpus_and_shares(replica: Replica) -> tuple[str, str, int, tuple[int, ...], int]:
+    """What makes two stages' replicas the same GPUs with the same samples."""
+    return (
+        replica.gpu_type,
+        replica.node,
+        replica.tensor_parallel_degree,
+        tuple(replica.ranks),
+        replica.micro_batch_size,
+    )
+
+
+def _check_replicas(plan: Plan, problems: list[str]) -> None:
+    world = len(plan.rank_map)
     ranks = [entry.rank for entry in plan.rank_map]
     missing = sorted(set(range(world)) - set(ranks))
     extra = sorted({r for r in ranks if r >= world})
     repeated = sorted(r for r, count in Counter(ranks).items() if count > 1)
     if missing or extra or repeated:
         problems.append(
-            f"rank_map must hold ranks 0..{world - 1} once each (pp×dp×tp = {world}); "
+            f"rank_map must hold ranks 0..{world - 1} once each ({world} entries); "
             f"missing {missing[:8]}, out of range {extra[:8]}, repeated {repeated[:8]}"
         )
+    entry_of = {}
     for entry in plan.rank_map:
-        expected = entry.pipeline_rank * dp * tp + entry.dp_index * tp + entry.tp_index
-        in_range = entry.pipeline_rank < pp and entry.dp_index < dp and entry.tp_index < tp
-        if not in_range or expected != entry.rank:
-            problems.append(
-                f"rank {entry.rank} says (pipeline {entry.pipeline_rank}, dp {entry.dp_index}, "
-                f"tp {entry.tp_index}); the convention r = p·dp·tp + d·tp + t with "
-                f"pp={pp} dp={dp} tp={tp} gives {expected}"
-                + ("" if in_range else " and an index is out of range")
-            )
-    # A tp group all-reduces every layer: it must stay on one node's fast link.
-    nodes_of_group: dict[tuple[int, int], set[str]] = defaultdict(set)
+        entry_of.setdefault(entry.rank, entry)
+    cluster_nodes = {node.name: node for node in plan.inputs.cluster.nodes()}
+
+    owner: dict[int, str] = {}
+    for p, stages in sorted(_stages_by_rank(plan).items()):
+        if not stages:
+            problems.append(f"pipeline rank {p} runs no stage")
+            continue
+        first = stages[0]
+        for other in stages[1:]:
+            if [_gpus_and_shares(r) for r in other.replicas] != [
+                _gpus_and_shares(r) for r in first.replicas
+            ]:
+                problems.append(
+                    f"stages {first.index} and {other.index} of pipeline rank {p} have "
+                    "different replicas; the stages of one rank run on the same GPUs with "
+                    "the same shares"
+                )
+        for d, replica in enumerate(first.replicas):
+            name = f"replica {d} of pipeline rank {p}"
+            if len(replica.ranks) != replica.tensor_parallel_degree:
+                problems.append(
+                    f"{name} lists {len(replica.ranks)} ranks; its tp is "
+                    f"{replica.tensor_parallel_degree}"
+                )
+            node = cluster_nodes.get(replica.node)
+            if node is None:
+                problems.append(f"{name} is on node '{replica.node}', not in the cluster")
+            elif node.gpu != replica.gpu_type:
+                problems.append(
+                    f"{name} says GPU type {replica.gpu_type}; node {node.name} has {node.gpu}"
+                )
+            for t, rank in enumerate(replica.ranks):
+                if rank in owner:
+                    problems.append(f"rank {rank} belongs to {owner[rank]} and to {name}")
+                    continue
+                owner[rank] = name
+                entry = entry_of.get(rank)
+                if entry is None:
+                    problems.append(f"{name} lists rank {rank}, which rank_map lacks")
+                    continue
+                says = (entry.pipeline_rank, entry.dp_index, entry.tp_index, entry.node)
+                should = (p, d, t, replica.node)
+                if says != should or entry.gpu_type != replica.gpu_type:
+                    problems.append(
+                        f"rank {rank} says (pipeline {entry.pipeline_rank}, dp {entry.dp_index}, "
+                        f"tp {entry.tp_index}, {entry.node}, {entry.gpu_type}); as tp index {t} "
+                        f"of {name} it is (pipeline {p}, dp {d}, tp {t}, {replica.node}, "
+                        f"{replica.gpu_type})"
+                    )
     for entry in plan.rank_map:
-        nodes_of_group[(entry.pipeline_rank, entry.dp_index)].add(entry.node)
-    for (pipeline_rank, dp_index), nodes in sorted(nodes_of_group.items()):
-        if len(nodes) > 1:
+        if entry.rank not in owner:
             problems.append(
-                f"tp group (pipeline {pipeline_rank}, dp {dp_index}) spans nodes {sorted(nodes)}; "
-                "a tp group must be on one node"
+                f"rank {entry.rank} (pipeline {entry.pipeline_rank}, dp {entry.dp_index}, "
+                f"tp {entry.tp_index}) belongs to no replica of its pipeline rank's stages"
             )
-    # Stage GPU types must be those of the ranks that run it.
-    types_of_pipeline_rank: dict[int, set[str]] = defaultdict(set)
-    for entry in plan.rank_map:
-        types_of_pipeline_rank[entry.pipeline_rank].add(entry.gpu_type)
-    for stage in plan.stages:
-        actual = types_of_pipeline_rank.get(stage.pipeline_rank, set())
-        if set(stage.gpu_types) != actual:
-            problems.append(
-                f"stage {stage.index} says GPU types {sorted(stage.gpu_types)}; its pipeline "
-                f"rank {stage.pipeline_rank} runs on {sorted(actual)}"
-            )
+
+
+# ---- nodes --------------------------------------------------------------------------------
 
 
 def _check_nodes(plan: Plan, problems: list[str]) -> None:
@@ -228,40 +361,7 @@ def _check_nodes(plan: Plan, problems: list[str]) -> None:
         first_rank += len(ranks)
 
 
-def _check_batch_and_schedule(plan: Plan, problems: list[str]) -> None:
-    par = plan.parallelism
-    shares = par.replica_micro_batch_sizes
-    if len(shares) != par.data_parallel_degree:
-        problems.append(
-            f"{len(shares)} replica micro-batch sizes for dp = {par.data_parallel_degree}"
-        )
-    if min(shares, default=0) < 1:
-        problems.append(f"a replica micro-batch size is below 1: {shares}")
-    samples = sum(shares) * par.num_micro_batches
-    if samples != plan.inputs.global_batch_size:
-        problems.append(
-            f"global batch {plan.inputs.global_batch_size} != sum of replica micro-batch sizes "
-            f"({sum(shares)}) × micro-batches ({par.num_micro_batches}) = {samples}"
-        )
-    if len(set(shares)) > 1 and par.pipeline_degree > 1:
-        problems.append(f"uneven replica shares {shares} need pp = 1 (pp is {par.pipeline_degree})")
-    if par.schedule == "interleaved_1f1b":
-        if par.num_micro_batches % par.pipeline_degree:
-            problems.append(
-                f"interleaved 1F1B needs micro-batches ({par.num_micro_batches}) divisible by "
-                f"pp ({par.pipeline_degree})"
-            )
-        num_stages = par.pipeline_degree * par.virtual_stages_per_rank
-        if plan.inputs.model.num_layers < num_stages:
-            problems.append(
-                f"interleaved 1F1B with {num_stages} stages needs at least as many layers "
-                f"({plan.inputs.model.num_layers})"
-            )
-    elif par.virtual_stages_per_rank != 1:
-        problems.append(
-            f"virtual_stages_per_rank {par.virtual_stages_per_rank} needs schedule "
-            f"interleaved_1f1b, not {par.schedule}"
-        )
+# ---- profile ------------------------------------------------------------------------------
 
 
 def _check_against_profile(plan: Plan, profile: Profile, problems: list[str]) -> None:
@@ -271,103 +371,146 @@ def _check_against_profile(plan: Plan, profile: Profile, problems: list[str]) ->
         )
     if profile.seq_len != plan.inputs.seq_len:
         problems.append(f"plan seq_len {plan.inputs.seq_len} != profile seq_len {profile.seq_len}")
-    tp = plan.parallelism.tensor_parallel_degree
-    if tp == 1:
-        return
-    for layer in profile.layers:
-        split = layer.tensor_parallel
-        if split is not None and split.degree_must_divide % tp:
-            problems.append(
-                f"tp {tp} does not divide layer {layer.index} ({layer.name})'s "
-                f"{split.degree_must_divide}"
-            )
+    for stage in plan.stages:
+        for tp in sorted({r.tensor_parallel_degree for r in stage.replicas} - {1}):
+            failing = [
+                (layer.index, layer.name, layer.tensor_parallel.degree_must_divide)
+                for layer in profile.layers[stage.layer_start : stage.layer_end]
+                if layer.tensor_parallel is not None
+                and layer.tensor_parallel.degree_must_divide % tp
+            ]
+            if failing:
+                index, name, degree = failing[0]
+                more = f" (and {len(failing) - 1} more layers)" if len(failing) > 1 else ""
+                problems.append(
+                    f"tp {tp} of stage {stage.index} does not divide layer {index} ({name})'s "
+                    f"{degree}{more}"
+                )
 
 
-def _memory_floor_bytes(plan: Plan, profile: Profile, pipeline_rank: int) -> int:
-    """The independent lower bound on one GPU's memory (module docstring)."""
-    par = plan.parallelism
-    params = sum(
-        layer.param_count
-        for stage in plan.stages
-        if stage.pipeline_rank == pipeline_rank
-        for layer in profile.layers[stage.layer_start : stage.layer_end]
+# ---- memory -------------------------------------------------------------------------------
+
+
+def _estimate_kind(estimate: MemoryEstimate) -> _Kind:
+    return (
+        estimate.pipeline_rank,
+        estimate.gpu_type,
+        estimate.tensor_parallel_degree,
+        estimate.micro_batch_size,
     )
-    params_per_gpu = params / par.tensor_parallel_degree
-    weights_and_grads = 2 * params_per_gpu * profile.dtype_bytes
+
+
+def _replica_kinds(plan: Plan) -> list[_Kind]:
+    """Every (pipeline rank, GPU type, tp, share) some replica has, in rank order."""
+    kinds: list[_Kind] = []
+    for p, replicas in sorted(_replicas_of_rank(plan).items()):
+        for replica in replicas:
+            kind = (p, replica.gpu_type, replica.tensor_parallel_degree, replica.micro_batch_size)
+            if kind not in kinds:
+                kinds.append(kind)
+    return kinds
+
+
+def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
+    """The independent lower bound on one GPU of this replica kind (module docstring)."""
+    pipeline_rank, _, tp, _ = kind
     moment_bytes = _ADAM_MOMENT_BYTES.get(profile.dtype, _ADAM_MOMENT_BYTES_DEFAULT)
-    optimizer = 2 * moment_bytes * params_per_gpu
-    if par.zero1:
-        optimizer /= par.data_parallel_degree
-    return int(weights_and_grads + optimizer)
+    total = 0.0
+    for stage in plan.stages:
+        if stage.pipeline_rank != pipeline_rank:
+            continue
+        params = sum(
+            layer.param_count for layer in profile.layers[stage.layer_start : stage.layer_end]
+        )
+        per_gpu = params / tp
+        optimizer = 2 * moment_bytes * per_gpu
+        if stage.zero1 and len(stage.replicas) > 1:
+            optimizer /= len(stage.replicas)
+        total += 2 * per_gpu * profile.dtype_bytes + optimizer
+    return int(total)
+
+
+def _check_estimate(
+    estimate: MemoryEstimate, specs: dict[str, GpuSpec], problems: list[str]
+) -> None:
+    what = _kind_text(_estimate_kind(estimate))
+    parts = (
+        estimate.weights_bytes
+        + estimate.gradients_bytes
+        + estimate.optimizer_bytes
+        + estimate.activations_bytes
+        + estimate.transient_bytes
+    )
+    if parts != estimate.total_bytes:
+        problems.append(
+            f"memory of {what}: parts add up to {parts} bytes, total says {estimate.total_bytes}"
+        )
+    needed = estimate.total_bytes + estimate.reserved_bytes
+    if needed > estimate.capacity_bytes:
+        reserve = (
+            f" (of which {estimate.reserved_bytes / _GIB:.2f} GiB reserved)"
+            if estimate.reserved_bytes
+            else ""
+        )
+        problems.append(
+            f"{what} need {needed / _GIB:.2f} GiB per GPU{reserve}; a {estimate.gpu_type} has "
+            f"{estimate.capacity_bytes / _GIB:.2f} GiB"
+        )
+    spec = specs.get(estimate.gpu_type)
+    if spec is None:
+        problems.append(f"memory estimate names unknown GPU type {estimate.gpu_type}")
+    elif estimate.capacity_bytes != spec.memory_bytes:
+        problems.append(
+            f"memory estimate of {what} says a {estimate.gpu_type} holds "
+            f"{estimate.capacity_bytes} bytes; its spec says {spec.memory_bytes}"
+        )
 
 
 def _check_memory(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
-    par = plan.parallelism
     specs = gpu_specs(plan.inputs.cluster)
-    types_of: dict[int, set[str]] = defaultdict(set)
-    for entry in plan.rank_map:
-        types_of[entry.pipeline_rank].add(entry.gpu_type)
-    estimated = {estimate.pipeline_rank for estimate in plan.prediction.memory}
-    missing = sorted(set(range(par.pipeline_degree)) - estimated)
-    if missing:
-        problems.append(f"no memory estimate for pipeline ranks {missing}")
+    kinds = _replica_kinds(plan)
+    estimates: dict[_Kind, list[MemoryEstimate]] = defaultdict(list)
     for estimate in plan.prediction.memory:
-        p = estimate.pipeline_rank
-        parts = (
-            estimate.weights_bytes
-            + estimate.gradients_bytes
-            + estimate.optimizer_bytes
-            + estimate.activations_bytes
-            + estimate.transient_bytes
-        )
-        if parts != estimate.total_bytes:
-            problems.append(
-                f"memory of pipeline rank {p}: parts add up to {parts} bytes, total says "
-                f"{estimate.total_bytes}"
-            )
-        if estimate.total_bytes > estimate.capacity_bytes:
-            problems.append(
-                f"pipeline rank {p} needs {estimate.total_bytes / _GIB:.2f} GiB per "
-                f"{estimate.gpu_type}; it has {estimate.capacity_bytes / _GIB:.2f} GiB"
-            )
-        spec = specs.get(estimate.gpu_type)
-        if spec is None:
-            problems.append(f"memory estimate names unknown GPU type {estimate.gpu_type}")
-        elif estimate.capacity_bytes != spec.memory_bytes:
-            problems.append(
-                f"memory estimate of pipeline rank {p} says {estimate.gpu_type} holds "
-                f"{estimate.capacity_bytes} bytes; its spec says {spec.memory_bytes}"
-            )
-        if types_of.get(p) and estimate.gpu_type not in types_of[p]:
-            problems.append(
-                f"memory estimate of pipeline rank {p} is for {estimate.gpu_type}; the rank "
-                f"runs on {sorted(types_of[p])}"
-            )
+        estimates[_estimate_kind(estimate)].append(estimate)
+        _check_estimate(estimate, specs, problems)
+    for kind in kinds:
+        if kind not in estimates:
+            problems.append(f"no memory estimate for {_kind_text(kind)}")
+    for kind in sorted(set(estimates) - set(kinds)):
+        problems.append(f"a memory estimate is for {_kind_text(kind)}; the plan has none")
     if profile is None:
         return
-    stated = {estimate.pipeline_rank: estimate for estimate in plan.prediction.memory}
-    for p in range(par.pipeline_degree):
-        floor = _memory_floor_bytes(plan, profile, p)
-        capacities = [specs[t].memory_bytes for t in types_of.get(p, ()) if t in specs]
-        if capacities and floor > min(capacities):
-            problems.append(
-                f"pipeline rank {p} needs at least {floor / _GIB:.2f} GiB for weights, gradients "
-                f"and Adam states alone; its smallest GPU has {min(capacities) / _GIB:.2f} GiB"
-            )
-        estimate = stated.get(p)
-        if estimate is not None:
+    for kind in kinds:
+        floor = _memory_floor_bytes(plan, profile, kind)
+        spec = specs.get(kind[1])
+        if spec is not None:
+            usable = spec.memory_bytes - int(spec.memory_reserve_gib * _GIB)
+            if floor > usable:
+                reserve = (
+                    f" less its {spec.memory_reserve_gib:g} GiB reserve"
+                    if spec.memory_reserve_gib
+                    else ""
+                )
+                problems.append(
+                    f"{_kind_text(kind)} need at least {floor / _GIB:.2f} GiB per GPU for "
+                    f"weights, gradients and Adam states alone; a {spec.name} has "
+                    f"{usable / _GIB:.2f} GiB{reserve}"
+                )
+        for estimate in estimates.get(kind, []):
             states = estimate.weights_bytes + estimate.gradients_bytes + estimate.optimizer_bytes
             if states < floor * (1 - _RELATIVE_TOLERANCE):
                 problems.append(
-                    f"pipeline rank {p}'s estimate of weights+gradients+optimizer "
+                    f"the estimate of weights+gradients+optimizer of {_kind_text(kind)} "
                     f"({states / _GIB:.3f} GiB) is below the independent floor "
                     f"({floor / _GIB:.3f} GiB)"
                 )
 
 
+# ---- prediction ---------------------------------------------------------------------------
+
+
 def _check_prediction(plan: Plan, problems: list[str]) -> None:
     prediction = plan.prediction
-    par = plan.parallelism
     seconds = prediction.iteration_time_ms / 1000
     if seconds <= 0:
         problems.append(f"iteration time {prediction.iteration_time_ms} ms is not positive")
@@ -389,16 +532,87 @@ def _check_prediction(plan: Plan, problems: list[str]) -> None:
             f"time breakdown adds up to {sum(parts.values()):.6g} ms; iteration time is "
             f"{prediction.iteration_time_ms:.6g} ms"
         )
-    world = par.pipeline_degree * par.data_parallel_degree * par.tensor_parallel_degree
-    if prediction.model_flops_per_iteration > 0:
+    world = len(plan.rank_map)
+    if prediction.model_flops_per_iteration > 0 and world > 0:
         tflops = prediction.model_flops_per_iteration / seconds / world / 1e12
         if not _close(prediction.tflops_per_gpu, tflops):
             problems.append(
-                f"tflops_per_gpu {prediction.tflops_per_gpu:.6g} != model FLOPs / time / GPUs "
-                f"= {tflops:.6g}"
+                f"tflops_per_gpu {prediction.tflops_per_gpu:.6g} != model FLOPs / time / "
+                f"{world} GPUs = {tflops:.6g}"
             )
     if prediction.mfu > 1:
         problems.append(f"MFU {prediction.mfu:.3f} exceeds 1")
-    timed = [timing.stage for timing in prediction.stage_timings]
+    _check_stage_timings(plan, problems)
+    _check_allreduce_figures(plan, problems)
+
+
+def _check_stage_timings(plan: Plan, problems: list[str]) -> None:
+    timings = plan.prediction.stage_timings
+    timed = [timing.stage for timing in timings]
     if timed != list(range(len(plan.stages))):
         problems.append(f"stage timings are for stages {timed}; the plan has {len(plan.stages)}")
+        return
+    for stage, timing in zip(plan.stages, timings, strict=True):
+        if not timing.replicas:
+            continue
+        if len(timing.replicas) != len(stage.replicas):
+            problems.append(
+                f"stage {stage.index}'s timing has {len(timing.replicas)} replica figures; the "
+                f"stage has {len(stage.replicas)} replicas"
+            )
+            continue
+        slowest_forward = max(r.forward_ms for r in timing.replicas)
+        slowest_backward = max(r.backward_ms for r in timing.replicas)
+        if not (_close(timing.forward_ms, slowest_forward)) or not _close(
+            timing.backward_ms, slowest_backward
+        ):
+            problems.append(
+                f"stage {stage.index}'s timing says forward {timing.forward_ms:.6g} ms, backward "
+                f"{timing.backward_ms:.6g} ms; its slowest replicas take "
+                f"{slowest_forward:.6g} ms and {slowest_backward:.6g} ms"
+            )
+
+
+def _check_allreduce_figures(plan: Plan, problems: list[str]) -> None:
+    prediction = plan.prediction
+    per_rank = prediction.rank_dp_allreduce_ms
+    pp = plan.parallelism.pipeline_degree
+    if not per_rank:
+        return
+    if len(per_rank) != pp:
+        problems.append(
+            f"rank_dp_allreduce_ms has {len(per_rank)} figures; the plan has {pp} pipeline ranks"
+        )
+        return
+    if not _close(prediction.dp_allreduce_ms, max(per_rank)):
+        problems.append(
+            f"dp_allreduce_ms {prediction.dp_allreduce_ms:.6g} is not the longest per-rank "
+            f"all-reduce ({max(per_rank):.6g} ms)"
+        )
+    replicas = _replicas_of_rank(plan)
+    for p, ms in enumerate(per_rank):
+        if ms < 0:
+            problems.append(f"pipeline rank {p}'s all-reduce time {ms} ms is negative")
+        elif ms > 0 and len(replicas.get(p, [])) == 1:
+            problems.append(
+                f"pipeline rank {p} has one replica, yet its gradient all-reduce takes {ms:.6g} ms"
+            )
+
+
+def _check_idle_gpus(plan: Plan, problems: list[str]) -> None:
+    in_cluster: Counter[str] = Counter()
+    for node in plan.inputs.cluster.nodes():
+        in_cluster[node.gpu] += node.gpus
+    used = Counter(entry.gpu_type for entry in plan.rank_map)
+    stated: Counter[str] = Counter()
+    for idle in plan.prediction.idle_gpus:
+        stated[idle.gpu_type] += idle.count
+        if not idle.reason.strip():
+            problems.append(f"idle_gpus gives no reason for its {idle.count} {idle.gpu_type}")
+    for gpu_type in sorted(set(in_cluster) | set(used) | set(stated)):
+        idle = in_cluster[gpu_type] - used[gpu_type]
+        if idle != stated[gpu_type]:
+            problems.append(
+                f"the cluster has {in_cluster[gpu_type]} {gpu_type} GPUs and the plan uses "
+                f"{used[gpu_type]}, so {idle} are idle; idle_gpus says {stated[gpu_type]}"
+            )

@@ -6,6 +6,15 @@
   passed the stages before it, must do all its own work, and its last backward must still pass
   back through those stages. So the pipeline takes at least
   ``max_r [Σ_{j<r} (f_j + b_j + 2·send_j) + m × Σ_{s on r} (f_s + b_s)]``.
+- Replicas with their own times (``replica_lower_bound_ms``): the same argument per replica.
+  Replica d of rank r runs every one of its actions, m × Σ_{s on r} (f_{s,d} + b_{s,d}), one
+  at a time. Its first action is a forward of some stage s ≥ r, which needs the samples to have
+  passed stages 0..r-1 on *some* of their replicas, each taking at least that stage's fastest
+  forward, and each boundary at least its quickest pair's transfer; its last action is a
+  backward whose gradient must still pass back through stages r-1..0 the same way. So the
+  pipeline takes at least
+  ``max_{r,d} [Σ_{j<r} (min_q f_{j,q} + min_q b_{j,q} + 2·min pair send_j) + m × W_{r,d}]``.
+  With one replica per rank this is the bound above.
 
 The popular 1F1B estimate ``(m - 1) × max_s (f_s + b_s) + Σ_s (f_s + b_s)`` is *not* a bound:
 with a slow first stage the later stages hide under it (p = 2, m = 2, f = b = 10 then 1: the
@@ -15,8 +24,10 @@ simulated 1F1B takes 40 ms, the estimate says 42 ms).
 from __future__ import annotations
 
 from autoplan.plan.schema import StageTiming
+from autoplan.simulate.engine import replica_times
+from autoplan.simulate.regroup import regroup_pairs
 
-__all__ = ["pipeline_lower_bound_ms", "uniform_pipeline_ms"]
+__all__ = ["pipeline_lower_bound_ms", "replica_lower_bound_ms", "uniform_pipeline_ms"]
 
 
 def uniform_pipeline_ms(
@@ -39,4 +50,32 @@ def pipeline_lower_bound_ms(
         passes = sum(t.forward_ms + t.backward_ms + 2 * t.send_ms for t in timings[:rank])
         own_work = sum(t.forward_ms + t.backward_ms for t in timings[rank::pipeline_degree])
         best = max(best, passes + num_micro_batches * own_work)
+    return best
+
+
+def replica_lower_bound_ms(
+    stage_timings: list[StageTiming], shares: list[list[int]], num_micro_batches: int
+) -> float:
+    """Lower bound on the pipeline time of any schedule with per-replica times (module
+    docstring); ``shares[r]`` are the replica shares of pipeline rank r, whose stages are
+    r, r + pp, ... The quickest pair of a boundary takes its fraction of send_ms (see
+    ``autoplan.simulate.regroup``); with pp = 1 stages hand over for free."""
+    pp = len(shares)
+    timings = sorted(stage_timings, key=lambda timing: timing.stage)
+    times = [replica_times(t, len(shares[t.stage % pp])) for t in timings]
+    passes = []  # passes[j]: the least time a micro-batch spends at stage j, there and back
+    for j, timing in enumerate(timings[: pp - 1]):
+        quickest_send = 0.0
+        if pp > 1:
+            pairs = regroup_pairs(shares[j], shares[j + 1])
+            quickest_send = timing.send_ms * min(pair.fraction for pair in pairs)
+        fastest_forward = min(f for f, _ in times[j])
+        fastest_backward = min(b for _, b in times[j])
+        passes.append(fastest_forward + fastest_backward + 2 * quickest_send)
+    best = 0.0
+    for rank in range(pp):
+        before = sum(passes[:rank])
+        for replica in range(len(shares[rank])):
+            work = sum(f + b for f, b in (times[s][replica] for s in range(rank, len(times), pp)))
+            best = max(best, before + num_micro_batches * work)
     return best

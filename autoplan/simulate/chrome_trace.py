@@ -1,8 +1,11 @@
 """A simulated iteration as a Chrome trace (Trace Event Format), for Perfetto or chrome://tracing.
 
-One process per pipeline rank: a "compute" thread (forwards, backwards, optimizer), a
-"dp all-reduce" thread and one "send → rank k" thread per peer (sends on one link run one after
-another, so no thread holds overlapping events), plus a memory counter. Times are in µs.
+One process per pipeline rank; inside it, per replica, a "compute" thread (forwards,
+backwards, optimizer), a "dp all-reduce" thread and one "send → rank k replica j" thread per
+peer (sends on one link run one after another, so no thread holds overlapping events). Threads
+are numbered replica by replica (sort index = thread id), so a replica's tracks stay together.
+One memory counter per replica kind (GPU type, tp, share) of the rank: its replica with the
+highest peak. Times are in µs.
 Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
 """
 
@@ -12,30 +15,81 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autoplan.simulate.result import SimulationResult
+from autoplan.simulate.result import RankTimeline, ReplicaTimeline, SimulatedEvent, SimulationResult
 
-__all__ = [
-    "ALLREDUCE_THREAD",
-    "COMPUTE_THREAD",
-    "chrome_trace",
-    "send_thread",
-    "write_chrome_trace",
-]
-
-COMPUTE_THREAD = 0
-ALLREDUCE_THREAD = 1
-
-
-def send_thread(peer_rank: int) -> int:
-    """Thread id of the sends to ``peer_rank``."""
-    return 2 + peer_rank
-
+__all__ = ["chrome_trace", "write_chrome_trace"]
 
 _MS_TO_US = 1000.0
 
 
 def _metadata(kind: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+def _track(event: SimulatedEvent) -> tuple[str, int, int]:
+    """Which of a replica's threads holds the event: (kind, peer rank, peer replica)."""
+    if event.track == "compute":
+        return ("compute", -1, -1)
+    if event.peer_rank is None:
+        return ("dp all-reduce", -1, -1)
+    return ("send", event.peer_rank, event.peer_replica if event.peer_replica is not None else 0)
+
+
+def _thread_name(replica: ReplicaTimeline, track: tuple[str, int, int]) -> str:
+    kind, peer_rank, peer_replica = track
+    what = f"send → rank {peer_rank} r{peer_replica}" if kind == "send" else kind
+    return f"r{replica.replica} {replica.label} · {what}"
+
+
+def _replica_events(pid: int, replica: ReplicaTimeline, first_tid: int) -> list[dict[str, Any]]:
+    """Metadata and X events of one replica's threads, numbered from ``first_tid``."""
+    tids: dict[tuple[str, int, int], int] = {("compute", -1, -1): first_tid}
+    for event in replica.events:
+        tids.setdefault(_track(event), first_tid + len(tids))
+    events = []
+    for track, tid in tids.items():
+        events.append(_metadata("thread_name", pid, tid, {"name": _thread_name(replica, track)}))
+        events.append(_metadata("thread_sort_index", pid, tid, {"sort_index": tid}))
+    for event in replica.events:
+        args: dict[str, Any] = {}
+        if event.stage is not None:
+            args["stage"] = event.stage
+        if event.micro_batch is not None:
+            args["micro_batch"] = event.micro_batch
+        if event.samples is not None:
+            args["samples"] = event.samples
+        events.append(
+            {
+                "name": event.name,
+                "cat": event.category,
+                "ph": "X",
+                "ts": event.start_ms * _MS_TO_US,
+                "dur": event.duration_ms * _MS_TO_US,
+                "pid": pid,
+                "tid": tids[_track(event)],
+                "args": args,
+            }
+        )
+    return events
+
+
+def _memory_counters(pid: int, rank: RankTimeline) -> list[dict[str, Any]]:
+    chosen: dict[tuple[str, int, int], ReplicaTimeline] = {}
+    for replica in rank.replicas:
+        best = chosen.get(replica.kind)
+        if best is None or replica.peak_bytes > best.peak_bytes:
+            chosen[replica.kind] = replica
+    return [
+        {
+            "name": f"memory per GPU: {replica.label}",
+            "ph": "C",
+            "ts": point.time_ms * _MS_TO_US,
+            "pid": pid,
+            "args": {"MiB": round(point.allocated_bytes / 2**20, 3)},
+        }
+        for replica in chosen.values()
+        for point in replica.memory
+    ]
 
 
 def chrome_trace(result: SimulationResult, title: str = "") -> dict[str, Any]:
@@ -45,52 +99,18 @@ def chrome_trace(result: SimulationResult, title: str = "") -> dict[str, Any]:
         pid = rank.pipeline_rank
         stages = ",".join(str(stage) for stage in rank.stages)
         name = (
-            f"pipeline rank {pid} · {rank.gpu_type} · stage{'s' * (len(rank.stages) > 1)} {stages}"
+            f"pipeline rank {pid} · {rank.gpu_type} · {len(rank.replicas)} "
+            f"replica{'s' * (len(rank.replicas) > 1)} · stage{'s' * (len(rank.stages) > 1)} "
+            f"{stages}"
         )
         events.append(_metadata("process_name", pid, 0, {"name": name}))
         events.append(_metadata("process_sort_index", pid, 0, {"sort_index": pid}))
-        events.append(_metadata("thread_name", pid, COMPUTE_THREAD, {"name": "compute"}))
-        threads = {COMPUTE_THREAD}
-        for event in rank.events:
-            if event.track == "compute":
-                tid = COMPUTE_THREAD
-            elif event.peer_rank is None:
-                tid = ALLREDUCE_THREAD
-            else:
-                tid = send_thread(event.peer_rank)
-            if tid not in threads:
-                threads.add(tid)
-                thread_name = (
-                    "dp all-reduce" if tid == ALLREDUCE_THREAD else f"send → rank {event.peer_rank}"
-                )
-                events.append(_metadata("thread_name", pid, tid, {"name": thread_name}))
-            args: dict[str, Any] = {}
-            if event.stage is not None:
-                args["stage"] = event.stage
-            if event.micro_batch is not None:
-                args["micro_batch"] = event.micro_batch
-            events.append(
-                {
-                    "name": event.name,
-                    "cat": event.category,
-                    "ph": "X",
-                    "ts": event.start_ms * _MS_TO_US,
-                    "dur": event.duration_ms * _MS_TO_US,
-                    "pid": pid,
-                    "tid": tid,
-                    "args": args,
-                }
-            )
-        for point in rank.memory:
-            events.append(
-                {
-                    "name": "memory",
-                    "ph": "C",
-                    "ts": point.time_ms * _MS_TO_US,
-                    "pid": pid,
-                    "args": {"MiB": round(point.allocated_bytes / 2**20, 3)},
-                }
-            )
+        next_tid = 0
+        for replica in rank.replicas:
+            replica_events = _replica_events(pid, replica, next_tid)
+            next_tid += sum(1 for e in replica_events if e["name"] == "thread_name")
+            events.extend(replica_events)
+        events.extend(_memory_counters(pid, rank))
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",

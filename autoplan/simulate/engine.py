@@ -1,35 +1,47 @@
-"""Discrete-event simulation of one training iteration of a plan.
+"""Discrete-event simulation of one training iteration of a plan, replica by replica.
 
-Each pipeline rank runs its action list (autoplan.schedule) in order, one compute action at a
-time. An action starts when its rank is free and its input has arrived:
+Every replica of a pipeline rank (a group of tp GPUs with its share of every micro-batch; all
+stages of a rank run on the same replicas) runs the rank's action list (autoplan.schedule) in
+order, one compute action at a time, with its own times (``StageTiming.replicas``; the stage's
+figures where the plan gives none). An action starts when its replica is free and its inputs
+have arrived:
 
-- forward of stage s, micro-batch i: the activation of stage s-1's forward of i (stage 0 reads
-  its data at once);
-- backward of stage s: the gradient from stage s+1's backward of i (the last stage starts from
-  its own loss); its own forward ran earlier on the same rank.
+- forward of stage s, micro-batch i on replica r: the activations of r's samples, i.e. the
+  forward of stage s-1 of i on every replica of stage s-1 that owns some of them, each followed
+  by its transfer (stage 0 reads its data at once);
+- backward of stage s on replica r: the gradients of r's samples from the backward of stage
+  s+1 on every replica that owns some of them (the last stage starts from its own loss).
 
-A result bound for another rank is sent when its action ends, over the directed link between the
-two ranks; sends on one link go one after another in the order they were issued, and the sender
-does not wait for them (PyTorch's pipelining posts isend/irecv and waits only when it needs the
-data). Both directions of the boundary between stages s and s+1 take ``stage_timings[s].send_ms``:
-the gradient has the activation's shape. Stages on the same rank hand over for free.
+So the slowest sender gates a receiver, and samples are regrouped by index between stages with
+different replicas (``autoplan.simulate.regroup``: which pairs exchange samples, and each pair's
+share of the boundary's ``send_ms``). A result is sent when its action ends, over the directed
+link between the two replicas; sends on one link go one after another in the order they were
+issued, and the sender does not wait for them (PyTorch's pipelining posts isend/irecv and waits
+only when it needs the data). Both directions of the boundary between stages s and s+1 take
+stage s's ``send_ms``: the gradient has the activation's shape. Stages on the same pipeline
+rank (pp = 1) run on the same replicas and hand over for free.
 
-Gradients are all-reduced over dp once per iteration (``dp_allreduce_ms``, the whole
-all-reduce of the stage). PyTorch's PipelineStage runs every backward but the last under DDP's
-``no_sync`` and lets DDP's hooks all-reduce during the last one (torch 2.13,
-``distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``), so the all-reduce starts
-with the rank's last backward and ends no earlier than it: it hides under that one backward at
-most. Then the rank steps its optimizer (``breakdown.optimizer_ms``).
+Gradients are all-reduced once per iteration over each pipeline rank's replicas (its stages
+share them), taking ``rank_dp_allreduce_ms`` of the rank. PyTorch's PipelineStage runs every
+backward but the last under DDP's ``no_sync`` and lets DDP's hooks all-reduce during the last
+one (torch 2.13, ``distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``). A
+collective needs every member, so the all-reduce starts when the last replica starts its last
+backward and ends no earlier than the last replica ends it: it hides under one backward at
+most. Then every replica steps its optimizer (``breakdown.optimizer_ms``).
 
-Why hand-written: the model is a few dozen lines of list scheduling over a fixed order; a
-general discrete-event library (e.g. SimPy) would add a dependency and coroutines for nothing.
+Why hand-written: the model is a worklist over fixed action lists; a general discrete-event
+library (e.g. SimPy) would add a dependency and coroutines for nothing. The result does not
+depend on the order the worklist visits replicas: an action's inputs are fixed, and the sends on
+one link all come from one replica, issued in that replica's own (time) order.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 
-from autoplan.plan.schema import MemoryEstimate, Plan, StageTiming
+from autoplan.errors import InputError
+from autoplan.plan.schema import MemoryEstimate, Plan, Replica, StageTiming
 from autoplan.schedule import (
     Action,
     InvalidScheduleError,
@@ -37,25 +49,58 @@ from autoplan.schedule import (
     schedule_order,
     validate_order,
 )
-from autoplan.simulate.memory import activation_bytes_per_stage, memory_curve
-from autoplan.simulate.result import RankTimeline, SimulatedEvent, SimulationResult
+from autoplan.simulate.memory import activation_bytes_per_replica, memory_curve
+from autoplan.simulate.regroup import regroup_pairs
+from autoplan.simulate.result import (
+    RankTimeline,
+    ReplicaTimeline,
+    SimulatedEvent,
+    SimulationResult,
+)
 
-__all__ = ["simulate_order", "simulate_plan"]
+__all__ = ["replica_times", "simulate_order", "simulate_plan", "simulate_replicas"]
 
 logger = logging.getLogger(__name__)
 
-
-def _consumer(action: Action, num_stages: int) -> Action | None:
-    """The action on the neighbouring stage that waits for ``action``'s result."""
-    if action.kind == "F":
-        if action.stage + 1 < num_stages:
-            return Action(action.stage + 1, "F", action.micro_batch)
-        return None
-    return Action(action.stage - 1, "B", action.micro_batch) if action.stage > 0 else None
+# Where one result goes: (stage, replica) of the consumer and the fraction of send_ms it takes.
+_Outgoing = dict[tuple[int, int], list[tuple[int, float, int]]]
 
 
-def _compute_event(action: Action, start_ms: float, timing: StageTiming) -> SimulatedEvent:
-    duration = timing.forward_ms if action.kind == "F" else timing.backward_ms
+def replica_times(timing: StageTiming, replicas: int) -> list[tuple[float, float]]:
+    """(forward ms, backward ms) of each of a stage's ``replicas``: ``timing.replicas`` where
+    given, else the stage's own figures for every replica."""
+    if not timing.replicas:
+        return [(timing.forward_ms, timing.backward_ms)] * replicas
+    if len(timing.replicas) != replicas:
+        raise InputError(
+            f"stage {timing.stage}'s timing has {len(timing.replicas)} replica figures; the "
+            f"stage has {replicas} replicas"
+        )
+    return [(r.forward_ms, r.backward_ms) for r in timing.replicas]
+
+
+def _links(
+    shares: list[list[int]], num_stages: int
+) -> tuple[_Outgoing, _Outgoing, dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """Per (stage, replica): where its forward and backward results go, and how many inputs
+    its forward and backward wait for."""
+    pp = len(shares)
+    forward_to: _Outgoing = {}
+    backward_to: _Outgoing = {}
+    forward_inputs: dict[tuple[int, int], int] = {}
+    backward_inputs: dict[tuple[int, int], int] = {}
+    for boundary in range(num_stages - 1):
+        sender, receiver = boundary % pp, (boundary + 1) % pp
+        for pair in regroup_pairs(shares[sender], shares[receiver]):
+            a, b = pair.source, pair.target
+            forward_to.setdefault((boundary, a), []).append((b, pair.fraction, pair.samples))
+            backward_to.setdefault((boundary + 1, b), []).append((a, pair.fraction, pair.samples))
+            forward_inputs[(boundary + 1, b)] = forward_inputs.get((boundary + 1, b), 0) + 1
+            backward_inputs[(boundary, a)] = backward_inputs.get((boundary, a), 0) + 1
+    return forward_to, backward_to, forward_inputs, backward_inputs
+
+
+def _compute_event(action: Action, start_ms: float, duration_ms: float) -> SimulatedEvent:
     return SimulatedEvent(
         name=action.label,
         category="forward" if action.kind == "F" else "backward",
@@ -63,24 +108,145 @@ def _compute_event(action: Action, start_ms: float, timing: StageTiming) -> Simu
         stage=action.stage,
         micro_batch=action.micro_batch,
         start_ms=start_ms,
-        end_ms=start_ms + duration,
-    )
-
-
-def _send_event(
-    action: Action, consumer: Action, *, peer_rank: int, start_ms: float, duration_ms: float
-) -> SimulatedEvent:
-    what = "act" if action.kind == "F" else "grad"
-    return SimulatedEvent(
-        name=f"send {what} s{action.stage}→s{consumer.stage} mb{action.micro_batch}",
-        category="communication",
-        track="communication",
-        stage=action.stage,
-        micro_batch=action.micro_batch,
-        peer_rank=peer_rank,
-        start_ms=start_ms,
         end_ms=start_ms + duration_ms,
     )
+
+
+def _send_name(action: Action, consumer_stage: int, pair: str) -> str:
+    what = "act" if action.kind == "F" else "grad"
+    return f"send {what} s{action.stage}→s{consumer_stage} mb{action.micro_batch}{pair}"
+
+
+def simulate_replicas(
+    order: PipelineOrder,
+    shares: list[list[int]],
+    stage_timings: list[StageTiming],
+    *,
+    allreduce_ms: list[float] | None = None,
+    optimizer_ms: float = 0.0,
+) -> list[list[list[SimulatedEvent]]]:
+    """Timed events ``[rank][replica]`` of every replica, in start order (module docstring).
+
+    ``order[r]`` runs on pipeline rank r, whose replicas take ``shares[r]`` samples of every
+    micro-batch; ``stage_timings[s]`` gives stage s's times; ``allreduce_ms[r]`` rank r's
+    gradient all-reduce (none when omitted). The order must be valid (see validate_order).
+    """
+    pp = len(order)
+    if len(shares) != pp:
+        raise InputError(f"{len(shares)} share lists for {pp} pipeline ranks")
+    num_stages = 1 + max((action.stage for actions in order for action in actions), default=-1)
+    timing_of = {timing.stage: timing for timing in stage_timings}
+    if sorted(timing_of) != list(range(num_stages)):
+        raise InvalidScheduleError(
+            f"stage_timings cover stages {sorted(timing_of)}; expected 0..{num_stages - 1}"
+        )
+    times = {s: replica_times(timing_of[s], len(shares[s % pp])) for s in range(num_stages)}
+    forward_to, backward_to, forward_inputs, backward_inputs = _links(shares, num_stages)
+    many = {p: len(rank_shares) > 1 for p, rank_shares in enumerate(shares)}
+
+    position = [[0] * len(rank_shares) for rank_shares in shares]
+    free_ms = [[0.0] * len(rank_shares) for rank_shares in shares]
+    last_backward = [[(0.0, 0.0)] * len(rank_shares) for rank_shares in shares]
+    arrivals: dict[tuple[Action, int], list[float]] = {}
+    link_free_ms: dict[tuple[int, int, int, int], float] = {}
+    events: list[list[list[SimulatedEvent]]] = [[[] for _ in rank_shares] for rank_shares in shares]
+    worklist = deque((p, d) for p in range(pp) for d in range(len(shares[p])))
+    queued = set(worklist)
+
+    while worklist:
+        p, d = worklist.popleft()
+        queued.discard((p, d))
+        actions = order[p]
+        while position[p][d] < len(actions):
+            action = actions[position[p][d]]
+            key = (action.stage, d)
+            if action.kind == "F":
+                needed = forward_inputs.get(key, 0)
+                outgoing, target_stage = forward_to.get(key, []), action.stage + 1
+            else:
+                needed = backward_inputs.get(key, 0)
+                outgoing, target_stage = backward_to.get(key, []), action.stage - 1
+            got = arrivals.get((action, d), [])
+            if len(got) < needed:
+                break
+            forward_ms, backward_ms = times[action.stage][d]
+            start = max([free_ms[p][d], *got])
+            event = _compute_event(action, start, forward_ms if action.kind == "F" else backward_ms)
+            events[p][d].append(event)
+            free_ms[p][d] = event.end_ms
+            if action.kind == "B":
+                last_backward[p][d] = (event.start_ms, event.end_ms)
+            position[p][d] += 1
+            target_rank = target_stage % pp
+            consumer = Action(target_stage, action.kind, action.micro_batch)
+            # Both directions across the boundary of stages s, s+1 take stage s's send_ms.
+            send_ms = timing_of[min(action.stage, target_stage)].send_ms if outgoing else 0.0
+            for target, fraction, samples in outgoing:
+                if target_rank == p:  # pp = 1: the same GPUs hold both stages
+                    arrival = event.end_ms
+                else:
+                    link = (p, d, target_rank, target)
+                    pair = f" r{d}→r{target}" if many[p] or many[target_rank] else ""
+                    send_start = max(event.end_ms, link_free_ms.get(link, 0.0))
+                    send = SimulatedEvent(
+                        name=_send_name(action, target_stage, pair),
+                        category="communication",
+                        track="communication",
+                        stage=action.stage,
+                        micro_batch=action.micro_batch,
+                        peer_rank=target_rank,
+                        peer_replica=target,
+                        samples=samples,
+                        start_ms=send_start,
+                        end_ms=send_start + send_ms * fraction,
+                    )
+                    link_free_ms[link] = send.end_ms
+                    events[p][d].append(send)
+                    arrival = send.end_ms
+                arrivals.setdefault((consumer, target), []).append(arrival)
+                if (target_rank, target) not in queued:
+                    queued.add((target_rank, target))
+                    worklist.append((target_rank, target))
+
+    stuck = {
+        (f"rank {p}" if not many[p] else f"rank {p} replica {d}"): str(order[p][position[p][d]])
+        for p in range(pp)
+        for d in range(len(shares[p]))
+        if position[p][d] < len(order[p])
+    }
+    if stuck:
+        raise InvalidScheduleError(f"schedule deadlocks; ranks wait at {stuck}")
+
+    for p in range(pp):
+        reduce_ms = allreduce_ms[p] if allreduce_ms else 0.0
+        reduce_start = max(start for start, _ in last_backward[p])
+        reduce_end = max(reduce_start + reduce_ms, *(end for _, end in last_backward[p]))
+        for d in range(len(shares[p])):
+            step_start = max(free_ms[p][d], reduce_end) if reduce_ms > 0 else free_ms[p][d]
+            if reduce_ms > 0:
+                events[p][d].append(
+                    SimulatedEvent(
+                        name="dp all-reduce",
+                        category="communication",
+                        track="communication",
+                        start_ms=reduce_start,
+                        end_ms=reduce_end,
+                    )
+                )
+            if optimizer_ms > 0:
+                events[p][d].append(
+                    SimulatedEvent(
+                        name="optimizer",
+                        category="optimizer",
+                        track="compute",
+                        start_ms=step_start,
+                        end_ms=step_start + optimizer_ms,
+                    )
+                )
+    for rank_events in events:
+        for replica_events in rank_events:
+            replica_events.sort(key=lambda event: (event.start_ms, event.track != "compute"))
+    return events
 
 
 def simulate_order(
@@ -90,119 +256,59 @@ def simulate_order(
     dp_allreduce_ms: list[float] | None = None,
     optimizer_ms: float = 0.0,
 ) -> list[list[SimulatedEvent]]:
-    """Timed events of every pipeline rank (``order[r]`` runs on rank r), in start order.
-
-    ``stage_timings[s]`` gives stage s's times; ``dp_allreduce_ms[r]`` rank r's gradient
-    all-reduce (none when omitted). The order must be valid (see validate_order).
-    """
-    pipeline_degree = len(order)
-    num_stages = 1 + max((action.stage for actions in order for action in actions), default=-1)
-    timing_of = {timing.stage: timing for timing in stage_timings}
-    if sorted(timing_of) != list(range(num_stages)):
-        raise InvalidScheduleError(
-            f"stage_timings cover stages {sorted(timing_of)}; expected 0..{num_stages - 1}"
-        )
-    position = [0] * pipeline_degree
-    rank_free_ms = [0.0] * pipeline_degree
-    rank_last_start_ms = [0.0] * pipeline_degree
-    input_ready_ms: dict[Action, float] = {}
-    link_free_ms: dict[tuple[int, int], float] = {}
-    events: list[list[SimulatedEvent]] = [[] for _ in range(pipeline_degree)]
-
-    remaining = sum(len(actions) for actions in order)
-    while remaining:
-        progressed = False
-        for rank, actions in enumerate(order):
-            while position[rank] < len(actions):
-                action = actions[position[rank]]
-                needs_input = (action.kind == "F" and action.stage > 0) or (
-                    action.kind == "B" and action.stage < num_stages - 1
-                )
-                if needs_input and action not in input_ready_ms:
-                    break
-                start = max(rank_free_ms[rank], input_ready_ms.get(action, 0.0))
-                event = _compute_event(action, start, timing_of[action.stage])
-                events[rank].append(event)
-                rank_free_ms[rank] = event.end_ms
-                rank_last_start_ms[rank] = event.start_ms
-                position[rank] += 1
-                remaining -= 1
-                progressed = True
-                consumer = _consumer(action, num_stages)
-                if consumer is None:
-                    continue
-                target = consumer.stage % pipeline_degree
-                if target == rank:
-                    input_ready_ms[consumer] = event.end_ms
-                    continue
-                # Both directions across the boundary of stages s, s+1 take stage s's send_ms.
-                boundary = min(action.stage, consumer.stage)
-                send = _send_event(
-                    action,
-                    consumer,
-                    peer_rank=target,
-                    start_ms=max(event.end_ms, link_free_ms.get((rank, target), 0.0)),
-                    duration_ms=timing_of[boundary].send_ms,
-                )
-                link_free_ms[(rank, target)] = send.end_ms
-                input_ready_ms[consumer] = send.end_ms
-                events[rank].append(send)
-        if not progressed:
-            stuck = {
-                rank: str(order[rank][position[rank]])
-                for rank in range(pipeline_degree)
-                if position[rank] < len(order[rank])
-            }
-            raise InvalidScheduleError(f"schedule deadlocks; ranks wait at {stuck}")
-
-    for rank in range(pipeline_degree):
-        # A rank's list ends with a backward (each backward follows its forward).
-        last_start = rank_last_start_ms[rank]
-        reduce_ms = dp_allreduce_ms[rank] if dp_allreduce_ms else 0.0
-        reduce_end = max(rank_free_ms[rank], last_start + reduce_ms)
-        if reduce_ms > 0:
-            events[rank].append(
-                SimulatedEvent(
-                    name="dp all-reduce",
-                    category="communication",
-                    track="communication",
-                    start_ms=last_start,
-                    end_ms=reduce_end,
-                )
-            )
-        if optimizer_ms > 0:
-            events[rank].append(
-                SimulatedEvent(
-                    name="optimizer",
-                    category="optimizer",
-                    track="compute",
-                    start_ms=reduce_end,
-                    end_ms=reduce_end + optimizer_ms,
-                )
-            )
-    for rank_events in events:
-        rank_events.sort(key=lambda event: (event.start_ms, event.track != "compute"))
-    return events
+    """Timed events of every pipeline rank, each rank one replica (``order[r]`` runs on rank
+    r); see ``simulate_replicas``."""
+    shares = [[1] for _ in order]
+    events = simulate_replicas(
+        order, shares, stage_timings, allreduce_ms=dp_allreduce_ms, optimizer_ms=optimizer_ms
+    )
+    return [rank_events[0] for rank_events in events]
 
 
-def _memory_of_rank(plan: Plan, pipeline_rank: int) -> MemoryEstimate | None:
-    candidates = [m for m in plan.prediction.memory if m.pipeline_rank == pipeline_rank]
-    return max(candidates, key=lambda m: m.total_bytes, default=None)
+# ---- plans ----------------------------------------------------------------------------------
 
 
-def _allreduce_per_rank(plan: Plan, memory: list[MemoryEstimate | None]) -> tuple[list[float], str]:
+def _replicas_of_ranks(plan: Plan) -> list[list[Replica]]:
+    replicas = []
+    for p in range(plan.parallelism.pipeline_degree):
+        stages = plan.stages_of_rank(p)
+        if not stages:
+            raise InputError(f"pipeline rank {p} of the plan runs no stage")
+        replicas.append(stages[0].replicas)
+    return replicas
+
+
+def _estimate_of(plan: Plan, pipeline_rank: int, replica: Replica) -> MemoryEstimate | None:
+    """The memory estimate of the replica's kind; else the rank's largest (older plans)."""
+    of_rank = [m for m in plan.prediction.memory if m.pipeline_rank == pipeline_rank]
+    kind = [
+        m
+        for m in of_rank
+        if (m.gpu_type, m.tensor_parallel_degree, m.micro_batch_size)
+        == (replica.gpu_type, replica.tensor_parallel_degree, replica.micro_batch_size)
+    ]
+    return max(kind or of_rank, key=lambda m: m.total_bytes, default=None)
+
+
+def _allreduce_per_rank(
+    plan: Plan, replicas: list[list[Replica]], memory: list[list[MemoryEstimate | None]]
+) -> tuple[list[float], str]:
     """Each rank's gradient all-reduce time, and a note when it had to be estimated."""
-    par = plan.parallelism
     prediction = plan.prediction
-    if par.data_parallel_degree == 1:
-        return [0.0] * par.pipeline_degree, ""
-    if len(prediction.rank_dp_allreduce_ms) == par.pipeline_degree:
+    pp = plan.parallelism.pipeline_degree
+    if len(prediction.rank_dp_allreduce_ms) == pp:
         return list(prediction.rank_dp_allreduce_ms), ""
-    gradients = [estimate.gradients_bytes if estimate else 0 for estimate in memory]
-    largest = max(gradients, default=0)
+    if all(len(rank) == 1 for rank in replicas):
+        return [0.0] * pp, ""
+    gradients = [
+        max((m.gradients_bytes for m in estimates if m), default=0) if len(replicas[p]) > 1 else 0
+        for p, estimates in enumerate(memory)
+    ]
+    largest = max(gradients)
     if largest == 0:
-        return [prediction.dp_allreduce_ms] * par.pipeline_degree, (
-            "all-reduce: every rank takes the plan's dp_allreduce_ms (no per-rank figures)"
+        return [prediction.dp_allreduce_ms if len(rank) > 1 else 0.0 for rank in replicas], (
+            "all-reduce: every rank with replicas takes the plan's dp_allreduce_ms (no "
+            "per-rank figures)"
         )
     return [prediction.dp_allreduce_ms * g / largest for g in gradients], (
         "all-reduce: the plan's dp_allreduce_ms scaled by each rank's gradient bytes "
@@ -218,64 +324,80 @@ def simulate_plan(plan: Plan) -> SimulationResult:
     )
     validate_order(order, par.pipeline_degree, par.num_stages, par.num_micro_batches)
     timings = plan.prediction.stage_timings
-    memory = [_memory_of_rank(plan, rank) for rank in range(par.pipeline_degree)]
-    allreduce_ms, allreduce_note = _allreduce_per_rank(plan, memory)
-    events = simulate_order(
+    replicas = _replicas_of_ranks(plan)
+    shares = [[replica.micro_batch_size for replica in rank] for rank in replicas]
+    memory = [
+        [_estimate_of(plan, p, replica) for replica in rank] for p, rank in enumerate(replicas)
+    ]
+    allreduce_ms, allreduce_note = _allreduce_per_rank(plan, replicas, memory)
+    events = simulate_replicas(
         order,
+        shares,
         timings,
-        dp_allreduce_ms=allreduce_ms,
+        allreduce_ms=allreduce_ms,
         optimizer_ms=plan.prediction.breakdown.optimizer_ms,
     )
-    activation_bytes, source = activation_bytes_per_stage(order, timings, memory)
+    activation_bytes, source = activation_bytes_per_replica(order, timings, memory)
     notes = [note for note in [allreduce_note] if note]
     if source == "derived":
         notes.append(
-            "memory: saved activations per micro-batch derived from each rank's "
+            "memory: saved activations per micro-batch derived from each replica kind's "
             "activations_bytes / its peak in-flight micro-batches (the plan has no "
-            "StageTiming.saved_activation_bytes)"
+            "saved_activation_bytes in its stage timings)"
         )
 
-    compute_events = [e for rank_events in events for e in rank_events if e.track == "compute"]
-    all_events = [e for rank_events in events for e in rank_events]
+    all_events = [e for rank in events for replica in rank for e in replica]
     iteration_ms = max((e.end_ms for e in all_events), default=0.0)
-    pass_events = [e for e in compute_events if e.category in ("forward", "backward")]
+    pass_events = [e for e in all_events if e.category in ("forward", "backward")]
     pipeline_ms = max((e.end_ms for e in pass_events), default=0.0)
     pass_time = sum(e.duration_ms for e in pass_events)
-    bubble = 1 - pass_time / (pipeline_ms * par.pipeline_degree) if pipeline_ms > 0 else 0.0
+    lanes = sum(len(rank) for rank in replicas)
+    bubble = 1 - pass_time / (pipeline_ms * lanes) if pipeline_ms > 0 else 0.0
 
-    gpu_type_of = {}
-    for entry in plan.rank_map:
-        gpu_type_of.setdefault(entry.pipeline_rank, entry.gpu_type)
     ranks = []
-    for rank, rank_events in enumerate(events):
-        estimate = memory[rank]
-        static = (
-            estimate.weights_bytes + estimate.gradients_bytes + estimate.optimizer_bytes
-            if estimate
-            else 0
-        )
-        curve = memory_curve(
-            rank_events,
-            static_bytes=static,
-            activation_bytes=activation_bytes,
-            transient_bytes=estimate.transient_bytes if estimate else 0,
-        )
-        busy = sum(e.duration_ms for e in rank_events if e.track == "compute")
+    for p, rank_replicas in enumerate(replicas):
+        timelines = []
+        for d, replica in enumerate(rank_replicas):
+            replica_events = events[p][d]
+            estimate = memory[p][d]
+            static = (
+                estimate.weights_bytes + estimate.gradients_bytes + estimate.optimizer_bytes
+                if estimate
+                else 0
+            )
+            curve = memory_curve(
+                replica_events,
+                static_bytes=static,
+                activation_bytes=activation_bytes[(p, d)],
+                transient_bytes=estimate.transient_bytes if estimate else 0,
+            )
+            busy = sum(e.duration_ms for e in replica_events if e.track == "compute")
+            timelines.append(
+                ReplicaTimeline(
+                    pipeline_rank=p,
+                    replica=d,
+                    gpu_type=replica.gpu_type,
+                    tensor_parallel_degree=replica.tensor_parallel_degree,
+                    micro_batch_size=replica.micro_batch_size,
+                    node=replica.node,
+                    ranks=list(replica.ranks),
+                    busy_ms=busy,
+                    idle_ms=max(iteration_ms - busy, 0.0),
+                    communication_ms=sum(
+                        e.duration_ms for e in replica_events if e.track == "communication"
+                    ),
+                    static_bytes=static,
+                    peak_bytes=max(point.allocated_bytes for point in curve),
+                    capacity_bytes=estimate.capacity_bytes if estimate else 0,
+                    events=replica_events,
+                    memory=curve,
+                )
+            )
         ranks.append(
             RankTimeline(
-                pipeline_rank=rank,
-                gpu_type=estimate.gpu_type if estimate else gpu_type_of.get(rank, "?"),
-                stages=list(range(rank, par.num_stages, par.pipeline_degree)),
-                busy_ms=busy,
-                idle_ms=max(iteration_ms - busy, 0.0),
-                communication_ms=sum(
-                    e.duration_ms for e in rank_events if e.track == "communication"
-                ),
-                static_bytes=static,
-                peak_bytes=max(point.allocated_bytes for point in curve),
-                capacity_bytes=estimate.capacity_bytes if estimate else 0,
-                events=rank_events,
-                memory=curve,
+                pipeline_rank=p,
+                stages=list(range(p, par.num_stages, par.pipeline_degree)),
+                replicas=timelines,
             )
         )
     logger.info("simulated %s: %.3f ms per iteration", par.schedule, iteration_ms)

@@ -1,6 +1,6 @@
-"""Memory of one GPU of a pipeline rank over an iteration.
+"""Memory of one GPU of a replica over an iteration.
 
-static (weights + gradients + optimizer states, from the plan's MemoryEstimate)
+static (weights + gradients + optimizer states, from the replica kind's MemoryEstimate)
 + the saved activations of every micro-batch between its forward's start and its backward's end
 + the largest temporary of one pass, while a forward or backward runs.
 """
@@ -11,13 +11,13 @@ from collections import Counter
 from typing import Literal
 
 from autoplan.plan.schema import MemoryEstimate, StageTiming
-from autoplan.schedule import PipelineOrder
+from autoplan.schedule import Action, PipelineOrder
 from autoplan.simulate.result import MemoryPoint, SimulatedEvent
 
-__all__ = ["activation_bytes_per_stage", "memory_curve", "peak_in_flight"]
+__all__ = ["activation_bytes_per_replica", "memory_curve", "peak_in_flight"]
 
 
-def peak_in_flight(actions: list) -> int:
+def peak_in_flight(actions: list[Action]) -> int:
     """Most micro-batches a rank holds activations for at once (forwards not yet backed)."""
     held = peak = 0
     for action in actions:
@@ -26,28 +26,47 @@ def peak_in_flight(actions: list) -> int:
     return peak
 
 
-def activation_bytes_per_stage(
+def _from_plan(timing: StageTiming, replica: int) -> int | None:
+    """Saved bytes of one micro-batch of replica ``replica`` as the plan states them."""
+    if timing.replicas and replica < len(timing.replicas):
+        return timing.replicas[replica].saved_activation_bytes
+    return timing.saved_activation_bytes
+
+
+def activation_bytes_per_replica(
     order: PipelineOrder,
     stage_timings: list[StageTiming],
-    memory: list[MemoryEstimate | None],
-) -> tuple[dict[int, int], Literal["plan", "derived"]]:
-    """Saved-activation bytes of one micro-batch per stage, and where the figure came from.
+    memory: list[list[MemoryEstimate | None]],
+) -> tuple[dict[tuple[int, int], dict[int, int]], Literal["plan", "derived"]]:
+    """Saved-activation bytes of one micro-batch on one GPU, per (pipeline rank, replica) and
+    stage, and where the figures came from.
 
-    The plan's ``StageTiming.saved_activation_bytes`` when every stage has it. Otherwise derived:
-    a rank's ``activations_bytes`` is what its peak number of in-flight micro-batches hold, so
-    one micro-batch holds that divided by the peak; a rank's stages (interleaving) share it
-    equally, for the plan does not say how it splits.
+    The plan's figures when every stage has them: the replica's
+    ``ReplicaTiming.saved_activation_bytes``, else the stage's ``saved_activation_bytes`` (its
+    largest replica's). Otherwise derived: a replica kind's ``activations_bytes`` is what its
+    peak number of in-flight micro-batches hold, so one micro-batch holds that divided by the
+    peak; a rank's stages (interleaving) share it equally, for the plan does not say how it
+    splits. ``memory[p][d]`` is replica d of rank p's estimate.
     """
-    if stage_timings and all(t.saved_activation_bytes is not None for t in stage_timings):
-        return {t.stage: int(t.saved_activation_bytes or 0) for t in stage_timings}, "plan"
-    per_stage: dict[int, int] = {}
-    for rank, actions in enumerate(order):
-        estimate = memory[rank] if rank < len(memory) else None
+    timing_of = {timing.stage: timing for timing in stage_timings}
+    stages_of = [sorted({action.stage for action in actions}) for actions in order]
+    stated = all(
+        s in timing_of and _from_plan(timing_of[s], d) is not None
+        for p, stages in enumerate(stages_of)
+        for d in range(len(memory[p]))
+        for s in stages
+    )
+    per_replica: dict[tuple[int, int], dict[int, int]] = {}
+    for p, actions in enumerate(order):
+        stages = stages_of[p]
         peak = peak_in_flight(actions)
-        per_micro_batch = estimate.activations_bytes // peak if estimate and peak else 0
-        for stage in {action.stage for action in actions}:
-            per_stage[stage] = per_micro_batch
-    return per_stage, "derived"
+        for d, estimate in enumerate(memory[p]):
+            if stated:
+                per_replica[(p, d)] = {s: int(_from_plan(timing_of[s], d) or 0) for s in stages}
+            else:
+                one = estimate.activations_bytes // peak if estimate and peak else 0
+                per_replica[(p, d)] = dict.fromkeys(stages, one)
+    return per_replica, "plan" if stated else "derived"
 
 
 def memory_curve(
@@ -57,7 +76,7 @@ def memory_curve(
     activation_bytes: dict[int, int],
     transient_bytes: int,
 ) -> list[MemoryPoint]:
-    """Step curve of one rank's memory from its events (see the module docstring)."""
+    """Step curve of one replica's memory from its events (see the module docstring)."""
     changes: Counter[float] = Counter()
     for event in events:
         if event.category not in ("forward", "backward") or event.stage is None:

@@ -1,4 +1,4 @@
-"""What the simulator returns: a timeline per pipeline rank and its memory over time."""
+"""What the simulator returns: a timeline per replica of every pipeline rank, with its memory."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ __all__ = [
     "EventCategory",
     "MemoryPoint",
     "RankTimeline",
+    "ReplicaTimeline",
     "SimulatedEvent",
     "SimulationResult",
 ]
@@ -24,9 +25,11 @@ class _Strict(BaseModel):
 
 
 class SimulatedEvent(_Strict):
-    """One interval of work on one pipeline rank."""
+    """One interval of work on one replica (all its tp GPUs alike)."""
 
-    name: str = Field(description="'F s1 mb3', 'B s1 mb3', 'send s1→s2 mb3', 'dp all-reduce'...")
+    name: str = Field(
+        description="'F s1 mb3', 'B s1 mb3', 'send act s1→s2 mb3', 'dp all-reduce'..."
+    )
     category: EventCategory
     track: Literal["compute", "communication"] = Field(
         description="Compute runs one at a time; sends and the all-reduce run beside it."
@@ -34,6 +37,10 @@ class SimulatedEvent(_Strict):
     stage: int | None = Field(default=None, description="Stage the event belongs to, if one.")
     micro_batch: int | None = Field(default=None, description="Micro-batch, if one.")
     peer_rank: int | None = Field(default=None, description="Pipeline rank a send goes to.")
+    peer_replica: int | None = Field(
+        default=None, description="Replica (of peer_rank) a send goes to."
+    )
+    samples: int | None = Field(default=None, description="Samples a send carries.")
     start_ms: float = Field(ge=0)
     end_ms: float = Field(ge=0)
 
@@ -43,18 +50,22 @@ class SimulatedEvent(_Strict):
 
 
 class MemoryPoint(_Strict):
-    """From ``time_ms`` on, one GPU of the rank holds ``allocated_bytes``."""
+    """From ``time_ms`` on, one GPU of the replica holds ``allocated_bytes``."""
 
     time_ms: float = Field(ge=0)
     allocated_bytes: int = Field(ge=0)
 
 
-class RankTimeline(_Strict):
-    """Everything one pipeline rank does in one iteration (all its dp × tp GPUs alike)."""
+class ReplicaTimeline(_Strict):
+    """Everything one replica (tp GPUs of one type) of a pipeline rank does in one iteration."""
 
     pipeline_rank: int = Field(ge=0)
+    replica: int = Field(ge=0, description="Index in its stages' replicas (its dp index).")
     gpu_type: str
-    stages: list[int] = Field(description="Stages this rank runs.")
+    tensor_parallel_degree: int = Field(ge=1)
+    micro_batch_size: int = Field(ge=1, description="Its share of every micro-batch.")
+    node: str = Field(default="", description="The node its GPUs are on.")
+    ranks: list[int] = Field(default_factory=list, description="Its global ranks, by tp index.")
     busy_ms: float = Field(ge=0, description="Compute time: forwards, backwards, optimizer.")
     idle_ms: float = Field(ge=0, description="Iteration time minus busy time.")
     communication_ms: float = Field(ge=0, description="Sends issued and the dp all-reduce.")
@@ -62,7 +73,40 @@ class RankTimeline(_Strict):
     peak_bytes: int = Field(ge=0, description="Highest point of the memory curve.")
     capacity_bytes: int = Field(ge=0)
     events: list[SimulatedEvent]
-    memory: list[MemoryPoint] = Field(description="Step curve, points in time order.")
+    memory: list[MemoryPoint] = Field(description="Step curve of one GPU, points in time order.")
+
+    @property
+    def kind(self) -> tuple[str, int, int]:
+        """(GPU type, tp, share): replicas of one kind have one memory estimate."""
+        return (self.gpu_type, self.tensor_parallel_degree, self.micro_batch_size)
+
+    @property
+    def label(self) -> str:
+        """E.g. 'A100-80GB tp2, 4 samples'."""
+        return f"{self.gpu_type} tp{self.tensor_parallel_degree}, {self.micro_batch_size} samples"
+
+
+class RankTimeline(_Strict):
+    """One pipeline rank: its stages and its replicas' timelines."""
+
+    pipeline_rank: int = Field(ge=0)
+    stages: list[int] = Field(description="Stages this rank runs.")
+    replicas: list[ReplicaTimeline] = Field(min_length=1)
+
+    @property
+    def gpu_type(self) -> str:
+        """Its replicas' GPU types, '+'-joined in order of first appearance."""
+        return "+".join(dict.fromkeys(replica.gpu_type for replica in self.replicas))
+
+    @property
+    def busy_ms(self) -> float:
+        """The busiest replica's compute time."""
+        return max(replica.busy_ms for replica in self.replicas)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The highest memory peak of one GPU over its replicas."""
+        return max(replica.peak_bytes for replica in self.replicas)
 
 
 class SimulationResult(_Strict):
@@ -72,19 +116,27 @@ class SimulationResult(_Strict):
     pipeline_degree: int = Field(ge=1)
     virtual_stages_per_rank: int = Field(ge=1)
     num_micro_batches: int = Field(ge=1)
-    iteration_time_ms: float = Field(ge=0, description="Until the last rank's optimizer ends.")
+    iteration_time_ms: float = Field(ge=0, description="Until the last optimizer step ends.")
     pipeline_time_ms: float = Field(ge=0, description="Until the last backward ends.")
     bubble_fraction: float = Field(
-        ge=0, le=1, description="Share of ranks × pipeline time with no forward or backward."
+        ge=0,
+        le=1,
+        description="Share of replicas × pipeline time with no forward or backward running.",
     )
     predicted_iteration_time_ms: float | None = Field(
         default=None, description="The plan's own (closed-form) prediction, when simulating a plan."
     )
     activation_bytes_source: Literal["plan", "derived"] = Field(
-        description="'plan': StageTiming.saved_activation_bytes; 'derived': the rank's "
-        "MemoryEstimate.activations_bytes spread over its peak in-flight micro-batches."
+        description="'plan': the stage or replica timings' saved_activation_bytes; 'derived': "
+        "the replica kind's MemoryEstimate.activations_bytes spread over its peak in-flight "
+        "micro-batches."
     )
     notes: list[str] = Field(
         default_factory=list, description="Figures the plan lacked and how they were estimated."
     )
     ranks: list[RankTimeline]
+
+    @property
+    def replicas(self) -> list[ReplicaTimeline]:
+        """Every replica's timeline, rank by rank."""
+        return [replica for rank in self.ranks for replica in rank.replicas]

@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from autoplan.plan.schema import Plan
-from autoplan.view.plan_tables import micro_batch_sizes_text
+from autoplan.view.document import Document, Section
+from autoplan.view.plan_tables import gpus_text, replicas_text
+from autoplan.view.units import bytes_text, duration_text, percent_text, rate_text
 
-__all__ = ["compare_rows", "compare_table"]
-
-
-def _layer_split(plan: Plan) -> str:
-    return " ".join(str(stage.layer_end - stage.layer_start) for stage in plan.stages)
+__all__ = ["compare_document", "compare_rows"]
 
 
 def _peak_memory(plan: Plan) -> str:
-    worst = max(plan.prediction.memory, key=lambda m: m.total_bytes / max(m.capacity_bytes, 1))
+    if not plan.prediction.memory:
+        return "-"
+    worst = max(
+        plan.prediction.memory,
+        key=lambda m: (m.total_bytes + m.reserved_bytes) / max(m.capacity_bytes, 1),
+    )
     return (
-        f"{worst.total_bytes / 2**30:.2f} / {worst.capacity_bytes / 2**30:.0f} GiB "
-        f"({worst.gpu_type})"
+        f"{bytes_text(worst.total_bytes + worst.reserved_bytes)} of "
+        f"{bytes_text(worst.capacity_bytes)} ({worst.gpu_type} tp{worst.tensor_parallel_degree}, "
+        f"rank {worst.pipeline_rank})"
+    )
+
+
+def _replicas_per_stage(plan: Plan) -> str:
+    """Consecutive stages with the same replicas folded: 's0-3: cpu tp1 × 2 (2 samples each)'."""
+    runs: list[list] = []
+    for stage in plan.stages:
+        text = replicas_text(stage)
+        if runs and runs[-1][2] == text:
+            runs[-1][1] = stage.index
+        else:
+            runs.append([stage.index, stage.index, text])
+    return "; ".join(
+        f"s{first}: {text}" if first == last else f"s{first}-{last}: {text}"
+        for first, last, text in runs
     )
 
 
@@ -26,42 +43,40 @@ def compare_rows(plan: Plan) -> dict[str, str]:
     """The facts compared, by row name."""
     par = plan.parallelism
     prediction = plan.prediction
+    idle = prediction.idle_gpus
     return {
         "model": plan.inputs.model.name,
         "cluster": plan.inputs.cluster.name,
         "strategy": plan.inputs.strategy,
-        "GPUs used": str(par.world_size),
-        "pp × dp × tp": f"{par.pipeline_degree} × {par.data_parallel_degree} × "
-        f"{par.tensor_parallel_degree}",
+        "GPUs used": gpus_text(plan),
+        "pipeline ranks": str(par.pipeline_degree),
         "schedule": f"{par.schedule} (v={par.virtual_stages_per_rank})",
         "micro-batches": str(par.num_micro_batches),
-        "micro-batch size": micro_batch_sizes_text(par.replica_micro_batch_sizes),
+        "micro-batch size": str(par.micro_batch_size),
         "global batch": str(plan.inputs.global_batch_size),
-        "layers per stage": _layer_split(plan),
-        "GPU per stage": " ".join("/".join(stage.gpu_types) for stage in plan.stages),
-        "iteration ms": f"{prediction.iteration_time_ms:,.2f}",
-        "samples/s": f"{prediction.samples_per_s:,.1f}",
-        "tokens/s": f"{prediction.tokens_per_s:,.0f}",
-        "MFU": f"{prediction.mfu:.1%}",
+        "layers per stage": " ".join(str(s.layer_end - s.layer_start) for s in plan.stages),
+        "replicas per stage": _replicas_per_stage(plan),
+        "iteration": duration_text(prediction.iteration_time_ms),
+        "samples/s": rate_text(prediction.samples_per_s, "samples"),
+        "tokens/s": rate_text(prediction.tokens_per_s, "tokens"),
+        "MFU": percent_text(prediction.mfu),
         "peak memory": _peak_memory(plan),
+        "idle GPUs": ", ".join(f"{g.count} {g.gpu_type}" for g in idle) if idle else "none",
     }
 
 
-def compare_table(first: Plan, second: Plan, names: tuple[str, str] = ("A", "B")) -> Table:
+def compare_document(first: Plan, second: Plan, names: tuple[str, str] = ("A", "B")) -> Document:
     """Rows of both plans, differing rows in bold, and the throughput ratio second / first."""
     rows_a, rows_b = compare_rows(first), compare_rows(second)
-    table = Table(title="Plans compared", title_justify="left")
-    table.add_column("")
-    table.add_column(names[0])
-    table.add_column(names[1])
+    section = Section(title="Plans compared", columns=["", names[0], names[1]])
     for key, value_a in rows_a.items():
         value_b = rows_b[key]
-        table.add_row(key, value_a, value_b, style="bold" if value_a != value_b else "")
+        section.add(key, value_a, value_b, style="bold" if value_a != value_b else "")
     ratio = second.prediction.samples_per_s / first.prediction.samples_per_s
-    table.add_row(
+    section.add(
         "throughput vs first",
         "1.00×",
         f"{ratio:.2f}×",
         style="bold green" if ratio > 1 else "bold",
     )
-    return table
+    return Document(title="", sections=[section])

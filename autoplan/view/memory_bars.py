@@ -1,13 +1,14 @@
-"""Memory per GPU against capacity, as a stacked bar per pipeline rank and GPU type."""
+"""Memory per GPU of each replica kind against capacity, with its reserve, and a stacked bar."""
 
 from __future__ import annotations
 
-from rich.table import Table
 from rich.text import Text
 
 from autoplan.plan.schema import MemoryEstimate, Plan
+from autoplan.view.document import Section
+from autoplan.view.units import bytes_text
 
-__all__ = ["MEMORY_CATEGORIES", "memory_bar", "memory_table"]
+__all__ = ["MEMORY_CATEGORIES", "memory_bar", "memory_section"]
 
 MEMORY_CATEGORIES = {
     "weights": "blue",
@@ -15,6 +16,7 @@ MEMORY_CATEGORIES = {
     "optimizer": "magenta",
     "activations": "yellow",
     "transient": "red",
+    "reserve": "white",
 }
 
 
@@ -25,45 +27,64 @@ def _parts(estimate: MemoryEstimate) -> dict[str, int]:
         "optimizer": estimate.optimizer_bytes,
         "activations": estimate.activations_bytes,
         "transient": estimate.transient_bytes,
+        "reserve": estimate.reserved_bytes,
     }
 
 
-def memory_bar(estimate: MemoryEstimate, width: int = 40) -> Text:
-    """``width`` cells = the GPU's capacity; each category fills its share in its colour."""
+def memory_bar(estimate: MemoryEstimate, width: int = 32) -> Text:
+    """``width`` cells = the GPU's capacity; each category (and the reserve, dim) fills its
+    share in its colour; an estimate over capacity fills every cell."""
     bar = Text()
     capacity = max(estimate.capacity_bytes, 1)
     used_cells = 0
     for name, size in _parts(estimate).items():
-        cells = round(size / capacity * width)
-        cells = min(cells, width - used_cells) if estimate.total_bytes <= capacity else cells
-        bar.append("█" * cells, style=MEMORY_CATEGORIES[name])
+        cells = min(round(size / capacity * width), width - used_cells)
+        symbol = "▒" if name == "reserve" else "█"
+        bar.append(symbol * cells, style=MEMORY_CATEGORIES[name])
         used_cells += cells
     if used_cells < width:
         bar.append("·" * (width - used_cells), style="dim")
     return bar
 
 
-def _gib(size_bytes: int) -> str:
-    return f"{size_bytes / 2**30:.2f}"
-
-
-def memory_table(plan: Plan) -> Table:
-    """One row per memory estimate: GiB by category, total against capacity, and the bar."""
-    legend = "  ".join(f"[{colour}]█[/] {name}" for name, colour in MEMORY_CATEGORIES.items())
-    table = Table(title="Memory per GPU (GiB)", caption=legend, title_justify="left")
-    for column in ("rank", "GPU", "weights", "grads", "optimizer", "activations", "transient"):
-        table.add_column(column, justify="right" if column not in ("GPU",) else "left")
-    table.add_column("total / capacity", justify="right")
-    table.add_column("bar (width = capacity)")
-    for estimate in sorted(plan.prediction.memory, key=lambda m: (m.pipeline_rank, m.gpu_type)):
-        share = estimate.total_bytes / estimate.capacity_bytes if estimate.capacity_bytes else 0
-        over = estimate.total_bytes > estimate.capacity_bytes
-        total = f"{_gib(estimate.total_bytes)} / {_gib(estimate.capacity_bytes)} ({share:.0%})"
-        table.add_row(
+def memory_section(plan: Plan, *, bars: bool = True) -> Section:
+    """One row per memory estimate (pipeline rank × replica kind): memory by category, total
+    and reserve against capacity, and (``bars``) the bar."""
+    legend = "  ".join(f"{'▒' if name == 'reserve' else '█'} {name}" for name in MEMORY_CATEGORIES)
+    columns = ["rank", "GPU", "tp", "samples", "weights", "grads", "optimizer", "activations"]
+    columns += ["transient", "total", "reserve", "capacity", "used"]
+    if bars:
+        columns.append("bar (width = capacity)")
+    section = Section(
+        title="Memory per GPU, by replica kind",
+        columns=columns,
+        right=frozenset({0, 2, 3, *range(4, 13)}),
+        text_only=frozenset({13}) if bars else frozenset(),
+        heading_columns=4,
+        note=f"used = (total + reserve) / capacity; bar: {legend}"
+        if bars
+        else "used = (total + reserve) / capacity",
+    )
+    estimates = sorted(
+        plan.prediction.memory,
+        key=lambda m: (m.pipeline_rank, m.gpu_type, m.tensor_parallel_degree, m.micro_batch_size),
+    )
+    for estimate in estimates:
+        needed = estimate.total_bytes + estimate.reserved_bytes
+        share = needed / estimate.capacity_bytes if estimate.capacity_bytes else 0.0
+        over = needed > estimate.capacity_bytes
+        cells = [
             str(estimate.pipeline_rank),
             estimate.gpu_type,
-            *(_gib(size) for size in _parts(estimate).values()),
-            Text(total, style="bold red" if over else ""),
-            memory_bar(estimate),
-        )
-    return table
+            str(estimate.tensor_parallel_degree),
+            str(estimate.micro_batch_size),
+            *(bytes_text(size) for name, size in _parts(estimate).items() if name != "reserve"),
+            bytes_text(estimate.total_bytes),
+            bytes_text(estimate.reserved_bytes),
+            bytes_text(estimate.capacity_bytes),
+            f"{share:.0%}",
+        ]
+        if bars:
+            cells.append(memory_bar(estimate))
+        section.add(*cells, style="bold red" if over else "")
+    return section

@@ -1,136 +1,161 @@
-"""``autoplan show``: a plan's shape, stages, time breakdown and runners-up as rich tables."""
+"""``autoplan show``: a plan's shape, stages and their replicas, memory, time breakdown, idle
+GPUs and runners-up, as a Document (``autoplan.view.render`` lays it out)."""
 
 from __future__ import annotations
 
-from rich.console import RenderableType
-from rich.table import Table
+from collections import Counter
 
-from autoplan.plan.schema import Plan
-from autoplan.view.memory_bars import memory_table
+from autoplan.plan.schema import Plan, Stage
+from autoplan.view.document import Document, Section
+from autoplan.view.memory_bars import memory_section
+from autoplan.view.units import (
+    count_text,
+    duration_text,
+    node_ranges,
+    percent_text,
+    rate_text,
+    runs_text,
+)
 
 __all__ = [
-    "alternatives_table",
-    "breakdown_table",
+    "alternatives_section",
+    "breakdown_section",
+    "gpus_text",
+    "idle_section",
     "micro_batch_sizes_text",
-    "plan_overview",
-    "plan_renderables",
-    "stages_table",
+    "overview_section",
+    "plan_document",
+    "replicas_text",
+    "stages_section",
 ]
-
-
-def _count(number: int) -> str:
-    for size, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if number >= size:
-            return f"{number / size:,.2f} {suffix}"
-    return str(number)
 
 
 def micro_batch_sizes_text(sizes: list[int]) -> str:
     """Per-replica micro-batch sizes, runs collapsed: [1]*16 → '1 × 16', [3, 3, 1] → '3 × 2, 1'."""
-    runs: list[list[int]] = []
-    for size in sizes:
-        if runs and runs[-1][0] == size:
-            runs[-1][1] += 1
-        else:
-            runs.append([size, 1])
-    return ", ".join(f"{size} × {count}" if count > 1 else str(size) for size, count in runs)
+    return runs_text(sizes)
 
 
-def plan_overview(plan: Plan, title: str = "Plan") -> Table:
-    """Two columns of key facts: model, cluster, parallelism, batch and predicted speed."""
+def replicas_text(stage: Stage) -> str:
+    """A stage's replicas by kind, in order of first appearance, e.g.
+    'A100-40GB tp1 × 4 (8 samples each) + V100-16GB tp4 × 1 (4 samples)'."""
+    kinds: Counter[tuple[str, int, int]] = Counter()
+    for replica in stage.replicas:
+        kinds[(replica.gpu_type, replica.tensor_parallel_degree, replica.micro_batch_size)] += 1
+    parts = []
+    for (gpu_type, tp, share), count in kinds.items():
+        samples = f"{share} samples each" if count > 1 else f"{share} samples"
+        parts.append(f"{gpu_type} tp{tp} × {count} ({samples})")
+    return " + ".join(parts)
+
+
+def gpus_text(plan: Plan) -> str:
+    """GPUs used of the cluster's, per type: '12 of 16 (A100-80GB 8 of 8, V100-32GB 4 of 8)'."""
+    in_cluster: Counter[str] = Counter()
+    for node in plan.inputs.cluster.nodes():
+        in_cluster[node.gpu] += node.gpus
+    used = Counter(entry.gpu_type for entry in plan.rank_map)
+    per_type = ", ".join(f"{t} {used[t]} of {n}" for t, n in in_cluster.items())
+    return f"{plan.world_size} of {sum(in_cluster.values())} ({per_type})"
+
+
+def overview_section(plan: Plan) -> Section:
+    """Key facts: model, cluster, pipeline, batch, predicted time and speed, idle GPUs."""
     par = plan.parallelism
     inputs = plan.inputs
     prediction = plan.prediction
-    table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column("what", style="bold")
-    table.add_column("value")
-    shares = micro_batch_sizes_text(par.replica_micro_batch_sizes)
-    rows = [
-        (
-            "model",
-            f"{inputs.model.name} ({inputs.model.num_layers} layers, "
-            f"{inputs.model.parameter_count / 1e6:,.1f} M parameters)",
-        ),
-        ("cluster", f"{inputs.cluster.name}: {len(plan.nodes)} nodes, {par.world_size} GPUs used"),
-        ("strategy", inputs.strategy),
-        (
-            "parallelism",
-            f"pp={par.pipeline_degree} dp={par.data_parallel_degree} "
-            f"tp={par.tensor_parallel_degree} virtual stages/rank={par.virtual_stages_per_rank}"
-            f"{' ZeRO-1' if par.zero1 else ''}",
-        ),
-        ("schedule", f"{par.schedule}, {par.num_micro_batches} micro-batches per replica"),
-        (
-            "batch",
-            f"global {inputs.global_batch_size} × seq {inputs.seq_len} ({inputs.dtype}); "
-            f"micro-batch per replica: {shares}",
-        ),
-        ("iteration", f"{prediction.iteration_time_ms:,.2f} ms predicted"),
-        (
-            "throughput",
-            f"{prediction.samples_per_s:,.1f} samples/s, {prediction.tokens_per_s:,.0f} tokens/s",
-        ),
-        (
-            "efficiency",
-            f"{prediction.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {prediction.mfu:.1%}",
-        ),
-    ]
-    for what, value in rows:
-        table.add_row(what, value)
-    return table
+    section = Section(title="Plan", columns=["what", "value"], key_value=True)
+    model = inputs.model
+    section.add(
+        "model",
+        f"{model.name}: {model.num_layers} layers, {count_text(model.parameter_count)} parameters",
+    )
+    section.add(
+        "cluster",
+        f"{inputs.cluster.name}: GPUs used {gpus_text(plan)} on {len(plan.nodes)} nodes "
+        f"({node_ranges(node.name for node in plan.nodes)})",
+    )
+    section.add("strategy", inputs.strategy)
+    virtual = (
+        f" × {par.virtual_stages_per_rank} virtual stages"
+        if par.virtual_stages_per_rank > 1
+        else ""
+    )
+    zero1 = sum(stage.zero1 for stage in plan.stages)
+    section.add(
+        "pipeline",
+        f"{par.pipeline_degree} ranks{virtual}, {len(plan.stages)} stages, {par.schedule}"
+        + (f", ZeRO-1 on {zero1} stages" if zero1 else ""),
+    )
+    section.add(
+        "batch",
+        f"global {inputs.global_batch_size} = {par.num_micro_batches} micro-batches × "
+        f"{par.micro_batch_size} samples; seq {inputs.seq_len}, {inputs.dtype}",
+    )
+    section.add("iteration", f"{duration_text(prediction.iteration_time_ms)} predicted")
+    section.add(
+        "throughput",
+        f"{rate_text(prediction.samples_per_s, 'samples')}, "
+        f"{rate_text(prediction.tokens_per_s, 'tokens')}",
+    )
+    section.add(
+        "efficiency",
+        f"{prediction.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {percent_text(prediction.mfu)}",
+    )
+    idle = prediction.idle_gpus
+    section.add(
+        "idle GPUs",
+        "; ".join(f"{g.count} {g.gpu_type}: {g.reason}" for g in idle) if idle else "none",
+    )
+    return section
 
 
-def stages_table(plan: Plan) -> Table:
-    """One row per stage: layers, where it runs, and its times per micro-batch."""
-    par = plan.parallelism
+def stages_section(plan: Plan) -> Section:
+    """One row per stage: layers, replicas by kind, nodes, recompute, times per micro-batch."""
     timing_of = {timing.stage: timing for timing in plan.prediction.stage_timings}
-    nodes_of: dict[int, list[str]] = {}
-    for entry in plan.rank_map:
-        names = nodes_of.setdefault(entry.pipeline_rank, [])
-        if entry.node not in names:
-            names.append(entry.node)
-    table = Table(title="Stages", title_justify="left")
-    for column in ("stage", "rank", "layers", "#", "GPU", "nodes", "tp", "dp", "recompute"):
-        table.add_column(
-            column, justify="right" if column in ("stage", "rank", "#", "tp", "dp") else "left"
-        )
-    for column in ("fwd ms", "bwd ms", "send ms", "fwd+bwd ms / mb"):
-        table.add_column(column, justify="right")
+    section = Section(
+        title="Stages (times per micro-batch, slowest replica)",
+        columns=[
+            *("stage", "rank", "layers", "replicas", "nodes", "recompute", "ZeRO-1"),
+            *("fwd", "bwd", "send"),
+        ],
+        right=frozenset({0, 1, 7, 8, 9}),
+        heading_columns=2,
+    )
     for stage in plan.stages:
         timing = timing_of.get(stage.index)
+        last = stage.index + 1 == len(plan.stages)
         times = (
             [
-                f"{timing.forward_ms:.3f}",
-                f"{timing.backward_ms:.3f}",
-                f"{timing.send_ms:.3f}",
-                f"{timing.forward_ms + timing.backward_ms:.3f}",
+                duration_text(timing.forward_ms),
+                duration_text(timing.backward_ms),
+                "-" if last else duration_text(timing.send_ms),
             ]
             if timing
-            else ["-"] * 4
+            else ["-"] * 3
         )
-        table.add_row(
+        count = stage.layer_end - stage.layer_start
+        section.add(
             str(stage.index),
             str(stage.pipeline_rank),
-            f"{stage.layer_start}–{stage.layer_end - 1}",
-            str(stage.layer_end - stage.layer_start),
-            ", ".join(stage.gpu_types),
-            ", ".join(nodes_of.get(stage.pipeline_rank, [])),
-            str(par.tensor_parallel_degree),
-            str(par.data_parallel_degree),
-            stage.recompute,
+            f"{stage.layer_start}–{stage.layer_end - 1} ({count})",
+            replicas_text(stage),
+            node_ranges(replica.node for replica in stage.replicas),
+            runs_text(replica.recompute for replica in stage.replicas),
+            "yes" if stage.zero1 else "no",
             *times,
         )
-    return table
+    return section
 
 
-def breakdown_table(plan: Plan) -> Table:
-    """Where the predicted iteration time goes, in ms and share of the iteration."""
+def breakdown_section(plan: Plan) -> Section:
+    """Where the predicted iteration time goes, and each part's share."""
     breakdown = plan.prediction.breakdown
     total = plan.prediction.iteration_time_ms
-    table = Table(title="Time per iteration (exposed)", title_justify="left")
-    table.add_column("part")
-    table.add_column("ms", justify="right")
-    table.add_column("share", justify="right")
+    section = Section(
+        title="Time per iteration (exposed)",
+        columns=["part", "time", "share"],
+        right=frozenset({1, 2}),
+    )
     parts = [
         ("compute", breakdown.compute_ms),
         ("pipeline bubble", breakdown.bubble_ms),
@@ -140,40 +165,54 @@ def breakdown_table(plan: Plan) -> Table:
         ("optimizer", breakdown.optimizer_ms),
     ]
     for name, ms in parts:
-        table.add_row(name, f"{ms:,.2f}", f"{ms / total:.1%}")
-    table.add_row("iteration (predicted)", f"{total:,.2f}", "", style="bold")
-    return table
+        section.add(name, duration_text(ms), percent_text(ms / total) if total else "-")
+    section.add("iteration (predicted)", duration_text(total), "", style="bold")
+    return section
 
 
-def alternatives_table(plan: Plan) -> Table:
+def idle_section(plan: Plan) -> Section:
+    """GPUs of the cluster the plan leaves unused, per type, and why."""
+    section = Section(title="Idle GPUs", columns=["GPU", "idle", "reason"], right=frozenset({1}))
+    for idle in plan.prediction.idle_gpus:
+        section.add(idle.gpu_type, str(idle.count), idle.reason)
+    if not plan.prediction.idle_gpus:
+        section.add("-", "0", "every GPU of the cluster is used")
+    return section
+
+
+def alternatives_section(plan: Plan) -> Section:
     """The runners-up the solver kept, with their speed relative to the chosen plan."""
-    table = Table(title="Alternatives", title_justify="left")
-    for column in ("#", "knobs", "layers per stage", "GPU per stage"):
-        table.add_column(column)
-    for column in ("iteration ms", "samples/s", "vs chosen"):
-        table.add_column(column, justify="right")
+    section = Section(
+        title="Alternatives",
+        columns=[
+            *("#", "knobs", "layers per stage", "GPU per stage"),
+            *("iteration", "samples/s", "vs chosen"),
+        ],
+        right=frozenset({0, 4, 5, 6}),
+    )
     chosen = plan.prediction.samples_per_s
     for alternative in plan.alternatives:
-        table.add_row(
+        section.add(
             str(alternative.rank),
             alternative.summary,
             " ".join(str(count) for count in alternative.layer_split),
             " ".join(alternative.gpu_types),
-            f"{alternative.iteration_time_ms:,.2f}",
-            f"{alternative.samples_per_s:,.1f}",
+            duration_text(alternative.iteration_time_ms),
+            rate_text(alternative.samples_per_s, "samples").removesuffix(" samples/s"),
             f"{alternative.samples_per_s / chosen:.2f}×",
         )
-    return table
+    return section
 
 
-def plan_renderables(plan: Plan, title: str = "Plan") -> list[RenderableType]:
+def plan_document(plan: Plan, title: str = "") -> Document:
     """Everything ``autoplan show`` prints, in order."""
-    renderables: list[RenderableType] = [
-        plan_overview(plan, title),
-        stages_table(plan),
-        memory_table(plan),
-        breakdown_table(plan),
+    sections = [
+        overview_section(plan),
+        stages_section(plan),
+        memory_section(plan),
+        breakdown_section(plan),
+        idle_section(plan),
     ]
     if plan.alternatives:
-        renderables.append(alternatives_table(plan))
-    return renderables
+        sections.append(alternatives_section(plan))
+    return Document(title=title, sections=sections)

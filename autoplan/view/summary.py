@@ -1,0 +1,49 @@
+"""What ``autoplan solve`` prints after solving: the plan's stages, prediction, memory and
+runners-up, in the same sections ``show`` uses (without the memory bars)."""
+
+from __future__ import annotations
+
+from autoplan.plan.schema import Plan
+from autoplan.view.document import Document, Section
+from autoplan.view.memory_bars import memory_section
+from autoplan.view.plan_tables import alternatives_section, stages_section
+from autoplan.view.units import duration_text, percent_text, rate_text
+
+__all__ = ["prediction_section", "solve_summary"]
+
+
+def prediction_section(plan: Plan) -> Section:
+    """Iteration time with its parts, throughput, efficiency and idle GPUs, as key–value rows."""
+    prediction = plan.prediction
+    section = Section(
+        title="Prediction (one iteration)", columns=["figure", "value"], key_value=True
+    )
+    section.add("iteration", duration_text(prediction.iteration_time_ms))
+    for name, value in prediction.breakdown.model_dump().items():
+        section.add(f"  {name.removesuffix('_ms').replace('_', ' ')}", duration_text(value))
+    section.add("samples/s", rate_text(prediction.samples_per_s, "samples"))
+    section.add("tokens/s", rate_text(prediction.tokens_per_s, "tokens"))
+    section.add("TFLOP/s per GPU", f"{prediction.tflops_per_gpu:.1f}")
+    section.add("MFU", percent_text(prediction.mfu))
+    idle = prediction.idle_gpus
+    section.add(
+        "idle GPUs",
+        "; ".join(f"{g.count} {g.gpu_type}: {g.reason}" for g in idle) if idle else "none",
+    )
+    return section
+
+
+def solve_summary(plan: Plan) -> Document:
+    """The solve command's summary of ``plan`` (print it with ``render.print_document``)."""
+    par = plan.parallelism
+    inputs = plan.inputs
+    virtual = f" v={par.virtual_stages_per_rank}" if par.virtual_stages_per_rank > 1 else ""
+    title = (
+        f"{inputs.model.name} on {inputs.cluster.name} ({inputs.strategy}): "
+        f"pp={par.pipeline_degree} {par.schedule}{virtual} m={par.num_micro_batches} "
+        f"mbs={par.micro_batch_size}, {plan.world_size} GPUs"
+    )
+    sections = [stages_section(plan), prediction_section(plan), memory_section(plan, bars=False)]
+    if plan.alternatives:
+        sections.append(alternatives_section(plan))
+    return Document(title=title, sections=sections)
