@@ -2,19 +2,27 @@
 
 These plans are not solved: their prediction is made up from the given stage timings so that
 readers of plans can be tested without the solver. Tests of the solver use the solver.
+
+``make_plan`` builds the uniform shape (every stage dp replicas of tp GPUs, one DeviceMesh);
+``make_stages_plan`` builds any heterogeneous shape from per-stage replica lists.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from autoplan.cluster.catalog import gpu_specs
 from autoplan.cluster.schema import Cluster, GpuSpec, NodeGroup
-from autoplan.plan.ranks import NodeSlice, build_rank_map
 from autoplan.plan.schema import (
     MemoryEstimate,
     Parallelism,
     Plan,
     PlanInputs,
+    PlanNode,
     Prediction,
+    RankEntry,
     Recompute,
+    Replica,
     ScheduleName,
     Stage,
     StageTiming,
@@ -22,7 +30,7 @@ from autoplan.plan.schema import (
 )
 from autoplan.profile.schema import ModelRef
 
-__all__ = ["CPU_GPU", "local_cluster", "make_plan"]
+__all__ = ["CPU_GPU", "ReplicaSpec", "local_cluster", "make_plan", "make_stages_plan"]
 
 CPU_GPU = GpuSpec(
     name="cpu",
@@ -46,58 +54,135 @@ def local_cluster(gpus: int = 4) -> Cluster:
     )
 
 
-def make_plan(
-    layer_split: list[int],
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One replica of a hand-built stage: ``tp`` GPUs on node ``node`` (index into the
+    cluster's nodes), ``share`` samples per micro-batch, ``recompute``."""
+
+    tp: int = 1
+    share: int = 1
+    recompute: Recompute = "none"
+    node: int = 0
+
+
+def make_stages_plan(
+    stage_layers: list[int],
+    stage_replicas: list[list[ReplicaSpec]],
     *,
     model: str = "gpt-tiny",
     num_model_layers: int | None = None,
-    data_parallel: int = 1,
-    tensor_parallel: int = 1,
     virtual_stages_per_rank: int = 1,
     schedule: ScheduleName = "1f1b",
     num_micro_batches: int = 4,
-    micro_batch_size: int = 2,
-    replica_micro_batch_sizes: list[int] | None = None,
-    recompute: Recompute = "none",
+    zero1: bool = False,
     dtype: str = "fp64",
     seq_len: int = 16,
     stage_timings: list[StageTiming] | None = None,
     dp_allreduce_ms: float = 0.0,
     cluster: Cluster | None = None,
 ) -> Plan:
-    """A plan whose stage i holds ``layer_split[i]`` layers, on one local node."""
-    num_stages = len(layer_split)
+    """A plan whose stage i holds ``stage_layers[i]`` layers on ``stage_replicas[i % pp]``.
+
+    GPUs are handed out node by node in order of first use (pipeline rank, then replica, then
+    tp index); a node's ranks follow those of the nodes used before it, as torchrun numbers
+    them."""
+    num_stages = len(stage_layers)
     pipeline = num_stages // virtual_stages_per_rank
-    shares = replica_micro_batch_sizes or [micro_batch_size] * data_parallel
-    world = pipeline * data_parallel * tensor_parallel
+    if len(stage_replicas) != pipeline:
+        raise ValueError(f"{len(stage_replicas)} replica lists for {pipeline} pipeline ranks")
+    world = sum(spec.tp for replicas in stage_replicas for spec in replicas)
     cluster = cluster or local_cluster(max(world, 1))
-    node = cluster.nodes()[0]
-    group = data_parallel * tensor_parallel
-    nodes, rank_map = build_rank_map(
-        [[NodeSlice(node, group)] for _ in range(pipeline)], data_parallel, tensor_parallel
-    )
-    bounds = [sum(layer_split[:i]) for i in range(num_stages + 1)]
-    stages = [
-        Stage(
-            index=i,
-            pipeline_rank=i % pipeline,
-            layer_start=bounds[i],
-            layer_end=bounds[i + 1],
-            gpu_types=[node.gpu],
-            recompute=recompute,
+    cluster_nodes = cluster.nodes()
+
+    # Local ranks per node in order of use, then global ranks node by node.
+    order: list[int] = []
+    slots: list[list[tuple[int, int, int, int]]] = []  # per (p, d): (node, local) per tp
+    used: dict[int, int] = {}
+    for p, replicas in enumerate(stage_replicas):
+        for d, spec in enumerate(replicas):
+            if spec.node not in used:
+                used[spec.node] = 0
+                order.append(spec.node)
+            first = used[spec.node]
+            used[spec.node] = first + spec.tp
+            slots.append([(spec.node, first + t, p, d) for t in range(spec.tp)])
+    offset, start = 0, {}
+    for node in order:
+        start[node] = offset
+        offset += used[node]
+    entries: list[RankEntry] = []
+    ranks_of: dict[tuple[int, int], list[int]] = {}
+    node_rank = {node: index for index, node in enumerate(order)}
+    for slot in slots:
+        for tp_index, (node, local, p, d) in enumerate(slot):
+            rank = start[node] + local
+            ranks_of.setdefault((p, d), []).append(rank)
+            entries.append(
+                RankEntry(
+                    rank=rank,
+                    node=cluster_nodes[node].name,
+                    node_rank=node_rank[node],
+                    local_rank=local,
+                    gpu_type=cluster_nodes[node].gpu,
+                    pipeline_rank=p,
+                    dp_index=d,
+                    tp_index=tp_index,
+                )
+            )
+    entries.sort(key=lambda entry: entry.rank)
+    nodes = [
+        PlanNode(
+            node_rank=node_rank[node],
+            name=cluster_nodes[node].name,
+            gpu_type=cluster_nodes[node].gpu,
+            nproc_per_node=used[node],
         )
-        for i in range(num_stages)
+        for node in order
     ]
+    micro_batch = sum(spec.share for spec in stage_replicas[0])
+    bounds = [sum(stage_layers[:i]) for i in range(num_stages + 1)]
+    stages = []
+    for i in range(num_stages):
+        p = i % pipeline
+        stages.append(
+            Stage(
+                index=i,
+                pipeline_rank=p,
+                layer_start=bounds[i],
+                layer_end=bounds[i + 1],
+                replicas=[
+                    Replica(
+                        gpu_type=cluster_nodes[spec.node].gpu,
+                        node=cluster_nodes[spec.node].name,
+                        tensor_parallel_degree=spec.tp,
+                        ranks=ranks_of[(p, d)],
+                        micro_batch_size=spec.share,
+                        recompute=spec.recompute,
+                    )
+                    for d, spec in enumerate(stage_replicas[p])
+                ],
+                zero1=zero1 and len(stage_replicas[p]) > 1,
+            )
+        )
     timings = stage_timings or [
         StageTiming(stage=i, forward_ms=1.0, backward_ms=2.0, send_ms=0.0)
         for i in range(num_stages)
     ]
-    iteration_ms = sum(t.forward_ms + t.backward_ms for t in timings) * num_micro_batches
-    global_batch = sum(shares) * num_micro_batches
+    compute_ms = sum(t.forward_ms + t.backward_ms for t in timings) * num_micro_batches
+    iteration_ms = compute_ms + dp_allreduce_ms
+    global_batch = micro_batch * num_micro_batches
+    specs = gpu_specs(cluster)
+    kinds = sorted(
+        {
+            (p, cluster_nodes[spec.node].gpu, spec.tp, spec.share)
+            for p, replicas in enumerate(stage_replicas)
+            for spec in replicas
+        }
+    )
     prediction = Prediction(
         iteration_time_ms=iteration_ms,
         breakdown=TimeBreakdown(
-            compute_ms=iteration_ms,
+            compute_ms=compute_ms,
             bubble_ms=0,
             tp_comm_ms=0,
             pp_comm_ms=0,
@@ -114,16 +199,18 @@ def make_plan(
         memory=[
             MemoryEstimate(
                 pipeline_rank=p,
-                gpu_type=node.gpu,
+                gpu_type=gpu_type,
+                tensor_parallel_degree=tp,
+                micro_batch_size=share,
                 weights_bytes=0,
                 gradients_bytes=0,
                 optimizer_bytes=0,
                 activations_bytes=0,
                 transient_bytes=0,
                 total_bytes=0,
-                capacity_bytes=CPU_GPU.memory_bytes,
+                capacity_bytes=specs[gpu_type].memory_bytes,
             )
-            for p in range(pipeline)
+            for p, gpu_type, tp, share in kinds
         ],
     )
     total_layers = num_model_layers if num_model_layers is not None else bounds[-1]
@@ -139,16 +226,59 @@ def make_plan(
         ),
         parallelism=Parallelism(
             pipeline_degree=pipeline,
-            data_parallel_degree=data_parallel,
-            tensor_parallel_degree=tensor_parallel,
             virtual_stages_per_rank=virtual_stages_per_rank,
             schedule=schedule,
             num_micro_batches=num_micro_batches,
-            replica_micro_batch_sizes=shares,
-            zero1=False,
+            micro_batch_size=micro_batch,
         ),
         stages=stages,
         nodes=nodes,
-        rank_map=rank_map,
+        rank_map=entries,
         prediction=prediction,
+    )
+
+
+def make_plan(
+    layer_split: list[int],
+    *,
+    model: str = "gpt-tiny",
+    num_model_layers: int | None = None,
+    data_parallel: int = 1,
+    tensor_parallel: int = 1,
+    virtual_stages_per_rank: int = 1,
+    schedule: ScheduleName = "1f1b",
+    num_micro_batches: int = 4,
+    micro_batch_size: int = 2,
+    replica_micro_batch_sizes: list[int] | None = None,
+    recompute: Recompute = "none",
+    zero1: bool = False,
+    dtype: str = "fp64",
+    seq_len: int = 16,
+    stage_timings: list[StageTiming] | None = None,
+    dp_allreduce_ms: float = 0.0,
+    cluster: Cluster | None = None,
+) -> Plan:
+    """A uniform plan whose stage i holds ``layer_split[i]`` layers, on one local node:
+    every pipeline rank has ``data_parallel`` replicas of ``tensor_parallel`` GPUs, replica d
+    taking ``replica_micro_batch_sizes[d]`` (default ``micro_batch_size``) samples."""
+    pipeline = len(layer_split) // virtual_stages_per_rank
+    shares = replica_micro_batch_sizes or [micro_batch_size] * data_parallel
+    replicas = [
+        [ReplicaSpec(tp=tensor_parallel, share=share, recompute=recompute) for share in shares]
+        for _ in range(pipeline)
+    ]
+    return make_stages_plan(
+        layer_split,
+        replicas,
+        model=model,
+        num_model_layers=num_model_layers,
+        virtual_stages_per_rank=virtual_stages_per_rank,
+        schedule=schedule,
+        num_micro_batches=num_micro_batches,
+        zero1=zero1,
+        dtype=dtype,
+        seq_len=seq_len,
+        stage_timings=stage_timings,
+        dp_allreduce_ms=dp_allreduce_ms,
+        cluster=cluster,
     )

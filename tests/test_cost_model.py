@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
-from autoplan.cost.config import PlanConfig, StageChoice
+from autoplan.cost.comm import allreduce_ms, p2p_ms, ring_allreduce_ms
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.layers import layer_time_ms, matches_device
 from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
 from autoplan.plan.validate import validate_plan
@@ -25,8 +25,9 @@ def solve(profile, cluster, batch, options):
 
 
 def test_ring_allreduce_formula() -> None:
-    # 2 (n-1)/n × bytes / bandwidth + latency: 1.5 GB over 100 GB/s = 15 ms, + 10 us.
-    assert ring_allreduce_ms(1e9, 4, 100.0, 10.0) == pytest.approx(15.0 + 0.01)
+    # 2 (n-1)/n × bytes / bandwidth + 2 (n-1) latencies: 1.5 GB over 100 GB/s = 15 ms,
+    # + 6 steps × 10 us.
+    assert ring_allreduce_ms(1e9, 4, 100.0, 10.0) == pytest.approx(15.0 + 0.06)
     assert ring_allreduce_ms(1e9, 1, 100.0, 10.0) == 0.0
     assert p2p_ms(2e9, 100.0, 0.0) == pytest.approx(20.0)
 
@@ -85,8 +86,14 @@ def test_memory_of_a_known_case_equals_hand_computation() -> None:
     spec = gpu("G", 100.0, 80.0)
     cluster = make_cluster([("g", spec, 8, 1)])
     model = cost_model(profile, cluster, SolveOptions())
-    stages = (StageChoice(0, 2, 0, "none"), StageChoice(2, 4, 0, "selective"))
-    config = PlanConfig(1, 2, 2, 4, "1f1b", 1, True, stages)
+
+    def stages(zero1: bool) -> tuple[StageChoice, ...]:
+        return (
+            StageChoice(0, 2, (ReplicaGroup(0, 1, 2, 2, "none"),), zero1),
+            StageChoice(2, 4, (ReplicaGroup(0, 1, 2, 2, "selective"),), zero1),
+        )
+
+    config = PlanConfig(4, "1f1b", 1, stages(True))
     cost = model.evaluate(config)
     first = cost.memory[0]
     # Rank 0: 2 layers × 1e8 params; bf16 weights and gradients, Adam states 12 B/param
@@ -96,7 +103,7 @@ def test_memory_of_a_known_case_equals_hand_computation() -> None:
     assert first.gradients_bytes == 2 * params * 2
     assert first.optimizer_bytes == 2 * params * 12 / 2
     assert first.activations_bytes == 2 * (2 * 2 * saved)
-    assert cost.stage_saved_bytes[0] == 2 * 2 * saved  # one micro-batch of stage 0
+    assert cost.stages[0].saved_bytes == 2 * 2 * saved  # one micro-batch of stage 0
     assert first.transient_bytes == 2 * (2 * out)
     second = cost.memory[1]
     # Rank 1, selective recompute keeps 3/4 of the saved bytes, one micro-batch in flight;
@@ -106,7 +113,7 @@ def test_memory_of_a_known_case_equals_hand_computation() -> None:
     total = 2 * params * (2 + 2 + 6) + 8 * saved + 4 * out
     assert first.total_bytes == total
     # 16 bytes per parameter for mixed-precision Adam without ZeRO.
-    plain = model.evaluate(PlanConfig(1, 2, 2, 4, "1f1b", 1, False, stages))
+    plain = model.evaluate(PlanConfig(4, "1f1b", 1, stages(False)))
     mem = plain.memory[0]
     assert (mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes) == 2 * params * 16
 
@@ -140,8 +147,8 @@ def test_unlimited_memory_and_free_communication_give_pure_data_parallel() -> No
         }
     )
     plan = solve(profile, cluster, 64, SolveOptions())
-    par = plan.parallelism
-    assert (par.pipeline_degree, par.tensor_parallel_degree, par.data_parallel_degree) == (1, 1, 8)
+    assert plan.parallelism.pipeline_degree == 1
+    assert [r.tensor_parallel_degree for r in plan.stages[0].replicas] == [1] * 8
     # And the time is the ideal: all FLOPs spread over 8 GPUs at peak × efficiency.
     ideal_ms = 64 * 6 * 3e12 / (8 * 100e12 * 0.5) * 1e3
     assert plan.prediction.iteration_time_ms == pytest.approx(ideal_ms, rel=1e-6)
@@ -174,8 +181,8 @@ def test_single_stage_shares_follow_speed() -> None:
         inter_gb_per_s=1e9,
     )
     plan = solve(profile, cluster, 32, SolveOptions(pp=1, tp=1))
-    shares = plan.parallelism.replica_micro_batch_sizes
-    assert plan.parallelism.data_parallel_degree == 4
+    shares = plan.stages[0].shares
+    assert plan.stages[0].data_parallel_degree == 4
     assert shares[0] == 3 * shares[-1], shares
     assert {entry.gpu_type for entry in plan.rank_map} == {"FAST", "SLOW"}
 
@@ -199,40 +206,52 @@ def test_tensor_parallel_splits_only_the_sharded_work() -> None:
 
 
 def test_inter_node_bandwidth_is_shared_by_the_flows_leaving_a_node() -> None:
-    # Nodes of 8 GPUs with 100 GB/s each between nodes (latency 0), 2-byte parameters.
+    # Nodes of 8 GPUs with 100 GB/s each between nodes, 2-byte parameters.
     spec = gpu("G", tflops=100.0, memory_gib=80)
     cluster = make_cluster([("n", spec, 8, 4)], intra_gb_per_s=300.0, inter_gb_per_s=100.0)
     profile = make_profile(
         [layer(i, flops=10**9, params=10**6, saved=10, output=10) for i in range(4)]
     )
     model = cost_model(profile, cluster, SolveOptions())
-    params = 1e9  # 2 GB of gradients per GPU
     inter = cluster.inter_node_latency_us * 1e-3  # one message latency, in ms
     intra = cluster.node_groups[0].intra_node_latency_us * 1e-3
-    # tp 1, dp 32 over 4 nodes: one ring, the whole node bandwidth.
-    # 2 (31/32) × 2 GB / 100 GB/s = 38.75 ms.
-    assert model.dp_allreduce_ms(params, 0, 32, 1) == pytest.approx(
-        2 * 31 / 32 * 2e9 / 100e9 * 1e3 + inter
-    )
-    # tp 8, dp 4: eight rings (one per tp index) leave each node at once, 12.5 GB/s each.
-    # 2 (3/4) × 2 GB / 12.5 GB/s = 240 ms.
-    assert model.dp_allreduce_ms(params, 0, 4, 8) == pytest.approx(
-        2 * 3 / 4 * 2e9 / 12.5e9 * 1e3 + inter
-    )
+
+    def allreduce(tp: int, replicas: int, params_per_gpu: float) -> float:
+        return model.allreduce_ms((ReplicaGroup(0, tp, replicas, 1, "none"),), (params_per_gpu,))
+
+    # The bandwidth each all-reduce gets (its latency terms are comm.py's, tested there):
+    # tp 1, dp 32 over 4 nodes: one ring, the whole node bandwidth (2 GB per GPU).
+    def across(payload: float, n: int, bandwidth: float) -> float:
+        return allreduce_ms(payload, n, bandwidth, cluster.inter_node_latency_us, across_nodes=True)
+
+    assert allreduce(1, 32, 1e9) == pytest.approx(across(2e9, 32, 100.0))
+    # tp 8, dp 4: eight rings (one per tp index) leave each node at once, 12.5 GB/s each:
+    # the same as the node's whole gradient (8 × 2 GB) at 100 GB/s.
+    assert allreduce(8, 4, 1e9) == pytest.approx(across(16e9, 4, 100.0))
     # tp 2, dp 16: two rings share the node, 50 GB/s each.
-    assert model.dp_allreduce_ms(params, 0, 16, 2) == pytest.approx(
-        2 * 15 / 16 * 2e9 / 50e9 * 1e3 + inter
-    )
-    # A group inside one node uses NVLink (per GPU, not shared): tp 2, dp 4 = 8 GPUs.
-    assert model.dp_allreduce_ms(params, 0, 4, 2) == pytest.approx(
-        2 * 3 / 4 * 2e9 / 300e9 * 1e3 + intra
-    )
-    # Pipeline sends between nodes: a stage of 8 GPUs (tp 8) sends 8 boundaries at once,
-    # 1 GB each at 100/8 GB/s = 80 ms; a stage of 4 GPUs fits twice in a node: NVLink.
-    assert model.send_ms(1e9, 0, 0, 8) == pytest.approx(1e9 / 12.5e9 * 1e3 + inter)
-    assert model.send_ms(1e9, 0, 0, 4) == pytest.approx(1e9 / 300e9 * 1e3 + intra)
-    # A 16-GPU stage still has only 8 GPUs per node sharing each node's bandwidth.
-    assert model.send_ms(1e9, 0, 0, 16) == pytest.approx(1e9 / 12.5e9 * 1e3 + inter)
+    assert allreduce(2, 16, 1e9) == pytest.approx(across(4e9, 16, 100.0))
+    # A stage in one block of a node uses NVLink (per GPU, not shared): tp 2, dp 4 = 8 GPUs;
+    # 6 GPUs are not a block size of 8-GPU nodes, so the emitter may split them: inter-node.
+    intra_ms = ring_allreduce_ms(2e9, 4, 300.0, cluster.node_groups[0].intra_node_latency_us)
+    assert allreduce(2, 4, 1e9) == pytest.approx(intra_ms)
+    assert allreduce(2, 3, 1e9) == pytest.approx(across(4e9, 3, 100.0))
+    # Replicas of different tp in one stage: the tp-1 GPU carries the whole gradient.
+    mixed = (ReplicaGroup(0, 1, 1, 1, "none"), ReplicaGroup(0, 2, 2, 1, "none"))
+    assert model.allreduce_ms(mixed, (1e9, 0.5e9)) == pytest.approx(across(2e9, 3, 100.0))
+
+    # Stage boundaries: each replica's tp rank 0 sends its samples; the replicas of a stage
+    # on one node share its bandwidth. 4 replicas of tp 2 (4 per node), 2 samples each:
+    # 8 samples of 1 GB leave the busiest node at 100 GB/s.
+    four = model.link_side((ReplicaGroup(0, 2, 4, 2, "none"),))
+    one = model.link_side((ReplicaGroup(0, 8, 1, 8, "none"),))
+    assert four.node_samples == 8 and one.node_samples == 8
+    assert model.boundary_ms(four, one, 1e9) == pytest.approx(8e9 / 100e9 * 1e3 + inter)
+    # A class with a single node: every GPU sends over its own NVLink, the largest share counts.
+    single = make_cluster([("n", spec, 8, 1)], intra_gb_per_s=300.0, inter_gb_per_s=100.0)
+    local = cost_model(profile, single, SolveOptions())
+    a = local.link_side((ReplicaGroup(0, 1, 2, 3, "none"),))
+    b = local.link_side((ReplicaGroup(0, 1, 6, 1, "none"),))
+    assert local.boundary_ms(a, b, 1e9) == pytest.approx(3e9 / 300e9 * 1e3 + intra)
 
 
 def test_memory_bound_bytes_add_to_the_matmul_time() -> None:

@@ -2,7 +2,9 @@
 
 # Importing a command module registers its commands on the app.
 from autoplan.cli import (  # noqa: F401
+    calibrate_cmd,
     catalog_cmd,
+    launch_cmd,
     profile_cmd,
     run_cmd,
     schema_cmd,

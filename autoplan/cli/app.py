@@ -1,21 +1,75 @@
-"""The typer application and the one rule every command shares: bad input is one line, exit 2."""
+"""The typer application and the one rule every command shares: bad input is one line, exit 2.
+
+Two kinds of bad input, one ending: a command's own error (an AutoplanError, a schema error, a
+file it cannot write) prints ``error: <what>`` and nothing else on stderr; a bad flag or
+argument prints the usage line and a hint first, then ``error: <what>`` as the last line.
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
+from typer import _click
+from typer.core import TyperGroup
 
 from autoplan.errors import AutoplanError
+from autoplan.names import printable
 
-__all__ = ["EXIT_BAD_INPUT", "app", "command"]
+__all__ = ["EXIT_BAD_INPUT", "app", "command", "one_line"]
 
 EXIT_BAD_INPUT = 2
+_MAX_LINE = 1000
+
+
+class _OneLineErrors(TyperGroup):
+    """The command group whose usage errors end with one ``error:`` line.
+
+    typer's own handler draws the message in a box whose last line is its border; here the
+    usage and a hint come first and the message itself is the last line of stderr."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            code = super().main(
+                args=args,
+                prog_name=prog_name,
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
+        except _click.exceptions.NoArgsIsHelpError as error:
+            error.show()
+            code = error.exit_code
+        except _click.exceptions.ClickException as error:
+            if not standalone_mode:
+                raise
+            context = getattr(error, "ctx", None)
+            if context is not None:
+                typer.echo(context.get_usage(), err=True)
+                typer.echo(f"Try '{context.command_path} --help' for help.", err=True)
+            typer.echo(f"error: {one_line(error.format_message())}", err=True)
+            code = EXIT_BAD_INPUT
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            typer.echo("error: aborted", err=True)
+            code = 130
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
     name="autoplan",
@@ -24,21 +78,29 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=_OneLineErrors,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _one_line(error: Exception) -> str:
+def one_line(error: Exception | str) -> str:
+    """An error as one printable line (no line breaks, no terminal escapes, bounded length)."""
     if isinstance(error, ValidationError):
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "input"
-        return f"invalid {error.title}: {where}: {first['msg']}"
-    return " ".join(str(error).split())
+        text = f"invalid {error.title}: {where}: {first['msg']}"
+    else:
+        text = str(error)
+    line = printable(text)
+    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 3] + "..."
 
 
 def command(*args: Any, **kwargs: Any) -> Callable[[F], F]:
-    """Register a CLI command whose AutoplanError (or schema error) becomes one line, exit 2."""
+    """Register a CLI command whose AutoplanError (or schema error) becomes one line, exit 2.
+
+    An OSError or MemoryError that escapes a command (a full disk, a closed pipe) is the
+    environment, not a bug: one line too."""
 
     def register(function: F) -> F:
         @functools.wraps(function)
@@ -46,8 +108,18 @@ def command(*args: Any, **kwargs: Any) -> Callable[[F], F]:
             try:
                 return function(*f_args, **f_kwargs)
             except (AutoplanError, ValidationError) as error:
-                typer.echo(f"error: {_one_line(error)}", err=True)
+                typer.echo(f"error: {one_line(error)}", err=True)
                 raise typer.Exit(EXIT_BAD_INPUT) from None
+            except OSError as error:
+                where = f"{error.filename}: " if error.filename else ""
+                typer.echo(f"error: {one_line(where + (error.strerror or str(error)))}", err=True)
+                raise typer.Exit(EXIT_BAD_INPUT) from None
+            except MemoryError:
+                typer.echo("error: out of memory", err=True)
+                raise typer.Exit(EXIT_BAD_INPUT) from None
+            except KeyboardInterrupt:
+                typer.echo("error: interrupted", err=True)
+                raise typer.Exit(130) from None
 
         app.command(*args, **kwargs)(guarded)
         return function
@@ -61,8 +133,13 @@ def _configure(
         bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")
     ] = False,
 ) -> None:
+    # force: each invocation logs to the stderr of its own (tests run several in one process).
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
+        force=True,
     )
+    # Library warnings (torch, matplotlib) go to the log, shown with -v: stderr stays one line.
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").setLevel(logging.INFO if verbose else logging.ERROR)

@@ -8,17 +8,22 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from autoplan import limits
 from autoplan.cli.app import command
-from autoplan.cluster.catalog import example_cluster_path, load_cluster
+from autoplan.cli.inputs import catalog_path, check_bounds, read_profile
+from autoplan.cluster.catalog import (
+    example_cluster_path,
+    load_cluster,
+    load_overlay,
+    with_overlay,
+)
 from autoplan.errors import InputError
-from autoplan.files import file_sha256, read_json_model, write_json_model
-from autoplan.plan.schema import Plan
-from autoplan.profile.schema import Profile
+from autoplan.files import check_outputs, file_sha256, write_json_model
 from autoplan.solve import SolveOptions, solve
+from autoplan.view import print_document, solve_summary
 
-__all__ = ["solve_command", "summary_tables"]
+__all__ = ["solve_command"]
 
 _GIB = 1024**3
 
@@ -39,9 +44,12 @@ def _layer_split(value: str | None) -> list[int] | None:
     if value is None:
         return None
     try:
-        return [int(part) for part in value.split(",")]
+        split = [int(part) for part in value.split(",")]
     except ValueError:
-        raise InputError(f"--layer-split must be comma-separated integers; got '{value}'") from None
+        raise InputError(f"--layer-split must be comma-separated integers; got {value!r}") from None
+    if len(split) > limits.MAX_LAYERS or not all(1 <= n <= limits.MAX_LAYERS for n in split):
+        raise InputError(f"--layer-split takes 1 to {limits.MAX_LAYERS} layers per stage")
+    return split
 
 
 def _efficiency(values: list[str]) -> dict[str, float]:
@@ -50,83 +58,35 @@ def _efficiency(values: list[str]) -> dict[str, float]:
         name, _, number = item.partition("=")
         try:
             out[name] = float(number)
+            check_bounds({f"--efficiency {name}": (out[name], 1e-6, 1.0)})
         except ValueError:
             raise InputError(f"--efficiency takes GPU=FRACTION; got '{item}'") from None
     return out
 
 
-def summary_tables(plan: Plan) -> list[Table]:
-    """The plan's stages, prediction and memory as rich tables."""
-    par = plan.parallelism
-    pred = plan.prediction
-    shares = par.replica_micro_batch_sizes
-    mbs = str(shares[0]) if len(set(shares)) == 1 else ",".join(map(str, shares))
-    stages = Table(
-        title=f"{plan.inputs.model.name} on {plan.inputs.cluster.name} ({plan.inputs.strategy}): "
-        f"pp={par.pipeline_degree} dp={par.data_parallel_degree} tp={par.tensor_parallel_degree} "
-        f"{par.schedule}"
-        + (f" v={par.virtual_stages_per_rank}" if par.virtual_stages_per_rank > 1 else "")
-        + f" m={par.num_micro_batches} mbs={mbs} zero1={par.zero1}"
+def _check_sizes(
+    global_batch: int,
+    tp: int | None,
+    pp: int | None,
+    dp: int | None,
+    micro_batch_size: int | None,
+    num_micro_batches: int | None,
+    top_k: int,
+    time_limit: float,
+) -> None:
+    """Every number the user gives within autoplan.limits (one line naming the flag)."""
+    check_bounds(
+        {
+            "--global-batch": (global_batch, 1, limits.MAX_GLOBAL_BATCH_SIZE),
+            "--tp": (tp, 1, limits.MAX_GPUS_PER_NODE),
+            "--pp": (pp, 1, limits.MAX_PIPELINE_DEGREE),
+            "--dp": (dp, 1, limits.MAX_CLUSTER_GPUS),
+            "--micro-batch-size": (micro_batch_size, 1, limits.MAX_MICRO_BATCH_SIZE),
+            "--num-micro-batches": (num_micro_batches, 1, limits.MAX_NUM_MICRO_BATCHES),
+            "--top-k": (top_k, 1, limits.MAX_TOP_K),
+            "--time-limit": (time_limit, 0.001, limits.MAX_TIME_LIMIT_S),
+        }
     )
-    for column in ("stage", "rank", "layers", "GPU", "recompute", "fwd ms", "bwd ms", "send ms"):
-        stages.add_column(column, justify="right" if "ms" in column else "left")
-    for stage, timing in zip(plan.stages, pred.stage_timings, strict=False):
-        stages.add_row(
-            str(stage.index),
-            str(stage.pipeline_rank),
-            f"{stage.layer_start}-{stage.layer_end - 1}",
-            ",".join(stage.gpu_types),
-            stage.recompute,
-            f"{timing.forward_ms:.2f}",
-            f"{timing.backward_ms:.2f}",
-            f"{timing.send_ms:.3f}",
-        )
-    summary = Table(title="prediction (one iteration)")
-    summary.add_column("figure")
-    summary.add_column("value", justify="right")
-    summary.add_row("iteration", f"{pred.iteration_time_ms:.2f} ms")
-    for name, value in pred.breakdown.model_dump().items():
-        summary.add_row(f"  {name.removesuffix('_ms')}", f"{value:.2f} ms")
-    summary.add_row("samples/s", f"{pred.samples_per_s:,.2f}")
-    summary.add_row("tokens/s", f"{pred.tokens_per_s:,.0f}")
-    summary.add_row("TFLOP/s per GPU", f"{pred.tflops_per_gpu:.1f}")
-    summary.add_row("MFU", f"{pred.mfu:.1%}")
-    memory = Table(title="memory per GPU (GiB)")
-    for column in ("rank", "GPU", "weights", "grads", "optim", "activ", "transient", "total", "of"):
-        memory.add_column(column, justify="left" if column in ("rank", "GPU") else "right")
-    for mem in pred.memory:
-        memory.add_row(
-            str(mem.pipeline_rank),
-            mem.gpu_type,
-            *(
-                f"{value / _GIB:.2f}"
-                for value in (
-                    mem.weights_bytes,
-                    mem.gradients_bytes,
-                    mem.optimizer_bytes,
-                    mem.activations_bytes,
-                    mem.transient_bytes,
-                    mem.total_bytes,
-                    mem.capacity_bytes,
-                )
-            ),
-        )
-    tables = [stages, summary, memory]
-    if plan.alternatives:
-        alternatives = Table(title="alternatives")
-        for column in ("#", "configuration", "ms", "samples/s"):
-            alternatives.add_column(
-                column, justify="right" if column != "configuration" else "left"
-            )
-        for alt in plan.alternatives:
-            alternatives.add_row(
-                str(alt.rank),
-                alt.summary,
-                f"{alt.iteration_time_ms:.2f}",
-                f"{alt.samples_per_s:.2f}",
-            )
-        tables.append(alternatives)
-    return tables
 
 
 @command("solve")
@@ -163,6 +123,14 @@ def solve_command(
     strategy: Annotated[
         str, typer.Option("--strategy", help="optimal, megatron, even-split or data-parallel.")
     ] = "optimal",
+    space: Annotated[
+        str,
+        typer.Option(
+            "--space",
+            help="heterogeneous (each stage its own GPU types, tp, replicas and shares) or "
+            "uniform (round 1's space: one (dp, tp) for every stage).",
+        ),
+    ] = "heterogeneous",
     top_k: Annotated[int, typer.Option("--top-k", help="Alternatives to keep.")] = 3,
     time_limit: Annotated[
         float, typer.Option("--time-limit", help="Seconds the search may take.")
@@ -171,10 +139,30 @@ def solve_command(
         list[str] | None,
         typer.Option("--efficiency", help="GPU=FRACTION, overriding the catalog (repeatable)."),
     ] = None,
+    reserve_gb: Annotated[
+        float | None,
+        typer.Option(
+            "--reserve-gb", help="GB kept free on every GPU (CUDA context, NCCL, fragmentation)."
+        ),
+    ] = None,
+    catalog: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--catalog",
+            help="Catalog overlay YAML (e.g. from `autoplan calibrate`) whose GPU types replace "
+            "the catalog's (repeatable; later files win).",
+        ),
+    ] = None,
 ) -> None:
     """Find the fastest executable plan for a profile on a cluster and write it as JSON."""
-    profile = read_json_model(profile_path, Profile)
-    cluster_model = load_cluster(_cluster_path(cluster))
+    _check_sizes(global_batch, tp, pp, dp, micro_batch_size, num_micro_batches, top_k, time_limit)
+    cluster_file = _cluster_path(cluster)
+    inputs = [profile_path, cluster_file, catalog_path(), *(catalog or [])]
+    check_outputs({"--output": output}, inputs)
+    profile = read_profile(profile_path)
+    cluster_model = load_cluster(cluster_file)
+    for overlay in catalog or []:
+        cluster_model = with_overlay(cluster_model, load_overlay(overlay))
     options = SolveOptions(
         tp=tp,
         pp=pp,
@@ -186,22 +174,25 @@ def solve_command(
         zero1=zero1,
         layer_split=_layer_split(layer_split),
         strategy=strategy,  # type: ignore[arg-type]
+        space=space,  # type: ignore[arg-type]
         top_k=top_k,
         time_limit_s=time_limit,
         efficiency=_efficiency(efficiency or []),
+        reserve_gb=reserve_gb,
     )
     with Progress(
         TextColumn("searching"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total} candidates"),
+        TextColumn("{task.fields[where]}"),
         TimeElapsedColumn(),
         console=_console(stderr=True),
         transient=True,
     ) as progress:
-        task = progress.add_task("search", total=None)
+        # No count until the search knows its total (a first frame of '0/None' says nothing).
+        task = progress.add_task("search", total=None, where="")
 
         def report(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            progress.update(task, completed=done, total=total, where=f"{done}/{total}")
 
         plan = solve(
             profile,
@@ -213,9 +204,10 @@ def solve_command(
         )
     write_json_model(output, plan)
     console = _console()
-    for table in summary_tables(plan):
-        console.print(table)
-    over = [m for m in plan.prediction.memory if m.total_bytes > m.capacity_bytes]
+    print_document(console, solve_summary(plan))
+    over = [
+        m for m in plan.prediction.memory if m.total_bytes + m.reserved_bytes > m.capacity_bytes
+    ]
     for mem in over:
         console.print(
             f"[bold red]warning:[/] pipeline rank {mem.pipeline_rank} needs "

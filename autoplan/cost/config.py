@@ -1,79 +1,135 @@
-"""A concrete configuration to cost: every knob of a plan, as plain numbers."""
+"""A concrete configuration to cost: every knob of a plan, as plain numbers.
+
+A configuration is a pipeline of stages; each stage holds layers ``[layer_start, layer_end)``
+and one or more replica groups. A group is ``replicas`` data-parallel replicas of ``tp`` GPUs
+of one device class, each running ``micro_batch_size`` samples of every micro-batch with
+``recompute``. The groups' samples add up to the same micro-batch in every stage. With
+``chunks = v > 1`` (interleaved 1F1B) stage ``s`` runs on pipeline rank ``s % pp`` and the
+stages of one rank have the same groups (they run on the same GPUs).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["PlanConfig", "ReplicaGroup", "StageChoice"]
 
 
 @dataclass(frozen=True, order=True)
-class StageChoice:
-    """Layers [layer_start, layer_end) on device class ``device_class`` with ``recompute``."""
-
-    layer_start: int
-    layer_end: int
-    device_class: int
-    recompute: str
-
-
-@dataclass(frozen=True, order=True)
 class ReplicaGroup:
-    """``replicas`` data-parallel replicas on ``device_class``, each taking
-    ``micro_batch_size`` samples per micro-batch (uneven shares, single-stage plans)."""
+    """``replicas`` replicas of ``tp`` GPUs of class ``device_class``, each taking
+    ``micro_batch_size`` samples of every micro-batch, with ``recompute``."""
 
     device_class: int
+    tp: int
     replicas: int
     micro_batch_size: int
     recompute: str
 
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.tp
+
+    @property
+    def samples(self) -> int:
+        """Samples of one micro-batch the group runs."""
+        return self.replicas * self.micro_batch_size
+
+
+@dataclass(frozen=True, order=True)
+class StageChoice:
+    """Layers [layer_start, layer_end) on ``groups``; ``zero1`` shards the optimizer states
+    across all the stage's replicas."""
+
+    layer_start: int
+    layer_end: int
+    groups: tuple[ReplicaGroup, ...]
+    zero1: bool = False
+
+    @property
+    def replicas(self) -> int:
+        return sum(g.replicas for g in self.groups)
+
+    @property
+    def samples(self) -> int:
+        return sum(g.samples for g in self.groups)
+
+    @property
+    def gpus(self) -> int:
+        return sum(g.gpus for g in self.groups)
+
+    def gpus_of(self, device_class: int) -> int:
+        """GPUs of ``device_class`` the stage uses."""
+        return sum(g.gpus for g in self.groups if g.device_class == device_class)
+
+    @property
+    def classes(self) -> tuple[int, ...]:
+        """Device classes of its groups, sorted, without repeats."""
+        return tuple(sorted({g.device_class for g in self.groups}))
+
+    @property
+    def num_layers(self) -> int:
+        return self.layer_end - self.layer_start
+
 
 @dataclass(frozen=True, order=True)
 class PlanConfig:
-    """One point of the search space.
+    """One point of the search space (module docstring)."""
 
-    ``stages`` lists pp × chunks stages in pipeline order; stage s runs on pipeline rank
-    s % pp. ``replica_groups`` is non-empty only for single-stage plans whose replicas run on
-    several device classes with uneven shares; then ``stages`` has the one stage and ``dp`` is
-    the total of the groups' replicas.
-    """
-
-    tp: int
-    dp: int
-    micro_batch_size: int
     num_micro_batches: int
     schedule: str
     chunks: int
-    zero1: bool
     stages: tuple[StageChoice, ...]
-    replica_groups: tuple[ReplicaGroup, ...] = ()
 
     @property
     def pipeline_degree(self) -> int:
         return len(self.stages) // self.chunks
 
     @property
+    def micro_batch_size(self) -> int:
+        """Samples per micro-batch (every stage's groups together)."""
+        return self.stages[0].samples
+
+    @property
     def samples_per_iteration(self) -> int:
-        if self.replica_groups:
-            per_micro = sum(g.replicas * g.micro_batch_size for g in self.replica_groups)
-            return per_micro * self.num_micro_batches
-        return self.dp * self.micro_batch_size * self.num_micro_batches
+        return self.micro_batch_size * self.num_micro_batches
 
     @property
     def world_size(self) -> int:
-        return self.pipeline_degree * self.dp * self.tp
+        return sum(stage.gpus for stage in self.stages[: self.pipeline_degree])
 
-    def summary(self) -> str:
-        """Knobs in one line."""
-        split = "/".join(str(s.layer_end - s.layer_start) for s in self.stages)
-        mbs = (
-            ",".join(f"{g.micro_batch_size}x{g.replicas}" for g in self.replica_groups)
-            if self.replica_groups
-            else str(self.micro_batch_size)
-        )
+    def gpus_of(self, device_class: int) -> int:
+        """GPUs of ``device_class`` the plan uses."""
+        return sum(stage.gpus_of(device_class) for stage in self.stages[: self.pipeline_degree])
+
+    def uniform_shape(self) -> tuple[int, int] | None:
+        """(dp, tp) if every stage is dp replicas of tp GPUs with the same shares."""
+        first = self.stages[0]
+        tps = {g.tp for stage in self.stages for g in stage.groups}
+        shares = [_shares(stage) for stage in self.stages]
+        if len(tps) != 1 or any(s != shares[0] for s in shares):
+            return None
+        return first.replicas, next(iter(tps))
+
+    def summary(self, class_name: Callable[[int], str] = lambda k: f"c{k}") -> str:
+        """Knobs in one line, e.g. 'pp=2 m=8 mbs=16 1f1b | 0-12: A100:4x1(b4) | ...'
+        (replicas x tp, samples each; ',s'/',f' for selective/full recompute)."""
         chunks = f" v={self.chunks}" if self.chunks > 1 else ""
-        return (
-            f"pp={self.pipeline_degree} dp={self.dp} tp={self.tp} mbs={mbs} "
-            f"m={self.num_micro_batches} {self.schedule}{chunks} zero1={self.zero1} "
-            f"split={split}"
-        )
+        parts = [
+            f"pp={self.pipeline_degree} m={self.num_micro_batches} mbs={self.micro_batch_size} "
+            f"{self.schedule}{chunks}"
+        ]
+        for stage in self.stages:
+            groups = "+".join(
+                f"{class_name(g.device_class)}:{g.replicas}x{g.tp}(b{g.micro_batch_size}"
+                f"{'' if g.recompute == 'none' else ',' + g.recompute[0]})"
+                for g in stage.groups
+            )
+            zero = " z1" if stage.zero1 else ""
+            parts.append(f"{stage.layer_start}-{stage.layer_end}: {groups}{zero}")
+        return " | ".join(parts)
+
+
+def _shares(stage: StageChoice) -> list[int]:
+    return [g.micro_batch_size for g in stage.groups for _ in range(g.replicas)]

@@ -17,7 +17,27 @@ from dataclasses import dataclass
 
 from autoplan.cluster.schema import Cluster, GpuSpec
 
-__all__ = ["DeviceClass", "device_classes", "link_between", "node_flows"]
+__all__ = [
+    "DeviceClass",
+    "block_sizes",
+    "device_classes",
+    "link_between",
+    "node_flows",
+]
+
+
+def block_sizes(gpus_per_node: int) -> tuple[int, ...]:
+    """GPU counts that pack into nodes of ``gpus_per_node`` without waste or straddling:
+    the powers of two dividing it, and the whole node. Each divides the next, so blocks of
+    these sizes fill nodes greedily (largest first, aligned) whenever their total fits, as a
+    buddy allocator does; tp degrees and single-node stages take these sizes."""
+    sizes = []
+    size = 1
+    while gpus_per_node % size == 0 and size < gpus_per_node:
+        sizes.append(size)
+        size *= 2
+    sizes.append(gpus_per_node)
+    return tuple(sizes)
 
 
 def node_flows(concurrent_flows: int, gpus_per_node: int) -> int:

@@ -1,31 +1,39 @@
 """Per-layer cost on one GPU type: forward/backward time, memory, tensor-parallel traffic.
 
 Every profile figure is for one micro-batch of ``profile.micro_batch_size`` samples on one
-device; figures that scale with the batch (FLOPs, bytes moved, activations, all-reduce
-payloads) scale linearly to the micro-batch size considered; parameters do not.
+device; figures that scale with the batch (FLOPs, activation bytes, all-reduce payloads)
+scale linearly to the micro-batch size considered; parameters, and the matmuls' weight bytes
+(``*_matmul_fixed_bytes``), do not.
 
-Time of a pass: the profile's measured time on this GPU type when it has one (matched by name,
-scaled to the micro-batch and divided by tp), else the matmul-class ops' roofline
-max(FLOPs / (peak × efficiency), their bytes / memory bandwidth) PLUS the memory-bound ops'
-bytes / (memory bandwidth × ``MEMORY_BANDWIDTH_EFFICIENCY``): elementwise, normalisation,
-softmax and loss kernels run one after another with the matmuls, not under them, and their
-traffic grows with h while the matmuls' work grows with h², so at small hidden sizes they are
-a visible share of a layer's time. Profiles made before the memory-bound bytes were recorded
-get the old whole-layer roofline max(FLOPs / (peak × efficiency), bytes / bandwidth).
-Tensor parallelism of degree
-t divides a splittable layer's FLOPs, bytes and sharded parameters/activations by t and adds
-its all-reduces (ring, on the intra-node link); a layer with no tensor-parallel profile is
-replicated on every tp rank.
+Time of a pass: measured times where the profile has them for this GPU type
+(``autoplan.cost.measured``: the same tp, else tp 1 divided by the share of the work one rank
+keeps; interpolated between measured micro-batch sizes); else modelled
+(``autoplan.cost.efficiency``): the matmuls' FLOPs at an efficiency that rises with their
+arithmetic intensity, plus the memory-bound ops' bytes at 80% of the memory bandwidth, and
+never less than the host's time to launch the pass's kernels. Profiles made before the
+memory-bound bytes were recorded treat all bytes as the matmuls'. ``LayerCost.measured``
+says which source was used.
+
+Tensor parallelism of degree t divides a splittable layer's FLOPs, bytes and sharded
+parameters/activations by t and adds its all-reduces (alpha-beta ring on the intra-node link,
+``autoplan.cost.comm``); a layer with no tensor-parallel profile is replicated on every tp
+rank.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoplan.cluster.schema import GpuSpec
 from autoplan.cost.comm import ring_allreduce_ms
-from autoplan.profile.schema import LayerProfile, MeasuredTimes
+from autoplan.cost.efficiency import (
+    MEMORY_BANDWIDTH_EFFICIENCY,
+    PassWork,
+    pass_time_ms,
+)
+from autoplan.cost.measured import matches_device, measured_pass
+from autoplan.profile.schema import LayerProfile
 
 __all__ = [
     "MEMORY_BANDWIDTH_EFFICIENCY",
@@ -38,31 +46,6 @@ __all__ = [
 ]
 
 RECOMPUTE_MODES = ("none", "selective", "full")
-
-# The fraction of the datasheet memory bandwidth that memory-bound kernels (elementwise, norms,
-# softmax, copies) reach: streaming kernels on A100/H100 HBM measure about 80-90% of the
-# datasheet figure (NVIDIA's BabelStream/STREAM-style results); 0.8 takes the low end, since
-# PyTorch's unfused kernels are shorter and less regular than a stream benchmark's.
-MEMORY_BANDWIDTH_EFFICIENCY = 0.8
-
-
-def _tokens(name: str) -> list[str]:
-    return [token for token in re.split(r"[^a-z0-9]+", name.lower()) if token]
-
-
-def matches_device(gpu_type: str, device_name: str) -> bool:
-    """Whether torch's device name (e.g. 'NVIDIA A100-SXM4-80GB') is this catalog GPU type
-    (e.g. 'A100-80GB'): every token of the type appears among the device name's tokens."""
-    wanted = _tokens(gpu_type)
-    have = set(_tokens(device_name))
-    return bool(wanted) and all(token in have for token in wanted)
-
-
-def _measured(layer: LayerProfile, gpu: GpuSpec) -> MeasuredTimes | None:
-    for entry in layer.measured:
-        if matches_device(gpu.name, entry.device_name):
-            return entry
-    return None
 
 
 def optimizer_bytes_per_param(dtype: str) -> int:
@@ -89,6 +72,7 @@ class LayerCost:
     saved_bytes: dict[str, float]  # by recompute mode, per micro-batch per GPU
     full_activation_bytes: float  # everything one pass materialises (tp-sharded)
     output_bytes: float
+    measured: bool = False  # times from the profile's measurements, not the model
 
     def forward_ms(self) -> float:
         return self.forward_compute_ms + self.forward_tp_comm_ms
@@ -101,26 +85,6 @@ class LayerCost:
         if recompute == "full":
             return base + self.forward_ms()
         return base
-
-
-def _pass_ms(
-    flops: float,
-    bytes_moved: float,
-    memory_bound_bytes: float | None,
-    gpu: GpuSpec,
-    peak_tflops: float,
-    eff: float,
-) -> float:
-    """One pass: the matmuls' roofline plus the memory-bound ops' traffic time (module
-    docstring); without a memory-bound split, the whole layer's roofline."""
-    bandwidth = gpu.memory_bandwidth_gb_per_s * 1e9
-    compute_s = flops / (peak_tflops * 1e12 * eff) if flops else 0.0
-    if memory_bound_bytes is None:
-        return max(compute_s, bytes_moved / bandwidth) * 1e3
-    matmul_bytes = max(0.0, bytes_moved - memory_bound_bytes)
-    matmul_s = max(compute_s, matmul_bytes / bandwidth)
-    memory_bound_s = memory_bound_bytes / (bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
-    return (matmul_s + memory_bound_s) * 1e3
 
 
 def layer_cost(
@@ -152,48 +116,30 @@ def layer_cost(
     tpp = tp_profile
     forward_flops = per_gpu(layer.forward_flops, tpp.sharded_forward_flops if tpp else None)
     backward_flops = per_gpu(layer.backward_flops, tpp.sharded_backward_flops if tpp else None)
-    forward_bytes = per_gpu(
-        layer.forward_bytes_moved, tpp.sharded_forward_bytes_moved if tpp else None
-    )
-    backward_bytes = per_gpu(
-        layer.backward_bytes_moved, tpp.sharded_backward_bytes_moved if tpp else None
-    )
-
-    def memory_bound(total: int | None, sharded: int | None) -> float | None:
-        return None if total is None else per_gpu(total, sharded)
-
-    forward_memory_bound = memory_bound(
-        layer.forward_memory_bound_bytes, tpp.sharded_forward_memory_bound_bytes if tpp else None
-    )
-    backward_memory_bound = memory_bound(
-        layer.backward_memory_bound_bytes,
-        tpp.sharded_backward_memory_bound_bytes if tpp else None,
-    )
-    measured = _measured(layer, gpu)
+    allreduces = (0, 0)
+    if split > 1 and tpp is not None:
+        allreduces = (tpp.forward_allreduce_count, tpp.backward_allreduce_count)
+    measured = measured_pass(layer, gpu.name, tp, micro_batch_size, profile_micro_batch_size)
+    includes_comm = measured is not None and measured.tensor_parallel_degree == tp
     if measured is not None:
-        # Measured on one device: scale by the share of the work one tp rank keeps.
-        forward_share = forward_flops / layer.forward_flops if layer.forward_flops else 1 / split
-        backward_share = (
-            backward_flops / layer.backward_flops if layer.backward_flops else 1 / split
-        )
-        forward = measured.forward_ms * scale * forward_share
-        backward = measured.backward_ms * scale * backward_share
+        # Measured at this tp: as measured (communication included). Measured on one device:
+        # the share of the work one tp rank keeps.
+        forward_share = backward_share = 1.0
+        if not includes_comm:
+            forward_share = (
+                forward_flops / layer.forward_flops if layer.forward_flops else 1 / split
+            )
+            backward_share = (
+                backward_flops / layer.backward_flops if layer.backward_flops else 1 / split
+            )
+        forward = measured.forward_ms * forward_share
+        backward = measured.backward_ms * backward_share
     else:
-        forward = _pass_ms(
-            forward_flops * scale,
-            forward_bytes * scale,
-            None if forward_memory_bound is None else forward_memory_bound * scale,
-            gpu,
-            peak_tflops,
-            eff,
+        forward = _modelled_ms(
+            layer, "forward", per_gpu, scale, gpu, peak_tflops, eff, allreduces[0]
         )
-        backward = _pass_ms(
-            backward_flops * scale,
-            backward_bytes * scale,
-            None if backward_memory_bound is None else backward_memory_bound * scale,
-            gpu,
-            peak_tflops,
-            eff,
+        backward = _modelled_ms(
+            layer, "backward", per_gpu, scale, gpu, peak_tflops, eff, allreduces[1]
         )
     selective = (
         forward * layer.selective_recompute_flops / layer.forward_flops
@@ -205,7 +151,7 @@ def layer_cost(
     saved_none = float(layer.saved_activation_bytes)
     saved_selective = float(layer.selective_recompute_saved_bytes)
     if split > 1 and tp_profile is not None:
-        if intra_node_bandwidth_gb_per_s is not None:
+        if intra_node_bandwidth_gb_per_s is not None and not includes_comm:
             one = ring_allreduce_ms(
                 tp_profile.allreduce_payload_bytes * scale,
                 tp,
@@ -233,7 +179,49 @@ def layer_cost(
         },
         full_activation_bytes=saved_none * scale,
         output_bytes=layer.output_activation_bytes * scale,
+        measured=measured is not None,
     )
+
+
+def _modelled_ms(
+    layer: LayerProfile,
+    phase: str,
+    per_gpu: Callable[[int, int | None], float],
+    scale: float,
+    gpu: GpuSpec,
+    peak_tflops: float,
+    efficiency: float,
+    allreduces: int,
+) -> float:
+    """One pass of one tp rank, modelled (``autoplan.cost.efficiency``): the larger of the GPU
+    time and the launch floor of its kernels (the tp all-reduces are kernels too)."""
+    tpp = layer.tensor_parallel
+
+    def sharded(name: str) -> int | None:
+        return getattr(tpp, f"sharded_{name}") if tpp is not None else None
+
+    def figure(name: str) -> float | None:
+        total = getattr(layer, name)
+        return None if total is None else per_gpu(total, sharded(name))
+
+    flops = figure(f"{phase}_flops") or 0.0
+    moved = figure(f"{phase}_bytes_moved") or 0.0
+    memory_bound = figure(f"{phase}_memory_bound_bytes")
+    fixed = figure(f"{phase}_matmul_fixed_bytes") or 0.0
+    # Profiles without the memory-bound split: every byte is charged to the matmuls.
+    matmul = moved - (memory_bound or 0.0)
+    fixed = min(fixed, matmul)
+    kernels = getattr(layer, f"{phase}_kernels")
+    work = PassWork(
+        flops=flops * scale,
+        matmul_bytes=(matmul - fixed) * scale + fixed,
+        memory_bound_bytes=(memory_bound or 0.0) * scale,
+        kernels=None if kernels is None else kernels + allreduces,
+    )
+    if phase == "backward":
+        efficiency *= gpu.backward_matmul_efficiency
+    gpu_ms, floor_ms = pass_time_ms(work, gpu, peak_tflops, efficiency)
+    return max(gpu_ms, floor_ms)
 
 
 def layer_time_ms(
@@ -255,16 +243,17 @@ def layer_time_ms(
     (``Profile.micro_batch_size``). The tp all-reduces are included only when the intra-node
     bandwidth is given. This is the function the calibration bench compares with measurements.
     """
-    from autoplan.cluster.catalog import efficiency_for, peak_tflops
+    from autoplan.cluster.catalog import peak_tflops, spec_for_dtype
 
+    resolved = spec_for_dtype(gpu, dtype, efficiency)
     cost = layer_cost(
         layer,
-        gpu,
+        resolved,
         peak_tflops(gpu, dtype),
         tp=tp,
         micro_batch_size=micro_batch_size,
         profile_micro_batch_size=profile_micro_batch_size,
-        efficiency=efficiency_for(gpu, dtype) if efficiency is None else efficiency,
+        efficiency=resolved.efficiency,
         intra_node_bandwidth_gb_per_s=intra_node_bandwidth_gb_per_s,
         intra_node_latency_us=intra_node_latency_us,
     )

@@ -1,19 +1,30 @@
 """The cost model of whole plans: per-stage times and memory, pipeline time, dp tail.
 
-Iteration time = pipeline time (``autoplan.cost.schedule``) + the largest per-rank tail.
-A rank's work per micro-batch is its stages' forward + backward (with recompute and tp
-all-reduces); the point-to-point sends of each boundary activation to the next stage and of
-its gradient back overlap computation in the steady state and lengthen the fill and drain
-(``autoplan.cost.schedule``). A rank's tail is the part of its gradient all-reduce over
-dp (ring, on the slowest link its dp × tp GPUs span, whose node bandwidth the tp rings
-share) that the backward of the last micro-batch does not hide, plus its optimizer step
-(memory-bound: reads and writes the optimizer states, reads the gradients, writes the
-weights).
+A stage's replica groups run their shares of every micro-batch in parallel; the stage takes,
+per micro-batch, as long as its slowest group (forward + backward, with recompute and tp
+all-reduces, plus the GPU type's fixed ``pass_overhead_ms`` per pass). Iteration time =
+pipeline time (``autoplan.cost.schedule``, with a pipeline rank's work = its stages') + the
+largest per-rank tail.
 
-Memory of one GPU of a rank = weights + gradients (training dtype) + Adam states (divided by
-dp under ZeRO-1) + saved activations of the micro-batches in flight + the largest transient
-(the full activations of one layer being recomputed, or two boundary tensors without
-recompute).
+Stage-to-stage transfers (``boundary_ms``): each replica's tp rank 0 sends the rows of its
+samples to the replicas of the next stage that own them (samples are regrouped by index). The
+time is one latency plus the busiest node's bytes over the link: inside one node (both stages
+on one class that has a single node) each GPU sends over its own NVLink, so the busiest GPU's
+share counts; otherwise the replicas of a stage on one node share that node's inter-node
+bandwidth (the cluster's bandwidth between the two stages' node groups), sending and receiving
+sides alike. Transfers overlap computation in the steady state and lengthen fill and drain.
+
+The tail of a pipeline rank: its gradient all-reduce over the stage's replicas
+(``stage_allreduce_ms``: ring; a stage of one class in one buddy block of a node uses the
+intra-node link and the busiest GPU's gradient bytes; otherwise each node's inter-node
+bandwidth carries the whole gradient once per direction, whatever the tp degrees) less what the
+shortest last backward hides, plus the slowest group's optimizer step (memory-bound: states
+read and written, gradient read, weight written; divided by the replicas under ZeRO-1) and the
+type's ``step_overhead_ms``.
+
+Memory of one GPU of a group = weights + gradients (training dtype) + Adam states (divided by
+the stage's replicas under ZeRO-1) + saved activations of the micro-batches in flight + the
+largest transient; it must stay within the device memory less the type's reserve.
 
 ``CostModel.tables`` precomputes prefix sums per (device class, tp, micro-batch size) so that
 the search costs a stage [i, j) in O(1); ``CostModel.evaluate`` sums layer by layer, an
@@ -26,11 +37,12 @@ import functools
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from autoplan.cluster.catalog import efficiency_for, peak_tflops
+from autoplan.cluster.catalog import peak_tflops, spec_for_dtype
 from autoplan.cluster.schema import Cluster, GpuSpec
+from autoplan.cost.comm import allreduce_ms as nccl_allreduce_ms
 from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
-from autoplan.cost.config import PlanConfig, StageChoice
-from autoplan.cost.devices import DeviceClass, device_classes, link_between, node_flows
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.devices import DeviceClass, block_sizes, device_classes
 from autoplan.cost.layers import (
     RECOMPUTE_MODES,
     LayerCost,
@@ -40,12 +52,20 @@ from autoplan.cost.layers import (
 from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
 from autoplan.profile.schema import Profile
 
-__all__ = ["CostModel", "CostTables", "PlanCost", "RankMemory"]
+__all__ = [
+    "CostModel",
+    "CostTables",
+    "GroupCost",
+    "LinkSide",
+    "PlanCost",
+    "RankMemory",
+    "StageCost",
+]
 
 
 @dataclass(frozen=True)
 class RankMemory:
-    """Peak memory of one GPU of one pipeline rank, by category (bytes)."""
+    """Peak memory of one GPU of one replica group of a pipeline rank, by category (bytes)."""
 
     pipeline_rank: int
     gpu_type: str
@@ -55,6 +75,9 @@ class RankMemory:
     activations_bytes: float
     transient_bytes: float
     capacity_bytes: int
+    reserved_bytes: int = 0
+    tensor_parallel_degree: int = 1
+    micro_batch_size: int = 1
 
     @property
     def total_bytes(self) -> float:
@@ -65,6 +88,55 @@ class RankMemory:
             + self.activations_bytes
             + self.transient_bytes
         )
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes + self.reserved_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """One replica group of one stage, per micro-batch (its share) and per GPU."""
+
+    forward_ms: float
+    backward_ms: float
+    compute_ms: float  # forward + backward without tp communication
+    tp_comm_ms: float
+    params_per_gpu: float
+    saved_bytes: float
+    transient_bytes: float
+
+    @property
+    def work_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage: its groups' costs and its boundary transfer to the next stage."""
+
+    groups: tuple[GroupCost, ...]
+    send_ms: float
+
+    @property
+    def forward_ms(self) -> float:
+        return max(g.forward_ms for g in self.groups)
+
+    @property
+    def backward_ms(self) -> float:
+        return max(g.backward_ms for g in self.groups)
+
+    @property
+    def work_ms(self) -> float:
+        """Per micro-batch: the slowest group's forward + backward."""
+        return max(g.work_ms for g in self.groups)
+
+    @property
+    def saved_bytes(self) -> float:
+        return max(g.saved_bytes for g in self.groups)
+
+    def slowest(self) -> GroupCost:
+        return max(self.groups, key=lambda g: g.work_ms)
 
 
 @dataclass(frozen=True)
@@ -82,10 +154,7 @@ class PlanCost:
     optimizer_ms: float
     dp_allreduce_ms: float
     rank_allreduce_ms: list[float]
-    stage_forward_ms: list[float]
-    stage_backward_ms: list[float]
-    stage_send_ms: list[float]
-    stage_saved_bytes: list[float]
+    stages: list[StageCost]
     memory: list[RankMemory]
     violations: list[str] = field(default_factory=list)
 
@@ -110,6 +179,18 @@ class CostTables:
     backward_tp: list[float]
 
 
+@dataclass(frozen=True, order=True)
+class LinkSide:
+    """What one side of a stage boundary needs for ``boundary_ms``: the stage's node groups
+    (by class), the samples of a micro-batch leaving its busiest node, the largest share of
+    one replica, and whether it is one class with a single node."""
+
+    classes: tuple[int, ...]
+    node_samples: int
+    largest_share: int
+    single_node_class: int | None
+
+
 def _prefix(values: list[float]) -> list[float]:
     return [0.0, *accumulate(values)]
 
@@ -118,7 +199,7 @@ class CostModel:
     """Costs plans of ``profile`` on ``cluster``.
 
     ``efficiency`` overrides the catalog's efficiency per GPU type name. Each GPU type's
-    efficiency is resolved once, here, for the profile's dtype (``efficiency_for``: measured
+    efficiency is resolved once, here, for the profile's dtype (``spec_for_dtype``: measured
     fp32/tf32 fractions where the catalog has them), so every cost below reads one figure.
     """
 
@@ -131,9 +212,7 @@ class CostModel:
     ) -> None:
         efficiency = efficiency or {}
         specs = {
-            name: spec.model_copy(
-                update={"efficiency": efficiency.get(name, efficiency_for(spec, profile.dtype))}
-            )
+            name: spec_for_dtype(spec, profile.dtype, efficiency.get(name))
             for name, spec in specs.items()
         }
         self.profile = profile
@@ -143,15 +222,24 @@ class CostModel:
         self.dtype_bytes = profile.dtype_bytes
         self.optimizer_bytes_per_param = optimizer_bytes_per_param(profile.dtype)
         self._peaks = [peak_tflops(c.gpu, profile.dtype) for c in self.classes]
+        # Identical layers (a model's repeated blocks) cost the same: each is costed once.
+        first: dict[str, int] = {}
+        self._same_as = [
+            first.setdefault(
+                layer.model_dump_json(exclude={"index", "name", "replica_of"}), position
+            )
+            for position, layer in enumerate(profile.layers)
+        ]
 
     # ---- per-layer tables -------------------------------------------------------------
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 (the model lives as long as one solve)
+    @functools.lru_cache(maxsize=8192)  # noqa: B019 (the model lives as long as one solve)
     def tables(self, device_class: int, tp: int, micro_batch_size: int) -> CostTables:
         """Per-layer costs and their prefix sums for one (class, tp, micro-batch size)."""
         dc = self.classes[device_class]
-        layers = [
-            layer_cost(
-                layer,
+        costed: dict[int, LayerCost] = {}
+        for position in sorted(set(self._same_as)):
+            costed[position] = layer_cost(
+                self.profile.layers[position],
                 dc.gpu,
                 self._peaks[device_class],
                 tp=tp,
@@ -160,8 +248,7 @@ class CostModel:
                 intra_node_bandwidth_gb_per_s=dc.intra_node_bandwidth_gb_per_s,
                 intra_node_latency_us=dc.intra_node_latency_us,
             )
-            for layer in self.profile.layers
-        ]
+        layers = [costed[position] for position in self._same_as]
         return CostTables(
             layers=layers,
             work={
@@ -189,14 +276,19 @@ class CostModel:
 
     # ---- pieces shared by the search and the evaluation --------------------------------
     def static_bytes(
-        self, params_per_gpu: float, dp: int, zero1: bool
+        self, params_per_gpu: float, replicas: int, zero1: bool
     ) -> tuple[float, float, float]:
         """(weights, gradients, optimizer states) bytes of ``params_per_gpu`` parameters."""
         weights = params_per_gpu * self.dtype_bytes
         optimizer = params_per_gpu * self.optimizer_bytes_per_param
-        if zero1 and dp > 1:
-            optimizer /= dp
+        if zero1 and replicas > 1:
+            optimizer /= replicas
         return weights, weights, optimizer
+
+    def static_bytes_per_param(self, replicas: int, zero1: bool) -> float:
+        """Weights + gradients + optimizer bytes per parameter held."""
+        divisor = replicas if (zero1 and replicas > 1) else 1
+        return 2 * self.dtype_bytes + self.optimizer_bytes_per_param / divisor
 
     def transient_bytes(self, layer: LayerCost, recompute: str) -> float:
         """Largest temporary while one layer runs its backward."""
@@ -204,23 +296,30 @@ class CostModel:
             return 2 * layer.output_bytes
         return layer.full_activation_bytes
 
-    def send_ms(self, output_bytes: float, first: int, second: int, group_gpus: int) -> float:
-        """One-way time of a boundary activation from a rank on class ``first`` to the next
-        rank, on class ``second``."""
-        bandwidth, latency = link_between(
-            self.cluster, self.classes[first], self.classes[second], group_gpus
-        )
-        return p2p_ms(output_bytes, bandwidth, latency)
+    def pass_overhead_ms(self, device_class: int) -> float:
+        """Fixed time of one forward or backward pass of a stage on this class."""
+        return self.classes[device_class].gpu.pass_overhead_ms
 
-    def dp_allreduce_ms(self, params_per_gpu: float, device_class: int, dp: int, tp: int) -> float:
-        """Gradient all-reduce of one rank's parameters over its dp group of one class."""
-        # One ring per tp index: the tp rings leave each node together (devices.py).
-        bandwidth, latency = self.classes[device_class].group_link(dp * tp, concurrent_flows=tp)
-        return ring_allreduce_ms(params_per_gpu * self.dtype_bytes, dp, bandwidth, latency)
+    def step_overhead_ms(self, device_class: int) -> float:
+        return self.classes[device_class].gpu.step_overhead_ms
 
-    def optimizer_ms(self, params_per_gpu: float, device_class: int, dp: int, zero1: bool) -> float:
+    def reserved_bytes(self, device_class: int) -> int:
+        """Memory no plan may use on this class (CUDA context, NCCL, fragmentation)."""
+        return int(self.classes[device_class].gpu.memory_reserve_gib * 1024**3)
+
+    def capacity_bytes(self, device_class: int) -> int:
+        """Device memory of the class."""
+        return self.classes[device_class].gpu.memory_bytes
+
+    def usable_bytes(self, device_class: int) -> int:
+        """Device memory a plan may fill: capacity less the reserve."""
+        return self.capacity_bytes(device_class) - self.reserved_bytes(device_class)
+
+    def optimizer_ms(
+        self, params_per_gpu: float, device_class: int, replicas: int, zero1: bool
+    ) -> float:
         """Adam step, memory-bound: states read and written, gradient read, weight written."""
-        params = params_per_gpu / dp if (zero1 and dp > 1) else params_per_gpu
+        params = params_per_gpu / replicas if (zero1 and replicas > 1) else params_per_gpu
         moved = params * (2 * self.optimizer_bytes_per_param + 2 * self.dtype_bytes)
         return moved / (self.classes[device_class].gpu.memory_bandwidth_gb_per_s * 1e9) * 1e3
 
@@ -231,197 +330,203 @@ class CostModel:
                 return self._peaks[c.index]
         raise KeyError(gpu_type)
 
-    def capacity_bytes(self, device_class: int) -> int:
-        return self.classes[device_class].gpu.memory_bytes
+    # ---- placement-dependent communication ---------------------------------------------
+    def in_one_node(self, groups: tuple[ReplicaGroup, ...]) -> bool:
+        """Whether the emitter places these groups (one stage) in one node: one class, and
+        their GPUs make one block size of its nodes (``devices.block_sizes``)."""
+        classes = {g.device_class for g in groups}
+        if len(classes) != 1:
+            return False
+        dc = self.classes[next(iter(classes))]
+        return sum(g.gpus for g in groups) in block_sizes(dc.gpus_per_node)
+
+    def link_side(self, groups: tuple[ReplicaGroup, ...]) -> LinkSide:
+        """One stage's side of a boundary (see ``LinkSide``)."""
+        classes = tuple(sorted({g.device_class for g in groups}))
+        node_samples = 0
+        for g in groups:
+            per_node = max(1, self.classes[g.device_class].gpus_per_node // g.tp)
+            node_samples = max(node_samples, min(g.replicas, per_node) * g.micro_batch_size)
+        single = None
+        if len(classes) == 1 and self.classes[classes[0]].num_nodes == 1:
+            single = classes[0]
+        largest = max(g.micro_batch_size for g in groups)
+        return LinkSide(classes, node_samples, largest, single)
+
+    def boundary_ms(self, sender: LinkSide, receiver: LinkSide, bytes_per_sample: float) -> float:
+        """One-way time of a micro-batch's boundary activation between two stages (module
+        docstring); the gradient back takes the same."""
+        if bytes_per_sample <= 0:
+            return 0.0
+        if sender.single_node_class is not None and (
+            sender.single_node_class == receiver.single_node_class
+        ):
+            dc = self.classes[sender.single_node_class]
+            largest = max(sender.largest_share, receiver.largest_share)
+            return p2p_ms(
+                largest * bytes_per_sample,
+                dc.intra_node_bandwidth_gb_per_s,
+                dc.intra_node_latency_us,
+            )
+        names = {name for k in sender.classes + receiver.classes for name in self.classes[k].groups}
+        bandwidth = self.cluster.inter_node_bandwidth(names)
+        busiest = max(sender.node_samples, receiver.node_samples)
+        latency = self.cluster.inter_node_latency(names)
+        return p2p_ms(busiest * bytes_per_sample, bandwidth, latency)
+
+    def allreduce_ms(
+        self, groups: tuple[ReplicaGroup, ...], params_per_gpu: tuple[float, ...]
+    ) -> float:
+        """Gradient all-reduce over a stage's replicas; ``params_per_gpu[g]`` is what one GPU
+        of group g holds (module docstring)."""
+        replicas = sum(g.replicas for g in groups)
+        if replicas <= 1:
+            return 0.0
+        if self.in_one_node(groups):
+            dc = self.classes[groups[0].device_class]
+            return ring_allreduce_ms(
+                max(params_per_gpu) * self.dtype_bytes,
+                replicas,
+                dc.intra_node_bandwidth_gb_per_s,
+                dc.intra_node_latency_us,
+            )
+        names = {name for g in groups for name in self.classes[g.device_class].groups}
+        # Each node's link carries the whole gradient once per ring direction: a replica of tp
+        # t sends its t shards in t rings that cross the node's link together.
+        whole = max(
+            p * min(g.tp, self.classes[g.device_class].gpus_per_node)
+            for g, p in zip(groups, params_per_gpu, strict=True)
+        )
+        return nccl_allreduce_ms(
+            whole * self.dtype_bytes,
+            replicas,
+            self.cluster.inter_node_bandwidth(names),
+            self.cluster.inter_node_latency(names),
+            across_nodes=True,
+        )
 
     # ---- whole plans ---------------------------------------------------------------------
-    def evaluate(self, config: PlanConfig) -> PlanCost:
-        """Cost ``config`` layer by layer (module docstring). Infeasible configurations come
-        back with ``violations`` naming what does not fit."""
-        if config.replica_groups:
-            return self._evaluate_shared(config)
-        return self._evaluate_pipeline(config)
-
-    def _stage_sums(self, stage: StageChoice, tp: int, mbs: int):
-        tables = self.tables(stage.device_class, tp, mbs)
+    def group_cost(self, stage: StageChoice, group: ReplicaGroup) -> GroupCost:
+        """One group's per-micro-batch figures on the stage's layers, layer by layer."""
+        tables = self.tables(group.device_class, group.tp, group.micro_batch_size)
         layers = tables.layers[stage.layer_start : stage.layer_end]
-        r = stage.recompute
+        r = group.recompute
+        overhead = self.pass_overhead_ms(group.device_class)
         forward_compute = sum(c.forward_compute_ms for c in layers)
         forward_tp = sum(c.forward_tp_comm_ms for c in layers)
         backward_tp = sum(c.backward_tp_comm_ms for c in layers)
         backward = sum(c.backward_ms(r) for c in layers)
-        params = sum(c.params_per_gpu for c in layers)
-        saved = sum(c.saved_bytes[r] for c in layers)
-        transient = max(self.transient_bytes(c, r) for c in layers)
         recompute_tp = forward_tp if r == "full" else 0.0
-        return {
-            "forward": forward_compute + forward_tp,
-            "backward": backward,
-            "compute": forward_compute + backward - backward_tp - recompute_tp,
-            "tp": forward_tp + backward_tp + recompute_tp,
-            "params": params,
-            "saved": saved,
-            "transient": transient,
-            "output": layers[-1].output_bytes,
-        }
+        return GroupCost(
+            forward_ms=forward_compute + forward_tp + overhead,
+            backward_ms=backward + overhead,
+            compute_ms=forward_compute + backward - backward_tp - recompute_tp + 2 * overhead,
+            tp_comm_ms=forward_tp + backward_tp + recompute_tp,
+            params_per_gpu=sum(c.params_per_gpu for c in layers),
+            saved_bytes=sum(c.saved_bytes[r] for c in layers),
+            transient_bytes=max(self.transient_bytes(c, r) for c in layers),
+        )
 
-    def _evaluate_pipeline(self, config: PlanConfig) -> PlanCost:
+    def evaluate(self, config: PlanConfig) -> PlanCost:
+        """Cost ``config`` layer by layer (module docstring). Infeasible configurations come
+        back with ``violations`` naming what does not fit."""
         pp, v, m = config.pipeline_degree, config.chunks, config.num_micro_batches
-        group = config.dp * config.tp
-        sums = [self._stage_sums(s, config.tp, config.micro_batch_size) for s in config.stages]
-        sends = []
-        for index, stage in enumerate(config.stages):
-            if index + 1 < len(config.stages):
-                nxt = config.stages[index + 1].device_class
-                sends.append(self.send_ms(sums[index]["output"], stage.device_class, nxt, group))
-            else:
-                sends.append(0.0)
-        rank_compute = [0.0] * pp  # forward + backward per micro-batch
-        rank_sends = [0.0] * pp  # one-way sends per micro-batch
-        rank_parts = [{"compute": 0.0, "tp": 0.0} for _ in range(pp)]
-        rank_backward = [0.0] * pp
-        rank_params = [0.0] * pp
-        rank_saved_max = [0.0] * pp
-        rank_transient = [0.0] * pp
-        rank_class = [config.stages[r].device_class for r in range(pp)]
-        for index, (stage, part) in enumerate(zip(config.stages, sums, strict=True)):
-            r = index % pp
-            rank_compute[r] += part["forward"] + part["backward"]
-            rank_sends[r] += sends[index]
-            rank_parts[r]["compute"] += part["compute"]
-            rank_parts[r]["tp"] += part["tp"]
-            rank_backward[r] += part["backward"]
-            rank_params[r] += part["params"]
-            rank_saved_max[r] = max(rank_saved_max[r], part["saved"])
-            rank_transient[r] = max(rank_transient[r], part["transient"])
-            if stage.device_class != rank_class[r]:
-                raise ValueError("all stages of one pipeline rank must be on one device class")
-        steady = [max(c, x) for c, x in zip(rank_compute, rank_sends, strict=True)]
-        fill = [c + 2 * x for c, x in zip(rank_compute, rank_sends, strict=True)]
-        pipeline = pipeline_time_ms(steady, m, v, fill)
-        memory: list[RankMemory] = []
-        tails, allreduces, exposed, optimizer = [], [], [], []
-        violations = []
-        for r in range(pp):
-            k = rank_class[r]
-            weights, grads, opt = self.static_bytes(rank_params[r], config.dp, config.zero1)
-            flight = in_flight_chunks(config.schedule, pp, r, m, v)  # type: ignore[arg-type]
-            mem = RankMemory(
-                pipeline_rank=r,
-                gpu_type=self.classes[k].gpu.name,
-                weights_bytes=weights,
-                gradients_bytes=grads,
-                optimizer_bytes=opt,
-                activations_bytes=flight * rank_saved_max[r],
-                transient_bytes=rank_transient[r],
-                capacity_bytes=self.capacity_bytes(k),
-            )
-            memory.append(mem)
-            if mem.total_bytes > mem.capacity_bytes:
-                violations.append(
-                    f"pipeline rank {r} on {mem.gpu_type} needs {mem.total_bytes / 1e9:.2f} GB; "
-                    f"it has {mem.capacity_bytes / 1e9:.2f} GB"
+        stages = config.stages
+        for index, stage in enumerate(stages):
+            if stage.groups != stages[index % pp].groups:
+                raise ValueError("all stages of one pipeline rank must have the same groups")
+        groups_cost = [tuple(self.group_cost(s, g) for g in s.groups) for s in stages]
+        sides = [self.link_side(s.groups) for s in stages]
+        costs = []
+        for index, stage in enumerate(stages):
+            send = 0.0
+            if index + 1 < len(stages):
+                per_sample = (
+                    self.profile.layers[stage.layer_end - 1].output_activation_bytes
+                    / self.profile.micro_batch_size
                 )
-            ar = self.dp_allreduce_ms(rank_params[r], k, config.dp, config.tp)
-            step = self.optimizer_ms(rank_params[r], k, config.dp, config.zero1)
-            hidden = max(0.0, ar - rank_backward[r])
+                send = self.boundary_ms(sides[index], sides[index + 1], per_sample)
+            costs.append(StageCost(groups_cost[index], send))
+
+        rank_work = [0.0] * pp
+        rank_sends = [0.0] * pp
+        for index, cost in enumerate(costs):
+            rank_work[index % pp] += cost.work_ms
+            rank_sends[index % pp] += cost.send_ms
+        steady = [max(c, x) for c, x in zip(rank_work, rank_sends, strict=True)]
+        fill = [c + 2 * x for c, x in zip(rank_work, rank_sends, strict=True)]
+        pipeline = pipeline_time_ms(steady, m, v, fill)
+
+        memory: list[RankMemory] = []
+        violations: list[str] = []
+        tails, allreduces, exposed, optimizer = [], [], [], []
+        for r in range(pp):
+            chunks = [index for index in range(len(stages)) if index % pp == r]
+            stage = stages[r]
+            flight = in_flight_chunks(config.schedule, pp, r, m, v)  # type: ignore[arg-type]
+            params = [
+                sum(groups_cost[c][g].params_per_gpu for c in chunks)
+                for g in range(len(stage.groups))
+            ]
+            steps = []
+            for g, group in enumerate(stage.groups):
+                k = group.device_class
+                weights, grads, opt = self.static_bytes(params[g], stage.replicas, stage.zero1)
+                mem = RankMemory(
+                    pipeline_rank=r,
+                    gpu_type=self.classes[k].gpu.name,
+                    weights_bytes=weights,
+                    gradients_bytes=grads,
+                    optimizer_bytes=opt,
+                    activations_bytes=flight * max(groups_cost[c][g].saved_bytes for c in chunks),
+                    transient_bytes=max(groups_cost[c][g].transient_bytes for c in chunks),
+                    capacity_bytes=self.capacity_bytes(k),
+                    reserved_bytes=self.reserved_bytes(k),
+                    tensor_parallel_degree=group.tp,
+                    micro_batch_size=group.micro_batch_size,
+                )
+                memory.append(mem)
+                if not mem.fits:
+                    reserve = (
+                        f" (of which {mem.reserved_bytes / 1e9:.2f} GB is reserved)"
+                        if mem.reserved_bytes
+                        else ""
+                    )
+                    violations.append(
+                        f"pipeline rank {r} on {mem.gpu_type} (tp {group.tp}, "
+                        f"{group.micro_batch_size} samples per micro-batch) needs "
+                        f"{(mem.total_bytes + mem.reserved_bytes) / 1e9:.2f} GB{reserve}; it "
+                        f"has {mem.capacity_bytes / 1e9:.2f} GB"
+                    )
+                steps.append(
+                    self.optimizer_ms(params[g], k, stage.replicas, stage.zero1)
+                    + self.step_overhead_ms(k)
+                )
+            ar = self.allreduce_ms(stage.groups, tuple(params))
+            shortest_backward = min(
+                sum(groups_cost[c][g].backward_ms for c in chunks) for g in range(len(stage.groups))
+            )
+            hidden = max(0.0, ar - shortest_backward)
             allreduces.append(ar)
             exposed.append(hidden)
-            optimizer.append(step)
-            tails.append(hidden + step)
+            optimizer.append(max(steps))
+            tails.append(hidden + max(steps))
         tail_rank = max(range(pp), key=lambda r: (tails[r], -r))
         slow = max(range(pp), key=lambda r: (steady[r], -r))
+        slow_parts = [costs[c].slowest() for c in range(len(stages)) if c % pp == slow]
         return PlanCost(
             iteration_ms=pipeline + tails[tail_rank],
             pipeline_ms=pipeline,
             tail_ms=tails[tail_rank],
-            compute_ms=m * rank_parts[slow]["compute"],
-            tp_comm_ms=m * rank_parts[slow]["tp"],
-            pp_comm_ms=m * (steady[slow] - rank_compute[slow]),
+            compute_ms=m * sum(g.compute_ms for g in slow_parts),
+            tp_comm_ms=m * sum(g.tp_comm_ms for g in slow_parts),
+            pp_comm_ms=m * (steady[slow] - rank_work[slow]),
             bubble_ms=pipeline - m * steady[slow],
             dp_comm_ms=exposed[tail_rank],
             optimizer_ms=optimizer[tail_rank],
             dp_allreduce_ms=max(allreduces),
             rank_allreduce_ms=allreduces,
-            stage_forward_ms=[p["forward"] for p in sums],
-            stage_backward_ms=[p["backward"] for p in sums],
-            stage_send_ms=sends,
-            stage_saved_bytes=[p["saved"] for p in sums],
+            stages=costs,
             memory=memory,
             violations=violations,
-        )
-
-    def _evaluate_shared(self, config: PlanConfig) -> PlanCost:
-        """One stage, replicas on several classes with their own micro-batch sizes."""
-        m = config.num_micro_batches
-        stage = config.stages[0]
-        groups_names: set[str] = set()
-        works, backwards, parts, memory, violations, steps = [], [], [], [], [], []
-        params = 0.0
-        for g in config.replica_groups:
-            groups_names |= set(self.classes[g.device_class].groups)
-            choice = StageChoice(stage.layer_start, stage.layer_end, g.device_class, g.recompute)
-            part = self._stage_sums(choice, config.tp, g.micro_batch_size)
-            params = part["params"]
-            works.append(part["forward"] + part["backward"])
-            backwards.append(part["backward"])
-            parts.append(part)
-            weights, grads, opt = self.static_bytes(part["params"], config.dp, config.zero1)
-            mem = RankMemory(
-                pipeline_rank=0,
-                gpu_type=self.classes[g.device_class].gpu.name,
-                weights_bytes=weights,
-                gradients_bytes=grads,
-                optimizer_bytes=opt,
-                activations_bytes=part["saved"],
-                transient_bytes=part["transient"],
-                capacity_bytes=self.capacity_bytes(g.device_class),
-            )
-            memory.append(mem)
-            if mem.total_bytes > mem.capacity_bytes:
-                violations.append(
-                    f"replicas on {mem.gpu_type} need {mem.total_bytes / 1e9:.2f} GB; "
-                    f"they have {mem.capacity_bytes / 1e9:.2f} GB"
-                )
-            steps.append(self.optimizer_ms(part["params"], g.device_class, config.dp, config.zero1))
-        ar = self.shared_allreduce_ms(params, config)
-        hidden = max(0.0, ar - min(backwards))
-        step = max(steps)
-        slow = max(range(len(works)), key=lambda i: (works[i], -i))
-        pipeline = m * works[slow]
-        return PlanCost(
-            iteration_ms=pipeline + hidden + step,
-            pipeline_ms=pipeline,
-            tail_ms=hidden + step,
-            compute_ms=m * parts[slow]["compute"],
-            tp_comm_ms=m * parts[slow]["tp"],
-            pp_comm_ms=0.0,
-            bubble_ms=0.0,
-            dp_comm_ms=hidden,
-            optimizer_ms=step,
-            dp_allreduce_ms=ar,
-            rank_allreduce_ms=[ar],
-            stage_forward_ms=[parts[slow]["forward"]],
-            stage_backward_ms=[parts[slow]["backward"]],
-            stage_send_ms=[0.0],
-            stage_saved_bytes=[parts[slow]["saved"]],
-            memory=memory,
-            violations=violations,
-        )
-
-    def shared_allreduce_ms(self, params_per_gpu: float, config: PlanConfig) -> float:
-        """Gradient all-reduce across replicas on several classes: between nodes, on the
-        slowest link joining their groups, whose node bandwidth the tp rings share."""
-        names: set[str] = set()
-        flows = 1
-        for g in config.replica_groups:
-            dc = self.classes[g.device_class]
-            names |= set(dc.groups)
-            flows = max(flows, node_flows(config.tp, dc.gpus_per_node))
-        bandwidth = self.cluster.inter_node_bandwidth(names) / flows
-        return ring_allreduce_ms(
-            params_per_gpu * self.dtype_bytes,
-            config.dp,
-            bandwidth,
-            self.cluster.inter_node_latency_us,
         )

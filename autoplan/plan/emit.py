@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from autoplan.cluster.schema import Node
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel, PlanCost, RankMemory
-from autoplan.plan.ranks import NodeSlice, build_rank_map
+from autoplan.plan.ranks import build_rank_map, place
 from autoplan.plan.schema import (
     Alternative,
+    IdleGpus,
     MemoryEstimate,
     Parallelism,
     Plan,
     PlanInputs,
     Prediction,
+    Replica,
+    ReplicaTiming,
     Stage,
     StageTiming,
     TimeBreakdown,
 )
 
-__all__ = ["Placement", "emit_plan", "model_flops_per_iteration", "place"]
-
-Placement = Literal["by_class", "file_order"]
+__all__ = ["emit_plan", "model_flops_per_iteration", "stage_types"]
 
 
 def _round(value: float) -> float:
@@ -50,59 +48,61 @@ def _memory_estimate(mem: RankMemory) -> MemoryEstimate:
     return MemoryEstimate(
         pipeline_rank=mem.pipeline_rank,
         gpu_type=mem.gpu_type,
+        tensor_parallel_degree=mem.tensor_parallel_degree,
+        micro_batch_size=mem.micro_batch_size,
         total_bytes=sum(parts.values()),
+        reserved_bytes=mem.reserved_bytes,
         capacity_bytes=mem.capacity_bytes,
         **parts,
     )
 
 
-def _take(cursor: dict[str, int], nodes: list[Node], gpus: int, tp: int) -> list[NodeSlice]:
-    """``gpus`` GPUs from ``nodes`` in order, whole tp groups per node."""
-    slices = []
-    for node in nodes:
-        if gpus == 0:
-            break
-        free = node.gpus - cursor.get(node.name, 0)
-        free -= free % tp
-        if free <= 0:
+def stage_types(model: CostModel, config: PlanConfig) -> list[str]:
+    """Each stage's GPU types, '+'-joined when it mixes several."""
+    out = []
+    for stage in config.stages:
+        names: list[str] = []
+        for group in stage.groups:
+            name = model.classes[group.device_class].gpu.name
+            if name not in names:
+                names.append(name)
+        out.append("+".join(names))
+    return out
+
+
+def _idle(model: CostModel, config: PlanConfig) -> list[IdleGpus]:
+    """GPUs the plan leaves unused per type, and why using them would not pay."""
+    by_type: dict[str, int] = {}
+    smallest_layer: dict[str, bool] = {}
+    most_replicas = max(stage.replicas for stage in config.stages)
+    for c in model.classes:
+        idle = c.total_gpus - config.gpus_of(c.index)
+        if idle <= 0:
             continue
-        used = min(free, gpus)
-        slices.append(NodeSlice(node=node, gpus=used))
-        cursor[node.name] = cursor.get(node.name, 0) + used
-        gpus -= used
-    if gpus:
-        raise ValueError(f"not enough GPUs left for a group of {gpus} more")
-    return slices
-
-
-def place(model: CostModel, config: PlanConfig, mode: Placement = "by_class"):
-    """The node slices of each pipeline rank: ``by_class`` takes each rank's GPUs from the
-    nodes of its device class (file order within the class); ``file_order`` hands out the
-    cluster's nodes in file order regardless of class (how a heterogeneity-blind planner
-    places ranks)."""
-    nodes = model.cluster.nodes()
-    cursor: dict[str, int] = {}
-    group = config.dp * config.tp
-    if mode == "file_order":
-        return [_take(cursor, nodes, group, config.tp) for _ in range(config.pipeline_degree)]
-    of_class = {c.index: [n for n in nodes if n.group in c.groups] for c in model.classes}
-    if config.replica_groups:
-        slices = []
-        for g in config.replica_groups:
-            slices += _take(cursor, of_class[g.device_class], g.replicas * config.tp, config.tp)
-        return [slices]
-    return [
-        _take(cursor, of_class[config.stages[r].device_class], group, config.tp)
-        for r in range(config.pipeline_degree)
-    ]
-
-
-def _types(slices: list[NodeSlice]) -> list[str]:
-    seen: list[str] = []
-    for piece in slices:
-        if piece.node.gpu not in seen:
-            seen.append(piece.node.gpu)
-    return seen
+        by_type[c.gpu.name] = by_type.get(c.gpu.name, 0) + idle
+        per_param = model.static_bytes_per_param(1, False)
+        fits = any(
+            layer.params_per_gpu * per_param <= model.usable_bytes(c.index)
+            for layer in model.tables(c.index, 1, 1).layers
+        )
+        smallest_layer[c.gpu.name] = smallest_layer.get(c.gpu.name, False) or fits
+    out = []
+    for name, count in by_type.items():
+        if not smallest_layer[name]:
+            reason = "no memory to hold a stage: one GPU cannot hold any single layer's states"
+        elif most_replicas >= config.micro_batch_size:
+            reason = (
+                "every sample of a micro-batch already has a replica: a stage cannot take "
+                "more replicas at this micro-batch size, and a plan with larger micro-batches "
+                "or more stages on them is slower"
+            )
+        else:
+            reason = (
+                "slower than the stages they would join: every plan the search costed with "
+                "them (more replicas in a stage, or stages of their own) is slower"
+            )
+        out.append(IdleGpus(gpu_type=name, count=count, reason=reason))
+    return out
 
 
 def emit_plan(
@@ -111,48 +111,69 @@ def emit_plan(
     cost: PlanCost,
     inputs: PlanInputs,
     alternatives: list[tuple[PlanConfig, PlanCost]],
-    placement: Placement = "by_class",
 ) -> Plan:
-    """The Plan of ``config`` (costed as ``cost``), with runner-ups as alternatives."""
-    slices = place(model, config, placement)
-    nodes, ranks = build_rank_map(slices, config.dp, config.tp)
+    """The Plan of ``config`` (costed as ``cost``), with runner-ups as alternatives.
+
+    Raises ValueError when the configuration does not fit the cluster's nodes."""
     pp = config.pipeline_degree
-    if config.replica_groups:
-        shares = [g.micro_batch_size for g in config.replica_groups for _ in range(g.replicas)]
-    else:
-        shares = [config.micro_batch_size] * config.dp
+    placement = place(model, config)
+    nodes, rank_map, ranks = build_rank_map(placement)
     parallelism = Parallelism(
         pipeline_degree=pp,
-        data_parallel_degree=config.dp,
-        tensor_parallel_degree=config.tp,
         virtual_stages_per_rank=config.chunks,
         schedule=config.schedule,  # type: ignore[arg-type]
         num_micro_batches=config.num_micro_batches,
-        replica_micro_batch_sizes=shares,
-        zero1=config.zero1,
+        micro_batch_size=config.micro_batch_size,
     )
-    stages = [
-        Stage(
-            index=s,
-            pipeline_rank=s % pp,
-            layer_start=stage.layer_start,
-            layer_end=stage.layer_end,
-            gpu_types=_types(slices[s % pp]),
-            recompute=stage.recompute,  # type: ignore[arg-type]
+    stages = []
+    timings = []
+    for s, (stage, stage_cost) in enumerate(zip(config.stages, cost.stages, strict=True)):
+        p = s % pp
+        replicas = []
+        replica_timings = []
+        for g, (group, group_cost) in enumerate(zip(stage.groups, stage_cost.groups, strict=True)):
+            for r, slots in enumerate(placement[p][g]):
+                replicas.append(
+                    Replica(
+                        gpu_type=slots.node.gpu,
+                        node=slots.node.name,
+                        tensor_parallel_degree=group.tp,
+                        ranks=ranks[p][g][r],
+                        micro_batch_size=group.micro_batch_size,
+                        recompute=group.recompute,  # type: ignore[arg-type]
+                    )
+                )
+                replica_timings.append(
+                    ReplicaTiming(
+                        forward_ms=_round(group_cost.forward_ms),
+                        backward_ms=_round(group_cost.backward_ms),
+                        saved_activation_bytes=round(group_cost.saved_bytes),
+                    )
+                )
+        stages.append(
+            Stage(
+                index=s,
+                pipeline_rank=p,
+                layer_start=stage.layer_start,
+                layer_end=stage.layer_end,
+                replicas=replicas,
+                zero1=stage.zero1,
+            )
         )
-        for s, stage in enumerate(config.stages)
-    ]
-    if config.replica_groups:
-        modes = {g.recompute for g in config.replica_groups}
-        if len(modes) > 1:
-            # One Stage carries one recompute mode: the runtime applies the strongest.
-            order = ["none", "selective", "full"]
-            strongest = max(modes, key=order.index)
-            stages = [stages[0].model_copy(update={"recompute": strongest})]
+        timings.append(
+            StageTiming(
+                stage=s,
+                forward_ms=_round(stage_cost.forward_ms),
+                backward_ms=_round(stage_cost.backward_ms),
+                send_ms=_round(stage_cost.send_ms),
+                saved_activation_bytes=round(stage_cost.saved_bytes),
+                replicas=replica_timings,
+            )
+        )
     batch = inputs.global_batch_size
     seconds = cost.iteration_ms / 1e3
     flops = model_flops_per_iteration(model, batch)
-    peak = sum(model.peak_tflops_of(entry.gpu_type) for entry in ranks)
+    peak = sum(model.peak_tflops_of(entry.gpu_type) for entry in rank_map)
     prediction = Prediction(
         iteration_time_ms=_round(cost.iteration_ms),
         breakdown=TimeBreakdown(
@@ -166,48 +187,35 @@ def emit_plan(
         samples_per_s=_round(batch / seconds),
         tokens_per_s=_round(batch * model.profile.seq_len / seconds),
         model_flops_per_iteration=flops,
-        tflops_per_gpu=_round(flops / seconds / len(ranks) / 1e12),
+        tflops_per_gpu=_round(flops / seconds / len(rank_map) / 1e12),
         mfu=_round(flops / seconds / (peak * 1e12)) if peak else 0.0,
-        stage_timings=[
-            StageTiming(
-                stage=s,
-                forward_ms=_round(cost.stage_forward_ms[s]),
-                backward_ms=_round(cost.stage_backward_ms[s]),
-                send_ms=_round(cost.stage_send_ms[s]),
-                saved_activation_bytes=round(cost.stage_saved_bytes[s]),
-            )
-            for s in range(len(cost.stage_forward_ms))
-        ]
-        if not config.replica_groups
-        else [
-            StageTiming(
-                stage=0,
-                forward_ms=_round(cost.stage_forward_ms[0]),
-                backward_ms=_round(cost.stage_backward_ms[0]),
-                send_ms=0.0,
-                saved_activation_bytes=round(cost.stage_saved_bytes[0]),
-            )
-        ],
+        stage_timings=timings,
         dp_allreduce_ms=_round(cost.dp_allreduce_ms),
         rank_dp_allreduce_ms=[_round(value) for value in cost.rank_allreduce_ms],
         memory=[_memory_estimate(mem) for mem in cost.memory],
+        idle_gpus=_idle(model, config),
     )
     return Plan(
         inputs=inputs,
         parallelism=parallelism,
         stages=stages,
         nodes=nodes,
-        rank_map=ranks,
+        rank_map=rank_map,
         prediction=prediction,
         alternatives=[
             Alternative(
                 rank=i + 1,
-                summary=alt.summary(),
-                layer_split=[s.layer_end - s.layer_start for s in alt.stages],
-                gpu_types=[model.classes[s.device_class].gpu.name for s in alt.stages],
+                summary=_summary(model, alt),
+                layer_split=[s.num_layers for s in alt.stages],
+                gpu_types=stage_types(model, alt),
                 iteration_time_ms=_round(alt_cost.iteration_ms),
                 samples_per_s=_round(batch / (alt_cost.iteration_ms / 1e3)),
             )
             for i, (alt, alt_cost) in enumerate(alternatives)
         ],
     )
+
+
+def _summary(model: CostModel, config: PlanConfig) -> str:
+    """``PlanConfig.summary`` with GPU type names for the class numbers."""
+    return config.summary(lambda k: model.classes[k].gpu.name)

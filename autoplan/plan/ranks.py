@@ -1,10 +1,17 @@
-"""From "which GPUs each pipeline rank runs on" to the plan's node list and rank map.
+"""Which GPUs each replica runs on, and the plan's node list and rank map that follow.
 
-torchrun numbers ranks node by node in ``--node-rank`` order, and the runtime's DeviceMesh
-reads ranks row-major as (pp, dp, tp). So the rank map is fixed once we know, per pipeline
-rank, the ordered slices of nodes its ``dp × tp`` GPUs come from: walking the slices in order
-hands out consecutive ranks, and a node's ranks must come out contiguous for torchrun to be
-able to launch it.
+Placement (``place``) hands out each device class's GPUs in blocks: a stage that fits one
+block of a node (``CostModel.in_one_node``: one class, a block size of its nodes) takes one
+block for all its replicas, so that its all-reduce stays on the intra-node link as the cost
+model assumes; otherwise each replica (tp GPUs) is a block. Block sizes divide one another
+and the node (``devices.block_sizes``), so taking the largest blocks first, each at the first
+aligned free place in the class's nodes (file order), fits every block whenever their total
+fits, as a buddy allocator does; blocks of one size go in pipeline order.
+
+torchrun numbers ranks node by node in ``--node-rank`` order, and local ranks 0.. on a node.
+Nodes are launched in the order pipeline ranks first use them; on a node, the GPUs used get
+local ranks in slot order. A uniform plan of one class is thus laid out row-major as (pp, dp,
+tp), the layout a DeviceMesh reads.
 """
 
 from __future__ import annotations
@@ -12,96 +19,126 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.cluster.schema import Node
+from autoplan.cost.config import PlanConfig
+from autoplan.cost.model import CostModel
 from autoplan.plan.schema import PlanNode, RankEntry
 
-__all__ = ["NodeSlice", "build_rank_map"]
+__all__ = ["ReplicaSlots", "build_rank_map", "place"]
 
 
 @dataclass(frozen=True)
-class NodeSlice:
-    """``gpus`` GPUs of ``node`` given to one pipeline rank."""
+class ReplicaSlots:
+    """One replica's GPUs: node and slots (GPU indices on it), by tp index."""
 
     node: Node
-    gpus: int
+    slots: tuple[int, ...]
+
+
+def _fit(free: dict[str, list[bool]], nodes: list[Node], size: int) -> tuple[Node, int]:
+    for node in nodes:
+        used = free[node.name]
+        for start in range(0, node.gpus - size + 1, size):
+            if not any(used[start : start + size]):
+                for slot in range(start, start + size):
+                    used[slot] = True
+                return node, start
+    raise ValueError(f"no aligned block of {size} free GPUs left")
+
+
+def place(model: CostModel, config: PlanConfig) -> list[list[list[ReplicaSlots]]]:
+    """``out[p][g][r]``: the GPUs of replica r of group g of pipeline rank p (module doc).
+
+    Raises ValueError when the configuration's GPUs do not fit the cluster's nodes."""
+    pp = config.pipeline_degree
+    nodes = model.cluster.nodes()
+    of_class = {c.index: [n for n in nodes if n.group in c.groups] for c in model.classes}
+    free = {node.name: [False] * node.gpus for node in nodes}
+    # (size, pipeline rank, group, replica or None for a whole-stage block)
+    blocks: list[tuple[int, int, int, int | None]] = []
+    for p, stage in enumerate(config.stages[:pp]):
+        if model.in_one_node(stage.groups):
+            blocks.append((stage.gpus, p, 0, None))
+            continue
+        for g, group in enumerate(stage.groups):
+            blocks.extend((group.tp, p, g, r) for r in range(group.replicas))
+    out: list[list[list[ReplicaSlots | None]]] = [
+        [[None] * group.replicas for group in stage.groups] for stage in config.stages[:pp]
+    ]
+    for size, p, g, r in sorted(blocks, key=lambda b: (-b[0], b[1], b[2], b[3] or 0)):
+        stage = config.stages[p]
+        device_class = stage.groups[g].device_class
+        node, start = _fit(free, of_class[device_class], size)
+        if r is not None:
+            out[p][g][r] = ReplicaSlots(node, tuple(range(start, start + size)))
+            continue
+        slot = start
+        for gg, group in enumerate(stage.groups):
+            for rr in range(group.replicas):
+                out[p][gg][rr] = ReplicaSlots(node, tuple(range(slot, slot + group.tp)))
+                slot += group.tp
+    return out  # type: ignore[return-value]
 
 
 def build_rank_map(
-    placement: list[list[NodeSlice]], data_parallel: int, tensor_parallel: int
-) -> tuple[list[PlanNode], list[RankEntry]]:
-    """Nodes in launch order and one RankEntry per rank, for ``placement[p]`` = the slices of
-    pipeline rank ``p``.
-
-    Raises ValueError when the placement cannot be launched: a stage's slices do not add up to
-    dp × tp, a tp group would span two nodes, a node is over-subscribed, or a node's ranks would
-    not be contiguous.
-    """
-    group_size = data_parallel * tensor_parallel
-    next_local_rank: dict[str, int] = {}
-    launch_order: list[Node] = []
-    ranks_of_node: dict[str, list[int]] = {}
+    placement: list[list[list[ReplicaSlots]]],
+) -> tuple[list[PlanNode], list[RankEntry], list[list[list[list[int]]]]]:
+    """Nodes in launch order, one RankEntry per GPU, and the global ranks of every replica
+    (``ranks[p][g][r]``, by tp index), for a ``place`` result (module docstring)."""
+    launch: list[Node] = []
+    used: dict[str, set[int]] = {}
+    for rank_groups in placement:
+        for group in rank_groups:
+            for replica in group:
+                if replica.node.name not in used:
+                    used[replica.node.name] = set()
+                    launch.append(replica.node)
+                if used[replica.node.name] & set(replica.slots):
+                    raise ValueError(f"GPUs {replica.slots} of {replica.node.name} used twice")
+                used[replica.node.name] |= set(replica.slots)
+    offset: dict[str, int] = {}
+    local: dict[tuple[str, int], int] = {}
+    total = 0
+    for node in launch:
+        offset[node.name] = total
+        for index, slot in enumerate(sorted(used[node.name])):
+            local[(node.name, slot)] = index
+        total += len(used[node.name])
+    node_rank = {node.name: index for index, node in enumerate(launch)}
     entries: list[RankEntry] = []
-    rank = 0
-    for pipeline_rank, slices in enumerate(placement):
-        total = sum(piece.gpus for piece in slices)
-        if total != group_size:
-            raise ValueError(
-                f"pipeline rank {pipeline_rank} is placed on {total} GPUs; dp × tp = {group_size}"
-            )
-        for piece in slices:
-            if piece.gpus % tensor_parallel:
-                raise ValueError(
-                    f"{piece.gpus} GPUs of node {piece.node.name} cannot hold whole tp groups "
-                    f"of {tensor_parallel}"
-                )
-            name = piece.node.name
-            if name not in next_local_rank:
-                next_local_rank[name] = 0
-                launch_order.append(piece.node)
-                ranks_of_node[name] = []
-            first_local = next_local_rank[name]
-            if first_local + piece.gpus > piece.node.gpus:
-                raise ValueError(
-                    f"node {name} has {piece.node.gpus} GPUs; the placement uses "
-                    f"{first_local + piece.gpus}"
-                )
-            for offset in range(piece.gpus):
-                entries.append(
-                    RankEntry(
-                        rank=rank,
-                        node=name,
-                        node_rank=0,  # set below, once the launch order is known
-                        local_rank=first_local + offset,
-                        gpu_type=piece.node.gpu,
-                        pipeline_rank=pipeline_rank,
-                        dp_index=(rank % group_size) // tensor_parallel,
-                        tp_index=rank % tensor_parallel,
+    ranks: list[list[list[list[int]]]] = []
+    for p, rank_groups in enumerate(placement):
+        ranks.append([])
+        dp_index = 0
+        for group in rank_groups:
+            ranks[p].append([])
+            for replica in group:
+                replica_ranks = []
+                for tp_index, slot in enumerate(replica.slots):
+                    name = replica.node.name
+                    rank = offset[name] + local[(name, slot)]
+                    replica_ranks.append(rank)
+                    entries.append(
+                        RankEntry(
+                            rank=rank,
+                            node=name,
+                            node_rank=node_rank[name],
+                            local_rank=local[(name, slot)],
+                            gpu_type=replica.node.gpu,
+                            pipeline_rank=p,
+                            dp_index=dp_index,
+                            tp_index=tp_index,
+                        )
                     )
-                )
-                ranks_of_node[name].append(rank)
-                rank += 1
-            next_local_rank[name] = first_local + piece.gpus
-
-    expected_first = 0
-    for node in launch_order:
-        ranks = ranks_of_node[node.name]
-        if ranks != list(range(expected_first, expected_first + len(ranks))):
-            raise ValueError(
-                f"node {node.name} would hold ranks {ranks[0]}..{ranks[-1]} non-contiguously; "
-                "torchrun gives each node a contiguous block of ranks"
-            )
-        expected_first += len(ranks)
-
-    node_rank_of = {node.name: index for index, node in enumerate(launch_order)}
+                ranks[p][-1].append(replica_ranks)
+                dp_index += 1
+    entries.sort(key=lambda entry: entry.rank)
     nodes = [
         PlanNode(
-            node_rank=node_rank_of[node.name],
+            node_rank=node_rank[node.name],
             name=node.name,
             gpu_type=node.gpu,
-            nproc_per_node=next_local_rank[node.name],
+            nproc_per_node=len(used[node.name]),
         )
-        for node in launch_order
+        for node in launch
     ]
-    entries = [
-        entry.model_copy(update={"node_rank": node_rank_of[entry.node]}) for entry in entries
-    ]
-    return nodes, entries
+    return nodes, entries, ranks

@@ -1,13 +1,26 @@
 """The plan: what ``autoplan solve`` writes and the runtime, simulator and viewers read.
 
-Rank layout (the one convention every reader relies on): the world is a DeviceMesh of shape
-``(pp, dp, tp)`` over ranks ``0..world-1`` in row-major order, so rank
-``r = pipeline_rank * dp * tp + dp_index * tp + tp_index``. Nodes are listed in launch order
-(``node_rank``); torchrun gives node ``k`` the ranks after those of nodes ``0..k-1``, so the
-emitter orders nodes such that each rank lands on the GPU type its stage was planned for.
+Schema version 2: heterogeneous stages are the general case. A pipeline is a sequence of
+stages; each stage holds a contiguous range of layers and lists its own data-parallel
+replicas. A replica is a group of ``tensor_parallel_degree`` GPUs of one type on one node
+(its ``ranks``, by tp index) that runs ``micro_batch_size`` samples of every micro-batch, with
+its own activation recompute. The replicas of a stage may differ in GPU type, tp degree and
+share; their shares add up to the plan's micro-batch (``Parallelism.micro_batch_size``), the
+same for every stage. Different stages may have different replicas: between two stages the
+samples of a micro-batch are regrouped by index (replica r of a stage owns the samples
+``[Σ_{q<r} share_q, Σ_{q<=r} share_q)`` of each micro-batch).
 
 With ``virtual_stages_per_rank = v`` (interleaved 1F1B) there are ``pp * v`` stages and stage
-``s`` runs on pipeline rank ``s % pp``.
+``s`` runs on pipeline rank ``s % pp``; all stages of one pipeline rank run on the same
+replicas (the same GPUs), so a pipeline rank is a set of GPUs and the stages are chunks of
+work on it.
+
+Ranks: every GPU the plan uses has one global rank, listed in ``rank_map`` with its node, local
+rank, pipeline rank, replica index (``dp_index``) and tp index. Nodes are listed in launch
+order (``node_rank``); torchrun gives node ``k`` the ranks after those of nodes ``0..k-1``.
+A plan whose every pipeline rank has the same number of replicas of the same tp, with the same
+shares, and whose ranks follow ``r = pipeline_rank * dp * tp + dp_index * tp + tp_index`` is
+*uniform*: one DeviceMesh of shape ``(pp, dp, tp)`` describes it (``Plan.is_uniform``).
 """
 
 from __future__ import annotations
@@ -16,12 +29,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from autoplan import limits
 from autoplan.cluster.schema import Cluster
+from autoplan.plan.upgrade import upgrade_plan_data
 from autoplan.profile.schema import ModelRef
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",
     "Alternative",
+    "IdleGpus",
     "MemoryEstimate",
     "Parallelism",
     "Plan",
@@ -30,13 +46,15 @@ __all__ = [
     "Prediction",
     "RankEntry",
     "Recompute",
+    "Replica",
+    "ReplicaTiming",
     "ScheduleName",
     "Stage",
     "StageTiming",
     "TimeBreakdown",
 ]
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
@@ -51,10 +69,12 @@ class PlanInputs(_Strict):
 
     model: ModelRef
     profile_sha256: str = Field(description="SHA-256 of the profile JSON the plan was solved on.")
-    seq_len: int = Field(ge=1)
+    seq_len: int = Field(ge=1, le=limits.MAX_SEQ_LEN)
     dtype: str = Field(description="Training dtype.")
     cluster: Cluster = Field(description="The whole cluster file, as read.")
-    global_batch_size: int = Field(ge=1, description="Samples per iteration, all replicas.")
+    global_batch_size: int = Field(
+        ge=1, le=limits.MAX_GLOBAL_BATCH_SIZE, description="Samples per iteration, all replicas."
+    )
     strategy: str = Field(description="'optimal' or the baseline that produced the plan.")
     pinned: dict[str, str] = Field(
         default_factory=dict, description="Knobs the user pinned, e.g. {'tp': '2'}."
@@ -62,65 +82,119 @@ class PlanInputs(_Strict):
 
 
 class Parallelism(_Strict):
-    """The shape of the run: one (dp, tp) for every stage (one DeviceMesh)."""
+    """The pipeline's shape and schedule; each stage's replicas are in ``Stage.replicas``."""
 
-    pipeline_degree: int = Field(ge=1, description="pp: pipeline ranks.")
-    data_parallel_degree: int = Field(ge=1, description="dp: replicas of each stage.")
-    tensor_parallel_degree: int = Field(ge=1, description="tp: GPUs splitting each layer.")
+    pipeline_degree: int = Field(
+        ge=1, le=limits.MAX_PIPELINE_DEGREE, description="pp: pipeline ranks."
+    )
     virtual_stages_per_rank: int = Field(
-        default=1, ge=1, description="Stages per pipeline rank (>1 only for interleaved 1F1B)."
+        default=1,
+        ge=1,
+        le=limits.MAX_VIRTUAL_STAGES,
+        description="Stages per pipeline rank (>1 only for interleaved 1F1B).",
     )
     schedule: ScheduleName
-    num_micro_batches: int = Field(ge=1, description="Micro-batches per replica per iteration.")
-    replica_micro_batch_sizes: list[int] = Field(
-        min_length=1,
-        description="Samples per micro-batch of each dp replica; equal unless the plan gives "
-        "faster GPU types a larger share (single-stage heterogeneous plans).",
+    num_micro_batches: int = Field(
+        ge=1, le=limits.MAX_NUM_MICRO_BATCHES, description="Micro-batches per iteration."
     )
-    zero1: bool = Field(description="Optimizer states sharded across dp (ZeRO stage 1).")
+    micro_batch_size: int = Field(
+        ge=1,
+        le=limits.MAX_MICRO_BATCH_SIZE,
+        description="Samples per micro-batch, all replicas of a stage together (the same for "
+        "every stage); global batch = micro_batch_size × num_micro_batches.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Parallelism:
-        if len(self.replica_micro_batch_sizes) != self.data_parallel_degree:
-            raise ValueError(
-                f"replica_micro_batch_sizes has {len(self.replica_micro_batch_sizes)} entries; "
-                f"data_parallel_degree is {self.data_parallel_degree}"
-            )
-        if min(self.replica_micro_batch_sizes) < 1:
-            raise ValueError("every replica_micro_batch_sizes entry must be >= 1")
         if self.schedule != "interleaved_1f1b" and self.virtual_stages_per_rank != 1:
             raise ValueError(
                 f"virtual_stages_per_rank ({self.virtual_stages_per_rank}) > 1 needs "
                 "schedule 'interleaved_1f1b'"
             )
-        uneven = len(set(self.replica_micro_batch_sizes)) > 1
-        if uneven and self.pipeline_degree > 1:
-            raise ValueError("uneven replica batch shares are only supported with pp = 1")
         return self
-
-    @property
-    def world_size(self) -> int:
-        return self.pipeline_degree * self.data_parallel_degree * self.tensor_parallel_degree
-
-    @property
-    def micro_batch_size(self) -> int:
-        """The largest replica's micro-batch size (all equal when shares are even)."""
-        return max(self.replica_micro_batch_sizes)
 
     @property
     def num_stages(self) -> int:
         return self.pipeline_degree * self.virtual_stages_per_rank
 
 
+class Replica(_Strict):
+    """One data-parallel replica of a stage: tp GPUs of one type on one node."""
+
+    gpu_type: str = Field(description="GPU type of its GPUs.")
+    node: str = Field(description="The node its GPUs are on (a tp group never spans nodes).")
+    tensor_parallel_degree: int = Field(
+        ge=1, le=limits.MAX_GPUS_PER_NODE, description="tp: GPUs splitting each layer."
+    )
+    ranks: list[int] = Field(
+        min_length=1,
+        max_length=limits.MAX_GPUS_PER_NODE,
+        description="Global ranks of its GPUs, by tp index (len = tp).",
+    )
+    micro_batch_size: int = Field(
+        ge=1,
+        le=limits.MAX_MICRO_BATCH_SIZE,
+        description="Samples of every micro-batch this replica runs (its share).",
+    )
+    recompute: Recompute = Field(description="Activation recompute of its layers.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Replica:
+        if len(self.ranks) != self.tensor_parallel_degree:
+            raise ValueError(
+                f"replica on {self.node} lists {len(self.ranks)} ranks; its "
+                f"tensor_parallel_degree is {self.tensor_parallel_degree}"
+            )
+        return self
+
+
 class Stage(_Strict):
-    """A contiguous range of layers run by one pipeline rank."""
+    """A contiguous range of layers and the replicas that run it."""
 
     index: int = Field(ge=0)
     pipeline_rank: int = Field(ge=0, description="Which pipeline rank runs it (index % pp).")
     layer_start: int = Field(ge=0, description="First layer (inclusive).")
-    layer_end: int = Field(ge=1, description="One past the last layer (exclusive).")
-    gpu_types: list[str] = Field(min_length=1, description="GPU types its ranks run on.")
-    recompute: Recompute = Field(description="Activation recompute for this stage's layers.")
+    layer_end: int = Field(
+        ge=1, le=limits.MAX_LAYERS, description="One past the last layer (exclusive)."
+    )
+    replicas: list[Replica] = Field(
+        min_length=1,
+        max_length=limits.MAX_CLUSTER_GPUS,
+        description="Its data-parallel replicas, in sample order: replica r takes the samples "
+        "after those of replicas 0..r-1 in every micro-batch.",
+    )
+    zero1: bool = Field(
+        default=False,
+        description="Optimizer states sharded across this stage's replicas (ZeRO stage 1).",
+    )
+
+    @property
+    def data_parallel_degree(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per micro-batch over all replicas."""
+        return sum(replica.micro_batch_size for replica in self.replicas)
+
+    @property
+    def gpu_types(self) -> list[str]:
+        """GPU types of its replicas, in order of first appearance."""
+        seen: list[str] = []
+        for replica in self.replicas:
+            if replica.gpu_type not in seen:
+                seen.append(replica.gpu_type)
+        return seen
+
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank of the stage, replica by replica."""
+        return [rank for replica in self.replicas for rank in replica.ranks]
+
+    @property
+    def shares(self) -> list[int]:
+        """Samples per micro-batch of each replica."""
+        return [replica.micro_batch_size for replica in self.replicas]
 
 
 class PlanNode(_Strict):
@@ -129,7 +203,9 @@ class PlanNode(_Strict):
     node_rank: int = Field(ge=0, description="torchrun --node-rank.")
     name: str = Field(description="Node name from the cluster file.")
     gpu_type: str
-    nproc_per_node: int = Field(ge=1, description="Processes (GPUs) used on this node.")
+    nproc_per_node: int = Field(
+        ge=1, le=limits.MAX_GPUS_PER_NODE, description="Processes (GPUs) used on this node."
+    )
 
 
 class RankEntry(_Strict):
@@ -141,27 +217,43 @@ class RankEntry(_Strict):
     local_rank: int = Field(ge=0)
     gpu_type: str
     pipeline_rank: int = Field(ge=0)
-    dp_index: int = Field(ge=0)
-    tp_index: int = Field(ge=0)
+    dp_index: int = Field(ge=0, description="Index of its replica in its stages' replicas.")
+    tp_index: int = Field(ge=0, description="Its position in its replica's tp group.")
+
+
+class ReplicaTiming(_Strict):
+    """Cost-model times of one replica of a stage for one micro-batch (its share)."""
+
+    forward_ms: float = Field(ge=0, description="Forward compute + tp comm of its share.")
+    backward_ms: float = Field(ge=0, description="Backward (with recompute) + tp comm.")
+    saved_activation_bytes: int = Field(
+        ge=0,
+        description="Activations its share leaves saved on one of its GPUs from forward to "
+        "backward (after recompute).",
+    )
 
 
 class StageTiming(_Strict):
     """Cost-model times of one stage for one micro-batch, the simulator's input."""
 
     stage: int = Field(ge=0)
-    forward_ms: float = Field(ge=0, description="Forward compute + tp comm of one micro-batch.")
-    backward_ms: float = Field(
-        ge=0, description="Backward (with recompute) + tp comm of one micro-batch."
-    )
+    forward_ms: float = Field(ge=0, description="Slowest replica's forward of one micro-batch.")
+    backward_ms: float = Field(ge=0, description="Slowest replica's backward of one micro-batch.")
     send_ms: float = Field(
-        ge=0, description="Point-to-point time of the boundary activation to the next stage."
+        ge=0,
+        description="Time to move one micro-batch's boundary activation to the next stage "
+        "(and its gradient back), all of the stage's replicas sending at once.",
     )
     saved_activation_bytes: int | None = Field(
         default=None,
         ge=0,
-        description="Activations one micro-batch leaves saved on one GPU of this stage from its "
-        "forward until its backward (after recompute). The simulator's memory curve uses it; "
-        "when absent it derives it from MemoryEstimate.activations_bytes.",
+        description="The largest saved activations one micro-batch leaves on one GPU of this "
+        "stage (over its replicas); the simulator's memory curve uses it.",
+    )
+    replicas: list[ReplicaTiming] = Field(
+        default_factory=list,
+        description="Per replica, in the stage's replica order (empty: every replica takes "
+        "the stage's forward_ms/backward_ms).",
     )
 
 
@@ -177,17 +269,33 @@ class TimeBreakdown(_Strict):
 
 
 class MemoryEstimate(_Strict):
-    """Peak memory of one GPU of one pipeline rank (the largest over its GPU types)."""
+    """Peak memory of one GPU of one kind of replica of a pipeline rank."""
 
     pipeline_rank: int = Field(ge=0)
     gpu_type: str
+    tensor_parallel_degree: int = Field(default=1, ge=1, description="tp of these replicas.")
+    micro_batch_size: int = Field(default=1, ge=1, description="Their share of a micro-batch.")
     weights_bytes: int = Field(ge=0)
     gradients_bytes: int = Field(ge=0)
     optimizer_bytes: int = Field(ge=0)
     activations_bytes: int = Field(ge=0, description="Saved activations of in-flight batches.")
     transient_bytes: int = Field(ge=0, description="Largest temporary of one layer's pass.")
-    total_bytes: int = Field(ge=0)
+    total_bytes: int = Field(ge=0, description="Sum of the five parts above.")
+    reserved_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Kept free for the CUDA context, NCCL buffers and allocator "
+        "fragmentation; total_bytes + reserved_bytes <= capacity_bytes.",
+    )
     capacity_bytes: int = Field(ge=0, description="Device memory of gpu_type.")
+
+
+class IdleGpus(_Strict):
+    """GPUs of one type the plan leaves unused, and why."""
+
+    gpu_type: str
+    count: int = Field(ge=1)
+    reason: str = Field(description="Why using them would not pay.")
 
 
 class Prediction(_Strict):
@@ -203,22 +311,25 @@ class Prediction(_Strict):
     tflops_per_gpu: float = Field(ge=0, description="Model TFLOP/s per GPU (no recompute).")
     mfu: float = Field(ge=0, description="Model FLOPs / (iteration time × Σ used GPUs' peak).")
     stage_timings: list[StageTiming]
-    dp_allreduce_ms: float = Field(ge=0, description="Full gradient all-reduce time.")
+    dp_allreduce_ms: float = Field(ge=0, description="Longest gradient all-reduce of a rank.")
     rank_dp_allreduce_ms: list[float] = Field(
         default_factory=list,
-        description="Gradient all-reduce time of each pipeline rank (index = pipeline rank); "
-        "the simulator uses it when given, else scales dp_allreduce_ms by gradient bytes.",
+        description="Gradient all-reduce time of each pipeline rank over its replicas (index = "
+        "pipeline rank).",
     )
     memory: list[MemoryEstimate]
+    idle_gpus: list[IdleGpus] = Field(
+        default_factory=list, description="GPUs of the cluster the plan leaves unused."
+    )
 
 
 class Alternative(_Strict):
     """A runner-up plan, summarised."""
 
     rank: int = Field(ge=1, description="1 = the best after the chosen plan.")
-    summary: str = Field(description="Knobs in one line, e.g. 'pp=2 dp=4 tp=1 mbs=2 m=8 1f1b'.")
+    summary: str = Field(description="Knobs in one line, e.g. 'pp=2 m=8 1f1b ...'.")
     layer_split: list[int] = Field(description="Layers per stage.")
-    gpu_types: list[str] = Field(description="GPU types per stage.")
+    gpu_types: list[str] = Field(description="GPU types per stage ('+'-joined when mixed).")
     iteration_time_ms: float = Field(gt=0)
     samples_per_s: float = Field(gt=0)
 
@@ -226,16 +337,23 @@ class Alternative(_Strict):
 class Plan(_Strict):
     """A complete, executable parallelization plan."""
 
-    schema_version: Literal[1] = Field(
+    schema_version: Literal[2] = Field(
         default=PLAN_SCHEMA_VERSION, description="Version of this schema."
     )
     inputs: PlanInputs
     parallelism: Parallelism
-    stages: list[Stage] = Field(min_length=1)
-    nodes: list[PlanNode] = Field(min_length=1)
-    rank_map: list[RankEntry] = Field(min_length=1)
+    stages: list[Stage] = Field(
+        min_length=1, max_length=limits.MAX_PIPELINE_DEGREE * limits.MAX_VIRTUAL_STAGES
+    )
+    nodes: list[PlanNode] = Field(min_length=1, max_length=limits.MAX_CLUSTER_NODES)
+    rank_map: list[RankEntry] = Field(min_length=1, max_length=limits.MAX_CLUSTER_GPUS)
     prediction: Prediction
     alternatives: list[Alternative] = Field(default_factory=list)
+
+    @classmethod
+    def upgrade_data(cls, data: dict) -> dict:
+        """Parsed JSON of an older plan version as this version (see ``plan.upgrade``)."""
+        return upgrade_plan_data(data)
 
     @model_validator(mode="after")
     def _check_shape(self) -> Plan:
@@ -245,8 +363,37 @@ class Plan(_Strict):
                 f"{len(self.stages)} stages, but pp ({par.pipeline_degree}) × virtual stages "
                 f"({par.virtual_stages_per_rank}) = {par.num_stages}"
             )
-        if len(self.rank_map) != par.world_size:
-            raise ValueError(
-                f"rank_map has {len(self.rank_map)} ranks; pp × dp × tp = {par.world_size}"
-            )
         return self
+
+    @property
+    def world_size(self) -> int:
+        return len(self.rank_map)
+
+    def stages_of_rank(self, pipeline_rank: int) -> list[Stage]:
+        """The stages pipeline rank ``pipeline_rank`` runs, in stage order."""
+        return [stage for stage in self.stages if stage.pipeline_rank == pipeline_rank]
+
+    def uniform_shape(self) -> tuple[int, int] | None:
+        """(dp, tp) when every stage has dp replicas of tp GPUs with the same shares and
+        recompute-independent layout, and the ranks follow the (pp, dp, tp) row-major mesh
+        convention; None otherwise (then the runtime uses per-stage process groups)."""
+        first = self.stages[0]
+        dp = first.data_parallel_degree
+        tp = first.replicas[0].tensor_parallel_degree
+        shares = first.shares
+        for stage in self.stages:
+            if stage.shares != shares:
+                return None
+            if any(replica.tensor_parallel_degree != tp for replica in stage.replicas):
+                return None
+            for d, replica in enumerate(stage.replicas):
+                expected = [stage.pipeline_rank * dp * tp + d * tp + t for t in range(tp)]
+                if replica.ranks != expected:
+                    return None
+        if len(self.rank_map) != self.parallelism.pipeline_degree * dp * tp:
+            return None
+        return dp, tp
+
+    @property
+    def is_uniform(self) -> bool:
+        return self.uniform_shape() is not None

@@ -27,8 +27,15 @@ logger = logging.getLogger(__name__)
 
 
 def cost_model(profile: Profile, cluster: Cluster, options: SolveOptions) -> CostModel:
-    """The cost model of ``profile`` on ``cluster`` with the options' efficiency overrides."""
+    """The cost model of ``profile`` on ``cluster`` with the options' efficiency overrides
+    and memory reserve."""
     specs = gpu_specs(cluster)
+    if options.reserve_gb is not None:
+        reserve_gib = options.reserve_gb * 1e9 / 1024**3
+        specs = {
+            name: spec.model_copy(update={"memory_reserve_gib": reserve_gib})
+            for name, spec in specs.items()
+        }
     unknown = sorted(set(options.efficiency) - set(specs))
     if unknown:
         raise InputError(f"efficiency given for unknown GPU types {unknown}")
@@ -111,12 +118,9 @@ def solve(
         strategy=options.strategy,
         pinned=options.pinned(),
     )
-    placement = "file_order" if options.strategy == "megatron" else "by_class"
-    return emit_plan(
-        model,
-        best.config,
-        best.cost,
-        inputs,
-        [(c.config, c.cost) for c in runners],
-        placement=placement,
-    )
+    try:
+        return emit_plan(
+            model, best.config, best.cost, inputs, [(c.config, c.cost) for c in runners]
+        )
+    except ValueError as error:  # a bug: the search only proposes what fits the nodes
+        raise InfeasibleError(f"the {options.strategy} plan cannot be placed: {error}") from None

@@ -13,11 +13,10 @@ from autoplan.cluster.catalog import peak_tflops
 from autoplan.cluster.schema import Cluster, GpuSpec, NodeGroup
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel
-from autoplan.plan.emit import place
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import Candidate, SearchResult, search
 from autoplan.solve.shares import share_sizes
 from autoplan.solve.space import divisors, recompute_modes
+from autoplan.solve.uniform import Candidate, SearchResult, uniform_search
 
 __all__ = ["blind_model", "equal_share_candidates", "megatron_search"]
 
@@ -61,8 +60,8 @@ def blind_model(model: CostModel, efficiency: dict[str, float]) -> CostModel:
 def megatron_search(model: CostModel, batch: int, options: SolveOptions) -> SearchResult:
     """Search as if homogeneous, then place in file order and cost on the real cluster."""
     blind = blind_model(model, options.efficiency)
-    blind_options = options.model_copy(update={"strategy": "even-split"})
-    found = search(blind, batch, blind_options)
+    blind_options = options.model_copy(update={"strategy": "even-split", "space": "uniform"})
+    found = uniform_search(blind, batch, blind_options)
     real = []
     for candidate in found.candidates:
         config = _on_real_nodes(model, candidate.config)
@@ -75,35 +74,43 @@ def megatron_search(model: CostModel, batch: int, options: SolveOptions) -> Sear
 
 
 def _on_real_nodes(model: CostModel, config: PlanConfig) -> PlanConfig | None:
-    """The blind config with each rank's class = the slowest class its file-order GPUs use."""
-    try:
-        slices = place(model, config, "file_order")
-    except ValueError:
-        return None
-    dtype = model.profile.dtype
-    rank_class = []
-    for rank_slices in slices:
-        names = {piece.node.group for piece in rank_slices}
-        classes = [c for c in model.classes if set(c.groups) & names]
-        slowest = min(
-            classes, key=lambda c: (peak_tflops(c.gpu, dtype) * c.gpu.efficiency, c.index)
-        )
-        rank_class.append(slowest.index)
+    """The blind config with its replicas on the real nodes, handed out in file order: each
+    pipeline rank takes its dp replicas of tp GPUs from the next nodes with room (a replica
+    within one node), whatever their GPU type; the shares stay equal."""
+    class_of = {name: c.index for c in model.classes for name in c.groups}
+    nodes = model.cluster.nodes()
+    free = [node.gpus for node in nodes]
+    cursor = 0
     pp = config.pipeline_degree
+    rank_groups = []
+    for stage in config.stages[:pp]:
+        (blind_group,) = stage.groups
+        tp, need = blind_group.tp, blind_group.replicas
+        counts: dict[int, int] = {}
+        while need:
+            if cursor == len(nodes):
+                return None
+            take = min(need, free[cursor] // tp)
+            if take == 0:
+                cursor += 1
+                continue
+            k = class_of[nodes[cursor].group]
+            counts[k] = counts.get(k, 0) + take
+            free[cursor] -= take * tp
+            need -= take
+        rank_groups.append(
+            tuple(
+                sorted(
+                    ReplicaGroup(k, tp, n, blind_group.micro_batch_size, blind_group.recompute)
+                    for k, n in counts.items()
+                )
+            )
+        )
     stages = tuple(
-        StageChoice(s.layer_start, s.layer_end, rank_class[i % pp], s.recompute)
+        StageChoice(s.layer_start, s.layer_end, rank_groups[i % pp], s.zero1)
         for i, s in enumerate(config.stages)
     )
-    return PlanConfig(
-        config.tp,
-        config.dp,
-        config.micro_batch_size,
-        config.num_micro_batches,
-        config.schedule,
-        config.chunks,
-        config.zero1,
-        stages,
-    )
+    return PlanConfig(config.num_micro_batches, config.schedule, config.chunks, stages)
 
 
 def equal_share_candidates(model: CostModel, batch: int, options: SolveOptions) -> list[Candidate]:
@@ -121,18 +128,10 @@ def equal_share_candidates(model: CostModel, batch: int, options: SolveOptions) 
             sizes = share_sizes(model, 1, total, zero1, c.index, b, modes)
             if b not in sizes:
                 break
-            groups.append(ReplicaGroup(c.index, c.total_gpus, b, sizes[b][2]))
+            groups.append(ReplicaGroup(c.index, 1, c.total_gpus, b, sizes[b][2]))
         else:
             config = PlanConfig(
-                1,
-                total,
-                b,
-                m,
-                "1f1b",
-                1,
-                zero1,
-                (StageChoice(0, model.num_layers, groups[0].device_class, groups[0].recompute),),
-                tuple(groups),
+                m, "1f1b", 1, (StageChoice(0, model.num_layers, tuple(sorted(groups)), zero1),)
             )
             cost = model.evaluate(config)
             if cost.feasible:

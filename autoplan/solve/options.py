@@ -8,9 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autoplan.plan.schema import Recompute, ScheduleName
 
-__all__ = ["SolveOptions", "Strategy"]
+__all__ = ["SolveOptions", "Space", "Strategy"]
 
 Strategy = Literal["optimal", "megatron", "even-split", "data-parallel"]
+Space = Literal["heterogeneous", "uniform"]
 
 
 class SolveOptions(BaseModel):
@@ -34,6 +35,17 @@ class SolveOptions(BaseModel):
     time_limit_s: float = Field(default=60.0, gt=0, description="Wall-clock limit of the search.")
     efficiency: dict[str, float] = Field(
         default_factory=dict, description="Per-GPU-type efficiency overriding the catalog's."
+    )
+    space: Space = Field(
+        default="heterogeneous",
+        description="'uniform' restricts the search to round 1's space: one (dp, tp) and "
+        "micro-batch size for every stage (one DeviceMesh).",
+    )
+    reserve_gb: float | None = Field(
+        default=None,
+        ge=0,
+        description="Device memory (GB) kept free on every GPU, overriding the catalog's and "
+        "the cluster's memory_reserve_gib.",
     )
     max_micro_batch_size: int = Field(
         default=16, ge=1, description="Largest micro-batch size searched when not pinned."

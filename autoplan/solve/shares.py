@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.devices import block_sizes
 from autoplan.cost.model import CostModel
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import MAX_SHARE_MICRO_BATCH, divisors, recompute_modes, tp_choices
@@ -30,7 +31,7 @@ def shared_candidates(
     modes = recompute_modes(options)
     found = []
     for tp in tp_choices(model, options):
-        usable = [c.index for c in model.classes if c.gpus_per_node % tp == 0]
+        usable = [c.index for c in model.classes if tp in block_sizes(c.gpus_per_node)]
         for size in range(2, len(usable) + 1):
             for subset in itertools.combinations(usable, size):
                 replicas = [model.classes[k].total_gpus // tp for k in subset]
@@ -38,6 +39,8 @@ def shared_candidates(
                 if options.dp is not None and dp != options.dp:
                     continue
                 zero1 = dp > 1 and options.zero1 is not False
+                if options.zero1 and dp == 1:
+                    continue
                 config = _solve_shares_for(
                     model, batch, options, tp, subset, replicas, zero1, modes, time_limit_s
                 )
@@ -53,15 +56,16 @@ def share_sizes(
     recompute) with the fastest recompute that fits."""
     out = {}
     n = model.num_layers
-    per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (dp if zero1 else 1)
+    per_param = model.static_bytes_per_param(dp, zero1)
+    overhead = model.pass_overhead_ms(k)
     for b in range(1, limit + 1):
         t = model.tables(k, tp, b)
         static = t.params[n] * per_param
         for mode in modes:
             act = t.saved[mode][n]
             transient = max(model.transient_bytes(c, mode) for c in t.layers)
-            if static + act + transient <= model.capacity_bytes(k):
-                out[b] = (t.work[mode][n], t.backward[mode][n], mode)
+            if static + act + transient <= model.usable_bytes(k):
+                out[b] = (t.work[mode][n] + 2 * overhead, t.backward[mode][n] + overhead, mode)
                 break
         else:
             break  # larger micro-batches need more memory still
@@ -82,19 +86,13 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         if not tables[k]:
             return None
     params = model.tables(subset[0], tp, 1).params[-1]
-    probe = PlanConfig(
-        tp,
-        total,
-        1,
-        1,
-        "1f1b",
-        1,
-        zero1,
-        (StageChoice(0, model.num_layers, subset[0], modes[0]),),
-        tuple(ReplicaGroup(k, n, 1, modes[0]) for k, n in zip(subset, replicas, strict=True)),
+    probe = tuple(
+        ReplicaGroup(k, tp, n, 1, modes[0]) for k, n in zip(subset, replicas, strict=True)
     )
-    allreduce = model.shared_allreduce_ms(params, probe)
-    optimizer = max(model.optimizer_ms(params, k, total, zero1) for k in subset)
+    allreduce = model.allreduce_ms(probe, (params,) * len(probe))
+    optimizer = max(
+        model.optimizer_ms(params, k, total, zero1) + model.step_overhead_ms(k) for k in subset
+    )
     problem = ShareProblem(
         global_batch=batch,
         micro_batch_counts=tuple(counts),
@@ -109,17 +107,14 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
     if solution is None:
         return None
     groups = tuple(
-        ReplicaGroup(k, n, b, tables[k][b][2])
-        for k, n, b in zip(subset, replicas, solution.sizes, strict=True)
+        sorted(
+            ReplicaGroup(k, tp, n, b, tables[k][b][2])
+            for k, n, b in zip(subset, replicas, solution.sizes, strict=True)
+        )
     )
     return PlanConfig(
-        tp,
-        total,
-        max(solution.sizes),
         solution.num_micro_batches,
         "1f1b",
         1,
-        zero1,
-        (StageChoice(0, model.num_layers, subset[0], groups[0].recompute),),
-        groups,
+        (StageChoice(0, model.num_layers, groups, zero1),),
     )

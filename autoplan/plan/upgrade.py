@@ -1,0 +1,86 @@
+"""Plans of older schema versions, read as the current one.
+
+Version 1 (one (dp, tp) for every stage, one DeviceMesh) maps onto version 2 without loss:
+every stage gets dp replicas of tp GPUs, replica d of pipeline rank p holding the ranks
+``p·dp·tp + d·tp + t``, with the version-1 replica shares and the stage's recompute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["upgrade_plan_data"]
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    par = data["parallelism"]
+    pp, dp, tp = (
+        par["pipeline_degree"],
+        par["data_parallel_degree"],
+        par["tensor_parallel_degree"],
+    )
+    shares = list(par["replica_micro_batch_sizes"])
+    if len(shares) != dp:
+        raise ValueError(
+            f"replica_micro_batch_sizes has {len(shares)} entries; data_parallel_degree is {dp}"
+        )
+    entries = {entry["rank"]: entry for entry in data["rank_map"]}
+    stages = []
+    for stage in data["stages"]:
+        replicas = []
+        for d in range(dp):
+            ranks = [stage["pipeline_rank"] * dp * tp + d * tp + t for t in range(tp)]
+            first = entries.get(ranks[0])
+            if first is None:
+                raise ValueError(f"rank {ranks[0]} of stage {stage['index']} is not in rank_map")
+            replicas.append(
+                {
+                    "gpu_type": first["gpu_type"],
+                    "node": first["node"],
+                    "tensor_parallel_degree": tp,
+                    "ranks": ranks,
+                    "micro_batch_size": shares[d],
+                    "recompute": stage["recompute"],
+                }
+            )
+        stages.append(
+            {
+                "index": stage["index"],
+                "pipeline_rank": stage["pipeline_rank"],
+                "layer_start": stage["layer_start"],
+                "layer_end": stage["layer_end"],
+                "replicas": replicas,
+                "zero1": bool(par["zero1"]),
+            }
+        )
+    memory = [
+        {**estimate, "tensor_parallel_degree": tp, "micro_batch_size": max(shares)}
+        for estimate in data["prediction"]["memory"]
+    ]
+    return {
+        **data,
+        "schema_version": 2,
+        "parallelism": {
+            "pipeline_degree": pp,
+            "virtual_stages_per_rank": par.get("virtual_stages_per_rank", 1),
+            "schedule": par["schedule"],
+            "num_micro_batches": par["num_micro_batches"],
+            "micro_batch_size": sum(shares),
+        },
+        "stages": stages,
+        "prediction": {**data["prediction"], "memory": memory},
+    }
+
+
+def upgrade_plan_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The plan ``data`` (parsed JSON) in the current schema version. Raises ValueError (or
+    KeyError/TypeError on a malformed file) when it cannot be converted."""
+    if data.get("schema_version") == 1:
+        try:
+            return _v1_to_v2(data)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+            raise ValueError(
+                f"a version-1 plan that cannot be converted ({error!r}); solve it again with "
+                "this autoplan: autoplan solve PROFILE --cluster CLUSTER -o PLAN"
+            ) from None
+    return data

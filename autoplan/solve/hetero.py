@@ -1,0 +1,481 @@
+"""Heterogeneous pipelines: each stage its own device classes, tp, replicas and shares.
+
+For one micro-batch count m (b = B / m samples per micro-batch) and schedule (1F1B, or GPipe
+with more stages than micro-batches), ``solvers.pipeline_dp`` finds the best pipeline exactly
+over the space of ``autoplan.solve.space``; ``HeteroSource`` gives it the stage options (the
+replica allocations of a stage: one or two (class, tp, replicas) kinds), their costs and the
+bounds it prunes with:
+
+- stage floor: with n_κ replicas of kind κ and W_κ the per-replica time of one sample of the
+  stage's layers at its cheapest share (forward + backward, no recompute), a perfect balance
+  gives T >= b / Σ_κ (n_κ / W_κ); any integer shares are slower. The per-sample time of a
+  share does not grow with the share in the cost model (its terms scale linearly with the
+  samples, fixed terms only shrink per sample), so the cheapest share is the largest;
+- prefix bound: stages covering layers [0, i) with free GPUs f_k per class: with ω_k(l) the
+  least GPU-milliseconds one sample of layer l takes on class k (over its tp degrees) and
+  Ω_k = Σ_l ω_k(l), any λ_k >= 0 with Σ_k λ_k f_k = 1 gives max_s T_s >= b Σ_{l<i}
+  min_k λ_k ω_k(l) (each stage's GPUs times its time cover its samples' work; weak duality);
+  λ_k ∝ 1/Ω_k is exact when every layer is the same factor faster on one class than on
+  another. The sum of the stages' times is at least their max.
+
+Costs mirror ``CostModel.evaluate`` stage by stage (the oracle tests hold the two to the same
+answers): balanced shares (space.py), per group the fastest recompute that fits, ZeRO-1 by
+dominance, the boundary transfer to the next stage (its ``LinkSide`` is the DP's link key),
+the gradient all-reduce less the shortest backward, the slowest optimizer step.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.model import CostModel, LinkSide
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.space import (
+    MAX_CLASSES_PER_STAGE,
+    MIXED_STAGE_NODES,
+    class_gpu_counts,
+    class_tp_choices,
+    micro_batch_counts,
+    recompute_modes,
+)
+from solvers.pipeline_dp import StageCostResult, best_pipelines
+
+__all__ = ["Allocation", "HeteroResult", "HeteroSource", "hetero_candidates"]
+
+logger = logging.getLogger(__name__)
+
+Kind = tuple[int, int]  # (device class, tp)
+Allocation = tuple[tuple[int, int, int], ...]  # ((class, tp, replicas), ...)
+
+
+@dataclass(frozen=True)
+class _Core:
+    groups: tuple[ReplicaGroup, ...]
+    zero1: bool
+    work_ms: float
+    tail_ms: float
+    side: LinkSide
+
+
+class HeteroSource:
+    """Stage options, costs and bounds for one (m, schedule); see the module docstring."""
+
+    def __init__(
+        self,
+        model: CostModel,
+        batch: int,
+        num_micro_batches: int,
+        schedule: str,
+        options: SolveOptions,
+    ) -> None:
+        self.model = model
+        self.m = num_micro_batches
+        self.b = batch // num_micro_batches
+        self.schedule = schedule
+        self.pinned = options
+        self.modes = recompute_modes(options)
+        self.kinds: list[Kind] = [
+            (c.index, t) for c in model.classes for t in class_tp_choices(model, c.index, options)
+        ]
+        self.allocations = self._allocations()
+        self._uses = [self._use(a) for a in self.allocations]
+        self._per_sample = {kind: self._per_sample_prefix(kind) for kind in self.kinds}
+        self._per_sample_array = {kind: np.array(v) for kind, v in self._per_sample.items()}
+        # Option o's kinds (index into self.kinds) and replica counts, 0 for a missing kind.
+        self._per_sample_matrix = np.array([self._per_sample[kind] for kind in self.kinds])
+        kind_of = {kind: index for index, kind in enumerate(self.kinds)}
+        self._kind_index = np.zeros((len(self.allocations), 2), dtype=np.int64)
+        self._counts = np.zeros((len(self.allocations), 2))
+        self._is_single = np.array([len(a) == 1 for a in self.allocations], dtype=bool)
+        self._single_prefix = np.zeros((len(self.allocations), model.num_layers + 1))
+        self._overhead = np.zeros(len(self.allocations))
+        for option, allocation in enumerate(self.allocations):
+            for slot, (k, t, n) in enumerate(allocation):
+                self._kind_index[option, slot] = kind_of[(k, t)]
+                self._counts[option, slot] = n
+            self._overhead[option] = 2 * min(model.pass_overhead_ms(k) for k, _, _ in allocation)
+            if len(allocation) == 1:
+                ((k, t, n),) = allocation
+                share = -(-self.b // n)
+                if self.pinned.micro_batch_size is not None:
+                    share = self.pinned.micro_batch_size
+                self._single_prefix[option] = model.tables(k, t, share).work["none"]
+        self._prefix_matrix = self._prefix_tables()
+        self._cores: dict[tuple[int, int, int, int], _Core | None] = {}
+        self._out_bytes = [
+            layer.output_activation_bytes / model.profile.micro_batch_size
+            for layer in model.profile.layers
+        ]
+
+    # ---- the options ---------------------------------------------------------------------
+    def _replica_counts(self, kind: Kind) -> list[int]:
+        k, t = kind
+        return [g // t for g in class_gpu_counts(self.model, k, t) if g // t <= self.b]
+
+    def _allocations(self) -> list[Allocation]:
+        pinned = self.pinned
+        single: list[Allocation] = [
+            ((k, t, n),) for k, t in self.kinds for n in self._replica_counts((k, t))
+        ]
+        found = list(single)
+        total_nodes = sum(c.num_nodes for c in self.model.classes)
+        if MAX_CLASSES_PER_STAGE >= 2 and total_nodes <= MIXED_STAGE_NODES:
+            for (one,), (two,) in itertools.combinations(single, 2):
+                if one[0] != two[0] and one[2] + two[2] <= self.b:
+                    found.append((one, two) if one < two else (two, one))
+
+        def allowed(allocation: Allocation) -> bool:
+            replicas = sum(n for _, _, n in allocation)
+            if pinned.dp is not None and replicas != pinned.dp:
+                return False
+            if pinned.micro_batch_size is not None:
+                return replicas * pinned.micro_batch_size == self.b
+            return replicas <= self.b
+
+        return sorted(a for a in found if allowed(a))
+
+    def _use(self, allocation: Allocation) -> tuple[int, ...]:
+        use = [0] * len(self.model.classes)
+        for k, t, n in allocation:
+            use[k] += t * n
+        return tuple(use)
+
+    def options(self) -> list[tuple[int, ...]]:
+        return self._uses
+
+    # ---- bounds --------------------------------------------------------------------------
+    def _per_sample_prefix(self, kind: Kind) -> list[float]:
+        """Prefix sums of each layer's per-replica time for one sample at the largest share
+        (forward + backward, no recompute; module docstring)."""
+        k, t = kind
+        layers = self.model.tables(k, t, self.b).layers
+        return [
+            0.0,
+            *itertools.accumulate(
+                (c.forward_ms() + c.backward_ms("none")) / self.b for c in layers
+            ),
+        ]
+
+    def _prefix_tables(self) -> np.ndarray:
+        """Row ``Σ_x 2^x`` for each set S of classes (x = position in ``_omega_classes``):
+        prefix sums of min_{k∈S} ω_k(l) / Ω_k (module docstring); row 0 (no class) is inf
+        but at i = 0, and a set with a class of Ω_k = 0 gives no bound (zeros)."""
+        num_layers = self.model.num_layers
+        omega: dict[int, np.ndarray] = {}
+        for k, t in self.kinds:
+            per = self._per_sample_array[(k, t)]
+            values = t * np.diff(per)
+            omega[k] = np.minimum(omega[k], values) if k in omega else values
+        classes = sorted(omega)
+        self._omega_classes = classes
+        self._omega_total = {k: float(omega[k].sum()) for k in classes}
+        rows = np.zeros((1 << len(classes), num_layers + 1))
+        rows[0, 1:] = math.inf
+        for subset in range(1, 1 << len(classes)):
+            members = [classes[x] for x in range(len(classes)) if subset >> x & 1]
+            if any(self._omega_total[k] <= 0 for k in members):
+                continue
+            ratios = np.min([omega[k] / self._omega_total[k] for k in members], axis=0)
+            rows[subset, 1:] = np.cumsum(ratios)
+        return rows
+
+    def floor_table(self, j: int) -> np.ndarray:
+        """``out[o, i]`` for i < j: a one-kind stage's time with its largest share and no
+        recompute; a two-kind stage's perfect balance b / Σ_κ (n_κ / W_κ[i, j)) (module
+        docstring); plus the fixed per-pass times."""
+        work = self._per_sample_matrix[:, j : j + 1] - self._per_sample_matrix[:, :j]
+        safe = np.where(work > 0, work, 1.0)
+        capacity = self._counts[:, :, None] / safe[self._kind_index]  # (options, 2, j)
+        zero = (work[self._kind_index] <= 0) & (self._counts[:, :, None] > 0)
+        balanced = np.where(zero.any(axis=1), 0.0, self.b / capacity.sum(axis=1))
+        single = self._single_prefix[:, j : j + 1] - self._single_prefix[:, :j]
+        return np.where(self._is_single[:, None], single, balanced) + self._overhead[:, None]
+
+    def prefix_table(self, free: np.ndarray) -> np.ndarray:
+        """``out[o, i]`` = b Σ_{l<i} min_{k: free_k > 0} ω_k(l)/Ω_k / Σ_k free_k/Ω_k
+        (module docstring), inf where no GPUs are left."""
+        classes = self._omega_classes
+        if not classes:
+            return np.full((len(free), self.model.num_layers + 1), math.inf)
+        totals = np.array([self._omega_total[k] for k in classes])
+        present = free[:, classes] > 0
+        norm = (np.where(present, free[:, classes], 0) / totals).sum(axis=1)
+        ids = (present * (1 << np.arange(len(classes)))).sum(axis=1)
+        scale = np.where(norm > 0, self.b / np.where(norm > 0, norm, 1.0), math.inf)
+        with np.errstate(invalid="ignore"):  # 0 × inf at i = 0, set to 0 just below
+            out = self._prefix_matrix[ids] * scale[:, None]
+        out[:, 0] = 0.0
+        return np.nan_to_num(out, nan=math.inf, posinf=math.inf)
+
+    # ---- costs ---------------------------------------------------------------------------
+    @functools.cache  # noqa: B019 (one source per search)
+    def _transient_table(self, k: int, t: int, x: int, mode: str) -> list[list[float]]:
+        values = [self.model.transient_bytes(c, mode) for c in self.model.tables(k, t, x).layers]
+        table = [values]
+        width = 1
+        while 2 * width <= len(values):
+            prev = table[-1]
+            table.append([max(prev[y], prev[y + width]) for y in range(len(prev) - width)])
+            width *= 2
+        return table
+
+    def _transient(self, k: int, t: int, x: int, mode: str, i: int, j: int) -> float:
+        table = self._transient_table(k, t, x, mode)
+        level = (j - i).bit_length() - 1
+        row = table[level]
+        return max(row[i], row[j - (1 << level)])
+
+    @functools.cache  # noqa: B019 (one source per search)
+    def _mode(
+        self, kind: Kind, x: int, i: int, j: int, flight: int, per_param: float
+    ) -> str | None:
+        """The fastest recompute mode with which a replica of ``kind`` taking ``x`` samples
+        fits on [i, j), or None."""
+        k, t = kind
+        tables = self.model.tables(k, t, x)
+        static = (tables.params[j] - tables.params[i]) * per_param
+        usable = self.model.usable_bytes(k)
+        for mode in self.modes:
+            saved = tables.saved[mode]
+            used = static + flight * (saved[j] - saved[i])
+            if used <= usable and used + self._transient(k, t, x, mode, i, j) <= usable:
+                return mode
+        return None
+
+    def _work(self, kind: Kind, x: int, mode: str, i: int, j: int) -> float:
+        k, t = kind
+        work = self.model.tables(k, t, x).work[mode]
+        return work[j] - work[i] + 2 * self.model.pass_overhead_ms(k)
+
+    @functools.cache  # noqa: B019 (one source per search)
+    def _split(self, kind: Kind, replicas: int, samples: int, i, j, flight, per_param):
+        """``samples`` spread evenly over ``replicas`` of ``kind``: its groups (largest share
+        first) and time, or None if the largest share does not fit."""
+        k, t = kind
+        low, extra = divmod(samples, replicas)
+        shares = [(low + 1, extra), (low, replicas - extra)]
+        groups = []
+        for x, count in shares:
+            if count == 0 or x == 0:
+                continue
+            mode = self._mode(kind, x, i, j, flight, per_param)
+            if mode is None:
+                return None
+            groups.append(ReplicaGroup(k, t, count, x, mode))
+        top = groups[0]
+        return groups, self._work(kind, top.micro_batch_size, top.recompute, i, j)
+
+    def _shares(self, allocation: Allocation, i: int, j: int, flight: int, per_param: float):
+        """Balanced shares (space.py): the groups of the least stage time, or None."""
+        if self.pinned.micro_batch_size is not None:
+            x = self.pinned.micro_batch_size
+            groups, worst = [], 0.0
+            for k, t, n in allocation:
+                mode = self._mode((k, t), x, i, j, flight, per_param)
+                if mode is None:
+                    return None
+                groups.append(ReplicaGroup(k, t, n, x, mode))
+                worst = max(worst, self._work((k, t), x, mode, i, j))
+            return groups, worst
+        if len(allocation) == 1:
+            ((k, t, n),) = allocation
+            return self._split((k, t), n, self.b, i, j, flight, per_param)
+        (k1, t1, n1), (k2, t2, n2) = allocation
+        # Kind 1 takes S samples: n1 × x samples, or the most it may (b − n2); larger S at the
+        # same largest share never hurts, so these S cover every balanced split. Kind 1's time
+        # grows with S and kind 2's shrinks (a split that does not fit counts as infinitely
+        # slow), so the slowest of the two is least where they cross: bisection.
+        candidates = sorted({n1 * x for x in range(1, (self.b - n2) // n1 + 1)} | {self.b - n2})
+        candidates = [total for total in candidates if total >= n1]
+
+        def splits(index: int):
+            total = candidates[index]
+            first = self._split((k1, t1), n1, total, i, j, flight, per_param)
+            second = self._split((k2, t2), n2, self.b - total, i, j, flight, per_param)
+            return first, second
+
+        def kind1_slower(index: int) -> bool:
+            first, second = splits(index)
+            if first is None:
+                return True
+            return second is not None and first[1] >= second[1]
+
+        low, high = 0, len(candidates)  # the first index where kind 1 is the slower
+        while low < high:
+            middle = (low + high) // 2
+            if kind1_slower(middle):
+                high = middle
+            else:
+                low = middle + 1
+        best = None
+        for index in (low - 1, low):
+            if not 0 <= index < len(candidates):
+                continue
+            first, second = splits(index)
+            if first is None or second is None:
+                continue
+            worst = max(first[1], second[1])
+            if best is None or worst < best[1]:
+                best = (first[0] + second[0], worst)
+        return best
+
+    def stage_groups(
+        self, allocation: Allocation, i: int, j: int, flight: int
+    ) -> tuple[tuple[ReplicaGroup, ...], bool, float] | None:
+        """The space's stage on [i, j) with ``allocation`` and ``flight`` micro-batches in
+        flight: (groups with balanced shares and recompute, ZeRO-1, slowest group's time), or
+        None when it does not fit (space.py)."""
+        replicas = sum(n for _, _, n in allocation)
+        uniform_tp = len({t for _, t, _ in allocation}) == 1
+        if self.pinned.zero1 and replicas > 1 and not uniform_tp:
+            return None
+        zero1 = replicas > 1 and uniform_tp and self.pinned.zero1 is not False
+        per_param = self.model.static_bytes_per_param(replicas, zero1)
+        found = self._shares(allocation, i, j, flight, per_param)
+        if found is None:
+            return None
+        return tuple(sorted(found[0])), zero1, found[1]
+
+    def _core(self, option: int, i: int, j: int, flight: int) -> _Core | None:
+        key = (option, i, j, flight)
+        if key in self._cores:
+            return self._cores[key]
+        model = self.model
+        core = None
+        found = self.stage_groups(self.allocations[option], i, j, flight)
+        if found is not None:
+            groups, zero1, work = found
+            replicas = sum(g.replicas for g in groups)
+            params, backward, steps = [], [], []
+            for g in groups:
+                tables = model.tables(g.device_class, g.tp, g.micro_batch_size)
+                p = tables.params[j] - tables.params[i]
+                params.append(p)
+                backward.append(
+                    tables.backward[g.recompute][j]
+                    - tables.backward[g.recompute][i]
+                    + model.pass_overhead_ms(g.device_class)
+                )
+                steps.append(
+                    model.optimizer_ms(p, g.device_class, replicas, zero1)
+                    + model.step_overhead_ms(g.device_class)
+                )
+            allreduce = model.allreduce_ms(groups, tuple(params))
+            tail = max(0.0, allreduce - min(backward)) + max(steps)
+            core = _Core(groups, zero1, work, tail, model.link_side(groups))
+        self._cores[key] = core
+        return core
+
+    def cost(
+        self, option: int, i: int, j: int, position: int, next_key: Hashable | None
+    ) -> StageCostResult | None:
+        flight = self.m if self.schedule == "gpipe" else min(self.m, position)
+        core = self._core(option, i, j, flight)
+        if core is None:
+            return None
+        send = 0.0
+        if next_key is not None:
+            assert isinstance(next_key, LinkSide)
+            send = self.model.boundary_ms(core.side, next_key, self._out_bytes[j - 1])
+        return StageCostResult(
+            steady_ms=max(core.work_ms, send),
+            fill_ms=core.work_ms + 2 * send,
+            tail_ms=core.tail_ms,
+            key=core.side,
+            payload=(core.groups, core.zero1),
+        )
+
+
+@dataclass(frozen=True)
+class HeteroResult:
+    """The configurations found, best first, and how the search went."""
+
+    configs: list[PlanConfig]
+    stages_costed: int
+    labels: int
+    timed_out: bool
+
+
+def _config(labels, m: int, schedule: str) -> PlanConfig:
+    stages = tuple(
+        StageChoice(label.start, label.previous.start, groups, zero1)
+        for label in labels
+        for groups, zero1 in [label.payload]
+    )
+    return PlanConfig(m, schedule, 1, stages)
+
+
+def hetero_candidates(
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    upper_bound: float,
+    *,
+    keep: int,
+    deadline: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> HeteroResult:
+    """The best heterogeneous pipelines below ``upper_bound`` (space.py), best first."""
+    num_layers = model.num_layers
+    counts = micro_batch_counts(batch, options)
+    runs: list[tuple[int, str]] = []
+    for m in counts:
+        if options.schedule in (None, "1f1b"):
+            runs.append((m, "1f1b"))
+        if options.schedule == "gpipe" or (options.schedule is None and m < num_layers):
+            runs.append((m, "gpipe"))
+    found: list[tuple[float, int, PlanConfig]] = []
+    costed = labels = 0
+    timed_out = False
+    bound = upper_bound
+    splits = None
+    if options.layer_split is not None:
+        splits = list(itertools.accumulate(options.layer_split))[:-1]
+    for index, (m, schedule) in enumerate(runs):
+        if progress is not None:
+            progress(index, len(runs))
+        if time.monotonic() > deadline:
+            timed_out = True
+            logger.warning("time limit reached after %d of %d micro-batch counts", index, len(runs))
+            break
+        pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
+        if schedule == "1f1b":
+            most, least = min(m, num_layers), 1
+        else:
+            most = num_layers
+            least = 1 if options.schedule == "gpipe" else m + 1
+        if pinned_pp is not None and not least <= pinned_pp <= most:
+            continue
+        source = HeteroSource(model, batch, m, schedule, options)
+        if not source.allocations:
+            continue
+        finals, stats = best_pipelines(
+            num_layers,
+            m,
+            tuple(c.total_gpus for c in model.classes),
+            source,
+            max_stages=most,
+            min_stages=least,
+            exact_stages=pinned_pp,
+            upper_bound=bound,
+            keep=keep,
+            splits=splits,
+        )
+        costed += stats.costed
+        labels += stats.labels
+        for label in finals:
+            value = label.objective(m)
+            found.append((value, len(found), _config(label.chain(), m, schedule)))
+        if finals:
+            bound = min(bound, finals[0].objective(m))
+    found.sort(key=lambda item: (item[0], item[1]))
+    return HeteroResult([config for _, _, config in found[:keep]], costed, labels, timed_out)

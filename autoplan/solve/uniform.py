@@ -1,0 +1,449 @@
+"""Round 1's space: uniform pipelines, one (dp, tp) and micro-batch size for every stage.
+
+It holds the plans of one DeviceMesh, interleaved 1F1B among them, and the baselines; the
+driver (``autoplan.solve.search``) uses its best as the first bound of the heterogeneous
+search. For each (tp, dp, micro-batch size, pp, schedule, class of each rank) the
+layer split and per-stage recompute come from the exact DP (``solvers.partition_dp``) over
+O(1) stage costs from prefix sums. Candidates are visited in order of a lower bound on their
+iteration time (compute spread perfectly over the ranks, best class for the fill and drain),
+and the search stops once the bound reaches the k-th best time found: exact, and the DP is
+given that time as its pruning bound. Two dominance rules shrink the space without losing
+the optimum: ZeRO-1 never costs time and saves memory (taken whenever dp > 1 unless
+pinned), and GPipe has 1F1B's time with more memory (searched only when 1F1B is not
+allowed, m < pp, unless pinned). Recompute per stage is the fastest that fits: more
+recompute adds as much time to a stage as it can hide of its all-reduce.
+
+Candidates are grouped by (tp, dp, micro-batch size, pp); a group's bound holds for every
+class sequence in it, so whole groups are skipped. The bounds, all valid for any split and
+any recompute: (1) fractional: spreading layers over the ranks as a linear program, bounded
+through its dual; (2) integral: with budget T a rank holds at most as many layers as the
+cheapest ones that fit in T and in memory; (3) occupancy: every rank holds at least one
+layer, so n ranks of a class need n distinct layers. The best is exact (pruning compares
+with the best found); the alternatives are the best other configurations the search costed,
+not necessarily the global 2nd..k-th.
+
+Deterministic: candidates are visited in a fixed order and ties keep a canonical key, so the
+same inputs give the same plan, unless the time limit stops the search (logged).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.model import CostModel, LinkSide, PlanCost
+from autoplan.cost.schedule import in_flight_chunks
+from autoplan.solve.bounds import (
+    MODES,
+    Group,
+    Pending,
+    fastest_work,
+    group_bound,
+    integral_bound,
+    interleaved_sizes,
+    lower_bound,
+    occupancy_bound,
+    rank_bound,
+    static_fits,
+)
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.space import (
+    class_caps,
+    divisors,
+    even_split,
+    micro_batch_choices,
+    pipeline_degrees,
+    recompute_modes,
+    schedules,
+    tp_choices,
+)
+from solvers.partition_dp import best_partition, pipeline_objective
+
+__all__ = ["Candidate", "SearchResult", "config_key", "rank_groups", "uniform_search"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A costed configuration."""
+
+    iteration_ms: float
+    config: PlanConfig
+    cost: PlanCost
+
+
+@dataclass
+class SearchResult:
+    """Best configurations first, and how the search went."""
+
+    candidates: list[Candidate]
+    configs_considered: int
+    partitions_solved: int
+    timed_out: bool
+
+
+class _StageCoster:
+    """O(1) stage costs for one (tp, dp, mbs, m, schedule, zero1, classes).
+
+    It mirrors ``CostModel.evaluate`` with prefix sums (the oracle tests hold the two to
+    the same answers)."""
+
+    def __init__(self, model: CostModel, p: Pending, modes: tuple[str, ...]) -> None:
+        self.model = model
+        self.p = p
+        self.modes = modes
+        pp = len(p.classes)
+        self.tables = [model.tables(k, p.tp, p.mbs) for k in p.classes]
+        self.flight = [in_flight_chunks(p.schedule, pp, s, p.m, p.chunks) for s in range(pp)]  # type: ignore[arg-type]
+        self.static_per_param = model.static_bytes_per_param(p.dp, p.zero1)
+        self.capacity = [model.usable_bytes(k) for k in p.classes]
+        self.group = p.dp * p.tp
+        self.overhead = [2 * model.pass_overhead_ms(k) for k in p.classes]
+        self.backward_overhead = [model.pass_overhead_ms(k) for k in p.classes]
+        # The optimizer step is linear in the stage's parameters; the all-reduce is not
+        # (NCCL's ring or tree, whichever is faster for the size), so it is costed per stage.
+        self.rank_groups = [rank_groups(p, k, "none") for k in p.classes]
+        self.optimizer = [model.optimizer_ms(1.0, k, p.dp, p.zero1) for k in p.classes]
+        self.step_overhead = [model.step_overhead_ms(k) for k in p.classes]
+        self.sends: list[list[float]] = []
+        for s in range(pp):
+            if s + 1 < pp:
+                self.sends.append(_send_times(model, p, p.classes[s], p.classes[s + 1]))
+            else:
+                self.sends.append([0.0] * (model.num_layers + 1))
+        self._transient: dict[tuple[int, str], list[list[float]]] = {}
+        self._suffix: dict[int, tuple[list[float], int]] = {}
+
+    def _range_max(self, s: int, mode: str, i: int, j: int) -> float:
+        key = (self.p.classes[s], mode)
+        table = self._transient.get(key)
+        if table is None:
+            values = [self.model.transient_bytes(c, mode) for c in self.tables[s].layers]
+            table = [values]
+            width = 1
+            while 2 * width <= len(values):
+                prev = table[-1]
+                table.append([max(prev[x], prev[x + width]) for x in range(len(prev) - width)])
+                width *= 2
+            self._transient[key] = table
+        level = (j - i).bit_length() - 1
+        row = table[level]
+        return max(row[i], row[j - (1 << level)])
+
+    def recompute_for(self, s: int, i: int, j: int) -> str | None:
+        """The fastest recompute mode with which stage s on [i, j) fits, or None."""
+        t = self.tables[s]
+        static = (t.params[j] - t.params[i]) * self.static_per_param
+        flight = self.flight[s]
+        capacity = self.capacity[s]
+        for mode in self.modes:
+            saved = t.saved[mode]
+            used = static + flight * (saved[j] - saved[i])
+            if used <= capacity and used + self._range_max(s, mode, i, j) <= capacity:
+                return mode
+        return None
+
+    def __call__(self, s: int, i: int, j: int) -> tuple[float, float, float] | None:
+        mode = self.recompute_for(s, i, j)
+        if mode is None:
+            return None
+        t = self.tables[s]
+        work = t.work[mode][j] - t.work[mode][i] + self.overhead[s]
+        send = self.sends[s][j]
+        params = t.params[j] - t.params[i]
+        allreduce = self.model.allreduce_ms(self.rank_groups[s], (params,)) if params > 0 else 0.0
+        backward = t.backward[mode][j] - t.backward[mode][i] + self.backward_overhead[s]
+        tail = max(0.0, allreduce - backward) + self.optimizer[s] * params + self.step_overhead[s]
+        return max(work, send), work + 2 * send, tail
+
+    def floor(self, s: int, i: int, j: int) -> float:
+        """A lower bound on the stage's times for every end >= j: its compute, no
+        recompute (work only grows with more layers)."""
+        work = self.tables[s].work["none"]
+        return work[j] - work[i]
+
+    def suffix_bound(self, s: int, j: int) -> tuple[float, float]:
+        """Lower bound (max, sum) of stages s.. on layers [j, L): each layer at its fastest
+        among the classes of those stages, no recompute, no sends."""
+        cached = self._suffix.get(s)
+        if cached is None:
+            used = tuple(sorted(set(self.p.classes[s:])))
+            fastest, _ = fastest_work(self.model, self.p.tp, self.p.mbs, used)
+            suffix = [0.0] * (len(fastest) + 1)
+            for x in range(len(fastest) - 1, -1, -1):
+                suffix[x] = suffix[x + 1] + fastest[x]
+            cached = (suffix, len(self.p.classes) - s)
+            self._suffix[s] = cached
+        suffix, stages = cached
+        return suffix[j] / stages, suffix[j]
+
+
+def rank_groups(p: Pending, device_class: int, recompute: str) -> tuple[ReplicaGroup, ...]:
+    """The one replica group of a uniform pipeline rank on ``device_class``."""
+    return (ReplicaGroup(device_class, p.tp, p.dp, p.mbs, recompute),)
+
+
+@functools.lru_cache(maxsize=65536)
+def _side(model: CostModel, p: Pending, k: int) -> LinkSide:
+    return model.link_side(rank_groups(p, k, "none"))
+
+
+def _send_times(model: CostModel, p: Pending, k: int, k2: int) -> list[float]:
+    """One-way send time of a stage ending at layer j (index j), from class k to k2."""
+    first, second = _side(model, p, k), _side(model, p, k2)
+    per_sample = [
+        layer.output_activation_bytes / model.profile.micro_batch_size
+        for layer in model.profile.layers
+    ]
+    return [0.0] + [model.boundary_ms(first, second, value) for value in per_sample]
+
+
+def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[Group]:
+    out = []
+    num_layers = model.num_layers
+    for tp in tp_choices(model, options):
+        if options.strategy == "data-parallel" and tp != 1:
+            continue
+        for dp in divisors(batch):
+            if options.dp is not None and dp != options.dp:
+                continue
+            caps = tuple(class_caps(model, tp, dp))
+            if not any(caps) or (options.zero1 and dp == 1):
+                continue
+            zero1 = dp > 1 and options.zero1 is not False
+            per_param = model.static_bytes_per_param(dp, zero1)
+            params = model.tables(next(k for k, c in enumerate(caps) if c), tp, 1).params[-1]
+            memories = sorted(
+                (model.usable_bytes(k) for k, cap in enumerate(caps) for _ in range(min(cap, 128))),
+                reverse=True,
+            )
+            for mbs in micro_batch_choices(batch // dp, options):
+                m = batch // (dp * mbs)
+                for pp in pipeline_degrees(num_layers, options):
+                    if options.strategy == "data-parallel" and pp != 1:
+                        continue
+                    if pp > sum(caps) or params * per_param > sum(memories[:pp]):
+                        continue
+                    allowed = schedules(pp, m, num_layers, options)
+                    if options.schedule is None and any(s == "1f1b" for s, _ in allowed):
+                        allowed = [(s, v) for s, v in allowed if s != "gpipe"]
+                    if not allowed:
+                        continue
+                    group = Group(0.0, tp, dp, mbs, m, pp, zero1, caps, tuple(allowed))
+                    out.append(
+                        Group(
+                            group_bound(model, group),
+                            tp,
+                            dp,
+                            mbs,
+                            m,
+                            pp,
+                            zero1,
+                            caps,
+                            tuple(allowed),
+                        )
+                    )
+    out.sort()
+    return out
+
+
+def _expand(model: CostModel, g: Group, threshold: float) -> list[Pending]:
+    """The group's candidates whose own bound is below ``threshold``, best bound first."""
+    out = []
+    usable = [k for k, cap in enumerate(g.caps) if cap > 0]
+    for size in range(1, len(usable) + 1):
+        for subset in itertools.combinations(usable, size):
+            for parts in _compositions(g.pp, size):
+                if any(n > g.caps[k] for k, n in zip(subset, parts, strict=True)):
+                    continue
+                counts = tuple(zip(subset, parts, strict=True))
+                fastest, _ = fastest_work(model, g.tp, g.mbs, subset)
+                rank = max(
+                    rank_bound(model, g.tp, g.mbs, counts),
+                    occupancy_bound(model, g.tp, g.mbs, counts),
+                )
+                integral = integral_bound(model, g.tp, g.mbs, g.dp, g.zero1, counts, g.pp, MODES)
+                if min((g.m - 1) * max(rank, integral) + sum(fastest), g.m * rank) >= threshold:
+                    continue
+                for order in itertools.permutations(range(size)):
+                    classes = tuple(subset[o] for o in order for _ in range(parts[o]))
+                    for schedule, chunks in g.allowed:
+                        p = Pending(
+                            0.0, (), g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes
+                        )
+                        if not static_fits(model, p):
+                            continue
+                        bound = lower_bound(model, p)
+                        if bound >= threshold:
+                            continue
+                        key = (g.tp, g.dp, g.mbs, g.pp, schedule, chunks, classes)
+                        out.append(
+                            Pending(
+                                bound,
+                                key,
+                                g.tp,
+                                g.dp,
+                                g.mbs,
+                                g.m,
+                                schedule,
+                                chunks,
+                                g.zero1,
+                                classes,
+                            )
+                        )
+    out.sort()
+    return out
+
+
+def _compositions(total: int, parts: int):
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+
+
+def _fixed_split(options: SolveOptions, num_layers: int, pp: int) -> list[int] | None:
+    if options.layer_split is not None:
+        return list(options.layer_split)
+    if options.strategy == "even-split":
+        return even_split(num_layers, pp)
+    return None
+
+
+def _solve_pipeline(
+    model: CostModel, p: Pending, options: SolveOptions, bound: float
+) -> tuple[PlanConfig, float] | None:
+    modes = recompute_modes(options)
+    coster = _StageCoster(model, p, modes)
+    pp = len(p.classes)
+    num_layers = model.num_layers
+    if p.chunks > 1:
+        return _solve_interleaved(model, p, modes)
+    split = _fixed_split(options, num_layers, pp)
+    if split is not None:
+        bounds = [0, *itertools.accumulate(split)]
+        costs = [coster(s, bounds[s], bounds[s + 1]) for s in range(pp)]
+        if any(c is None for c in costs):
+            return None
+        steady = [c[0] for c in costs if c]
+        fill = [c[1] for c in costs if c]
+        tails = [c[2] for c in costs if c]
+        value = pipeline_objective(max(steady), sum(fill), max(tails), p.m)
+    else:
+        result = best_partition(
+            num_layers,
+            pp,
+            p.m,
+            coster,
+            upper_bound=bound,
+            suffix_bound=coster.suffix_bound,
+            stage_floor=coster.floor,
+        )
+        if result is None:
+            return None
+        bounds, value = list(result.boundaries), result.objective
+    stages = []
+    for s in range(pp):
+        mode = coster.recompute_for(s, bounds[s], bounds[s + 1])
+        assert mode is not None
+        stages.append(
+            StageChoice(bounds[s], bounds[s + 1], rank_groups(p, p.classes[s], mode), p.zero1)
+        )
+    config = PlanConfig(p.m, p.schedule, 1, tuple(stages))
+    return config, value
+
+
+def _solve_interleaved(
+    model: CostModel, p: Pending, modes: tuple[str, ...]
+) -> tuple[PlanConfig, float] | None:
+    pp = len(p.classes)
+    sizes = interleaved_sizes(model, p.classes, p.tp, p.mbs, p.chunks)
+    bounds = [0, *itertools.accumulate(sizes)]
+    chosen = [modes[0]] * pp
+    for _ in range(len(modes)):
+        stages = tuple(
+            StageChoice(
+                bounds[s], bounds[s + 1], rank_groups(p, p.classes[s % pp], chosen[s % pp]), p.zero1
+            )
+            for s in range(pp * p.chunks)
+        )
+        config = PlanConfig(p.m, p.schedule, p.chunks, stages)
+        cost = model.evaluate(config)
+        over = [m.pipeline_rank for m in cost.memory if not m.fits]
+        if not over:
+            return config, cost.iteration_ms
+        for r in over:
+            position = modes.index(chosen[r])
+            if position + 1 == len(modes):
+                return None
+            chosen[r] = modes[position + 1]
+    return None
+
+
+def uniform_search(
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    progress: Callable[[int, int], None] | None = None,
+    deadline: float | None = None,
+) -> SearchResult:
+    """The ``options.top_k + 1`` best distinct uniform configurations, best first (exact
+    unless the deadline, a ``time.monotonic()`` value, stops it; module docstring)."""
+    deadline = time.monotonic() + options.time_limit_s if deadline is None else deadline
+    keep = options.top_k + 1
+    best: list[tuple[float, tuple, PlanConfig]] = []
+    groups = _groups(model, batch, options)
+    solved = considered = 0
+    timed_out = False
+
+    def offer(value: float, config: PlanConfig) -> None:
+        best.append((value, config_key(config), config))
+        best.sort(key=lambda item: (item[0], item[1]))
+        del best[keep:]
+
+    def threshold() -> float:
+        # Pruning against the best found keeps the best exact; the runner-ups are the best
+        # of the configurations the search costed, not necessarily the global 2nd..k-th.
+        return best[0][0] if best else math.inf
+
+    for index, group in enumerate(groups):
+        if group.bound >= threshold() or timed_out:
+            break
+        if progress is not None:
+            progress(index, len(groups))
+        for p in _expand(model, group, threshold()):
+            considered += 1
+            if p.bound >= threshold():
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                logger.warning("time limit reached after %d of %d groups", index, len(groups))
+                break
+            solved += 1
+            found = _solve_pipeline(model, p, options, threshold())
+            if found is not None:
+                offer(found[1], found[0])
+    candidates = []
+    for _value, _k, config in best:
+        cost = model.evaluate(config)
+        candidates.append(Candidate(cost.iteration_ms, config, cost))
+    candidates.sort(key=lambda c: (c.iteration_ms, config_key(c.config)))
+    return SearchResult(candidates, considered, solved, timed_out)
+
+
+def config_key(config: PlanConfig) -> tuple:
+    """A canonical order of configurations, for ties."""
+    return (
+        config.world_size,
+        config.pipeline_degree,
+        config.num_micro_batches,
+        config.schedule,
+        config.chunks,
+        config.stages,
+    )

@@ -1,0 +1,260 @@
+r"""Exact dynamic programming over pipelines whose stages draw on limited resources.
+
+Problem. Cover layers 0..L-1 with p >= 1 contiguous, non-empty stages in pipeline order;
+stage s covers [b_s, b_{s+1}) with an *option* o_s from a finite set. Option o uses a resource
+vector u(o) ∈ ℕ^K (GPUs of each device class) and Σ_s u(o_s) <= R componentwise. A stage
+costs (a_s, f_s, t_s) = cost(o_s, b_s, b_{s+1}, q_s, κ_{s+1}): steady-state time per
+micro-batch, fill-and-drain time and tail; it depends on the stage's position from the end
+q_s = p - s (memory in flight under 1F1B) and on the *link key* κ_{s+1} of the next stage
+(what the boundary transfer to it costs); the stage's own key κ_s comes with its cost. Cost
+may be infeasible (None). Minimise
+
+    F = (m - 1) · max_s a_s + Σ_s f_s + max_s t_s
+
+(the 1F1B / GPipe iteration time with m micro-batches plus the slowest tail), with p <= P.
+
+Method: label setting from the last stage to the first. A label at layer i is a partial
+pipeline covering [i, L): (M, S, U) = (max a, Σ f, max t) so far, its stage count q, the
+resources it uses, and the key of its first stage. F is nondecreasing in M, S and U, and
+what the stages before i can add depends only on (i, q, resources used, key); so a label is
+dominated, and dropped, when another at the same (i, key) has M, S, U, q and every resource
+<= its own. Labels at i are final once every label at j > i has been extended, so positions
+are processed from L down to 1; the answer is the best F among labels at 0.
+
+Pruning (exact: never drops a label that could beat the bound u, the best F found so far or
+given): ``floor_table(j)[o, i]`` is a lower bound on a_s and f_s of option o on [i, j), and
+``prefix_table(R')[o, i]`` a lower bound on the max and on the sum that stages covering
+[0, i) add with resources R' left; a stage whose (m - 1) · max(M, floor, prefix) + S + floor
++ prefix + U >= u is skipped. These bounds are evaluated for every (option, start) of a label
+at once, with numpy; only the survivors are costed, each option from its shortest surviving
+stage to its longest: a cost of None at i promises None at every smaller i (memory only
+grows with more layers), which ends that option.
+
+Deterministic: options and starts are visited in a fixed order, ties keep the first label
+found, and final labels are ranked by (F, insertion order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+__all__ = [
+    "PipelineLabel",
+    "StageCostResult",
+    "StageSource",
+    "best_pipelines",
+    "pipeline_objective",
+]
+
+
+def pipeline_objective(max_stage: float, sum_stage: float, max_tail: float, m: int) -> float:
+    """F = (m - 1) · max + sum + tail (module docstring)."""
+    return (m - 1) * max_stage + sum_stage + max_tail
+
+
+@dataclass(frozen=True)
+class StageCostResult:
+    """What one stage costs: (a, f, t), its own link key and an opaque description."""
+
+    steady_ms: float
+    fill_ms: float
+    tail_ms: float
+    key: Hashable
+    payload: object
+
+
+class StageSource(Protocol):
+    """The problem's options and costs (module docstring)."""
+
+    def options(self) -> Sequence[tuple[int, ...]]:
+        """The resource vector u(o) of each option, indexed by option."""
+        ...
+
+    def floor_table(self, j: int) -> np.ndarray:
+        """``out[o, i]`` for i < j: a lower bound on a and f of option o on [i, j),
+        nonincreasing in i."""
+        ...
+
+    def prefix_table(self, free: np.ndarray) -> np.ndarray:
+        """``out[o, i]``: a lower bound on max a, and on Σ f, of stages covering [0, i) with
+        ``free[o]`` resources left (one row of ``free`` per option); 0 at i = 0,
+        nondecreasing in i, inf where nothing can cover the layers."""
+        ...
+
+    def cost(
+        self, option: int, i: int, j: int, position: int, next_key: Hashable | None
+    ) -> StageCostResult | None:
+        """The stage's cost, or None when it does not fit (then None for every smaller i)."""
+        ...
+
+
+@dataclass
+class PipelineLabel:
+    """A partial pipeline covering [start, L) (module docstring)."""
+
+    max_stage: float
+    sum_stage: float
+    max_tail: float
+    stages: int
+    used: tuple[int, ...]
+    key: Hashable | None
+    start: int
+    payload: object
+    previous: PipelineLabel | None
+    order: int
+
+    def objective(self, m: int) -> float:
+        return pipeline_objective(self.max_stage, self.sum_stage, self.max_tail, m)
+
+    def chain(self) -> list[PipelineLabel]:
+        """The labels of its stages in pipeline order (first stage first)."""
+        out = []
+        label: PipelineLabel | None = self
+        while label is not None and label.previous is not None:
+            out.append(label)
+            label = label.previous
+        return out
+
+
+def _dominates(a: PipelineLabel, b: PipelineLabel) -> bool:
+    return (
+        a.max_stage <= b.max_stage
+        and a.sum_stage <= b.sum_stage
+        and a.max_tail <= b.max_tail
+        and a.stages <= b.stages
+        and all(x <= y for x, y in zip(a.used, b.used, strict=True))
+    )
+
+
+def _insert(front: list[PipelineLabel], new: PipelineLabel) -> bool:
+    for old in front:
+        if _dominates(old, new):
+            return False
+    front[:] = [old for old in front if not _dominates(new, old)]
+    front.append(new)
+    return True
+
+
+@dataclass
+class _Stats:
+    labels: int = 0
+    costed: int = 0
+
+
+def best_pipelines(
+    num_layers: int,
+    num_micro_batches: int,
+    resources: tuple[int, ...],
+    source: StageSource,
+    *,
+    max_stages: int,
+    exact_stages: int | None = None,
+    min_stages: int = 1,
+    upper_bound: float = math.inf,
+    keep: int = 1,
+    splits: Iterable[int] | None = None,
+) -> tuple[list[PipelineLabel], _Stats]:
+    """Up to ``keep`` complete pipelines, best first: the first is optimal among pipelines
+    with F < ``upper_bound`` (none when none beats it), the others the best the search
+    completed on its way.
+
+    ``max_stages`` caps p; ``exact_stages`` pins it; ``min_stages`` is the least p accepted
+    (GPipe plans with more stages than micro-batches use it). ``splits``, if given, pins the
+    stage boundaries (the cut points between stages)."""
+    m = num_micro_batches
+    options = source.options()
+    stats = _Stats()
+    cap = max_stages if exact_stages is None else min(max_stages, exact_stages)
+    allowed_cuts = None if splits is None else set(splits) | {0, num_layers}
+    fronts: dict[int, dict[Hashable, list[PipelineLabel]]] = {}
+    counter = 0
+    root = PipelineLabel(0.0, 0.0, 0.0, 0, (0,) * len(resources), None, num_layers, None, None, 0)
+    fronts[num_layers] = {None: [root]}
+    finals: list[PipelineLabel] = []
+    bound = upper_bound
+
+    def threshold() -> float:
+        # Pruning against the best F found keeps the best exact; the runners-up kept are the
+        # best other pipelines the search completed, not necessarily the global 2nd..k-th.
+        return min(bound, finals[0].objective(m)) if finals else bound
+
+    uses = np.array(options, dtype=np.int64).reshape(len(options), len(resources))
+    capacity = np.array(resources, dtype=np.int64)
+    for j in range(num_layers, 0, -1):
+        by_key = fronts.pop(j, {})
+        if not by_key:
+            continue
+        floors = source.floor_table(j)  # (options, j)
+        starts = np.arange(j)
+        # Stage-count rules per start: the first stage (i = 0) needs >= min_stages stages,
+        # the others leave room for one more stage before the cap.
+        cuts_ok = np.ones(j, dtype=bool)
+        if allowed_cuts is not None:
+            cuts_ok = np.isin(starts, sorted(allowed_cuts))
+        for next_key in sorted(by_key, key=repr):
+            for label in by_key[next_key]:
+                if label.stages >= cap:
+                    continue
+                limit = threshold()
+                if label.objective(m) >= limit:
+                    continue
+                position = label.stages + 1
+                free = capacity - np.array(label.used, dtype=np.int64)
+                fits = np.all(uses <= free, axis=1)
+                if not fits.any():
+                    continue
+                after = np.where(fits[:, None], free - uses, 0)
+                prefix = source.prefix_table(after)[:, :j]
+                stage_ok = cuts_ok & np.where(starts == 0, position >= min_stages, position < cap)
+                peak = np.maximum(np.maximum(label.max_stage, floors), prefix)
+                with np.errstate(invalid="ignore"):  # 0 × inf when m = 1: no candidate
+                    reach = (m - 1) * peak + label.sum_stage + floors + prefix + label.max_tail
+                reach = np.where(np.isnan(reach), math.inf, reach)
+                candidates = fits[:, None] & stage_ok[None, :] & (reach < limit)
+                for option in np.flatnonzero(candidates.any(axis=1)).tolist():
+                    use = options[option]
+                    for i in np.flatnonzero(candidates[option])[::-1].tolist():
+                        if reach[option, i] >= threshold():
+                            continue
+                        stats.costed += 1
+                        result = source.cost(option, i, j, position, next_key)
+                        if result is None:
+                            break
+                        pre = float(prefix[option, i])
+                        new = PipelineLabel(
+                            max(label.max_stage, result.steady_ms),
+                            label.sum_stage + result.fill_ms,
+                            max(label.max_tail, result.tail_ms),
+                            position,
+                            tuple(u + x for u, x in zip(label.used, use, strict=True)),
+                            result.key,
+                            i,
+                            result.payload,
+                            label,
+                            0,
+                        )
+                        if (
+                            pipeline_objective(
+                                max(new.max_stage, pre), new.sum_stage + pre, new.max_tail, m
+                            )
+                            >= threshold()
+                        ):
+                            continue
+                        counter += 1
+                        new.order = counter
+                        if i == 0:
+                            if exact_stages is not None and position != exact_stages:
+                                continue
+                            finals.append(new)
+                            finals.sort(key=lambda x: (x.objective(m), x.order))
+                            del finals[keep:]
+                            continue
+                        front = fronts.setdefault(i, {}).setdefault(result.key, [])
+                        if _insert(front, new):
+                            stats.labels += 1
+    return finals, stats
