@@ -16,9 +16,10 @@ may be infeasible (None). Minimise
 Method: label setting from the last stage to the first. A label at layer i is a partial
 pipeline covering [i, L): (M, S, U) = (max a, Σ f, max t) so far, its stage count q, the
 resources it uses, and the key of its first stage. F is nondecreasing in M, S and U, and
-what the stages before i can add depends only on (i, q, resources used, key); so a label is
-dominated, and dropped, when another at the same (i, key) has M, S, U, q and every resource
-<= its own. Labels at i are final once every label at j > i has been extended, so positions
+what the stages before i can add depends only on (i, q, resources used, key); so a label b is
+dominated, and dropped, when another a at the same (i, key) has q and every resource <= b's
+and S_a + (m - 1)(M_a - M_b)^+ + (U_a - U_b)^+ <= S_b (``_dominates``: a larger max may be
+paid for by a smaller sum; with M, S, U all <= it is the plain Pareto rule). Labels at i are final once every label at j > i has been extended, so positions
 are processed from L down to 1; the answer is the best F among labels at 0.
 
 Pruning (exact: never drops a label that could beat the bound u, the best F found so far or
@@ -121,21 +122,23 @@ class PipelineLabel:
         return out
 
 
-def _dominates(a: PipelineLabel, b: PipelineLabel) -> bool:
-    return (
-        a.max_stage <= b.max_stage
-        and a.sum_stage <= b.sum_stage
-        and a.max_tail <= b.max_tail
-        and a.stages <= b.stages
-        and all(x <= y for x, y in zip(a.used, b.used, strict=True))
-    )
+def _dominates(a: PipelineLabel, b: PipelineLabel, m: int) -> bool:
+    """Whether every completion of ``b`` costs at least the same completion of ``a``: with
+    the stages before them adding (X, Y, Z) to (M, S, U), F_a - F_b = (m - 1)(max(M_a, X) -
+    max(M_b, X)) + S_a - S_b + max(U_a, Z) - max(U_b, Z) <= (m - 1)(M_a - M_b)^+ + S_a - S_b
+    + (U_a - U_b)^+, so a's larger max may be paid for by a smaller sum. The stages before
+    cost no more after a when a has no more stages (less in flight) and no more GPUs used."""
+    if a.stages > b.stages or any(x > y for x, y in zip(a.used, b.used, strict=True)):
+        return False
+    excess = (m - 1) * max(0.0, a.max_stage - b.max_stage) + max(0.0, a.max_tail - b.max_tail)
+    return a.sum_stage + excess <= b.sum_stage
 
 
-def _insert(front: list[PipelineLabel], new: PipelineLabel) -> bool:
+def _insert(front: list[PipelineLabel], new: PipelineLabel, m: int) -> bool:
     for old in front:
-        if _dominates(old, new):
+        if _dominates(old, new, m):
             return False
-    front[:] = [old for old in front if not _dominates(new, old)]
+    front[:] = [old for old in front if not _dominates(new, old, m)]
     front.append(new)
     return True
 
@@ -255,6 +258,6 @@ def best_pipelines(
                             del finals[keep:]
                             continue
                         front = fronts.setdefault(i, {}).setdefault(result.key, [])
-                        if _insert(front, new):
+                        if _insert(front, new, m):
                             stats.labels += 1
     return finals, stats
