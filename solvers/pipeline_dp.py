@@ -19,8 +19,9 @@ resources it uses, and the key of its first stage. F is nondecreasing in M, S an
 what the stages before i can add depends only on (i, q, resources used, key); so a label b is
 dominated, and dropped, when another a at the same (i, key) has q and every resource <= b's
 and S_a + (m - 1)(M_a - M_b)^+ + (U_a - U_b)^+ <= S_b (``_dominates``: a larger max may be
-paid for by a smaller sum; with M, S, U all <= it is the plain Pareto rule). Labels at i are final once every label at j > i has been extended, so positions
-are processed from L down to 1; the answer is the best F among labels at 0.
+paid for by a smaller sum; with M, S, U all <= it is the plain Pareto rule). Labels at i are
+final once every label at j > i has been extended, so positions are processed from L down
+to 1; the answer is the best F among labels at 0.
 
 Pruning (exact: never drops a label that could beat the bound u, the best F found so far or
 given): ``floor_table(j)[o, i]`` is a lower bound on a_s and f_s of option o on [i, j), and
@@ -38,6 +39,7 @@ found, and final labels are ranked by (F, insertion order).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -147,6 +149,7 @@ def _insert(front: list[PipelineLabel], new: PipelineLabel, m: int) -> bool:
 class _Stats:
     labels: int = 0
     costed: int = 0
+    timed_out: bool = False
 
 
 def best_pipelines(
@@ -161,6 +164,7 @@ def best_pipelines(
     upper_bound: float = math.inf,
     keep: int = 1,
     splits: Iterable[int] | None = None,
+    deadline: float | None = None,
 ) -> tuple[list[PipelineLabel], _Stats]:
     """Up to ``keep`` complete pipelines, best first: the first is optimal among pipelines
     with F < ``upper_bound`` (none when none beats it), the others the best the search
@@ -168,7 +172,9 @@ def best_pipelines(
 
     ``max_stages`` caps p; ``exact_stages`` pins it; ``min_stages`` is the least p accepted
     (GPipe plans with more stages than micro-batches use it). ``splits``, if given, pins the
-    stage boundaries (the cut points between stages)."""
+    stage boundaries (the cut points between stages). Past ``deadline`` (a
+    ``time.monotonic()`` value) the search stops with what it has completed and says so in
+    its stats (``timed_out``): the pipelines returned are then not proven optimal."""
     m = num_micro_batches
     options = source.options()
     stats = _Stats()
@@ -201,6 +207,9 @@ def best_pipelines(
             cuts_ok = np.isin(starts, sorted(allowed_cuts))
         for next_key in sorted(by_key, key=repr):
             for label in by_key[next_key]:
+                if deadline is not None and time.monotonic() > deadline:
+                    stats.timed_out = True
+                    return finals, stats
                 if label.stages >= cap:
                     continue
                 limit = threshold()

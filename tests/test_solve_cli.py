@@ -182,9 +182,9 @@ def test_separate_processes_with_different_hash_seeds_write_the_same_bytes(tmp_p
             "solve",
             str(shipped / "llama2-7b.profile.json"),
             "--cluster",
-            "h100-a100-l4",
+            "a100-v100",
             "--global-batch",
-            "256",
+            "128",
             "-o",
             str(out),
         ]

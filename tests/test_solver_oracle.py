@@ -42,6 +42,7 @@ from autoplan.solve.space import (
 )
 from solvers.oracle import compositions, oracle_partition, oracle_shares
 from solvers.partition_dp import best_partition
+from solvers.pipeline_dp import best_pipelines
 from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
@@ -483,3 +484,32 @@ def test_heterogeneous_oracle_covers_every_shape() -> None:
     least = 3 if examples >= 300 else 1 if examples >= 100 else 0
     for shape in ("mixed stage", "unequal dp", "unequal tp", "non-consecutive types"):
         assert SHAPES_SEEN.get(shape, 0) >= least, SHAPES_SEEN
+
+
+def test_the_heterogeneous_search_stops_at_its_deadline_and_says_so() -> None:
+    """A deadline already past stops the DP inside its first run (not only between runs),
+    and the result says the search did not finish."""
+    from pathlib import Path
+
+    from autoplan.cluster.catalog import example_cluster_path, load_cluster
+    from autoplan.profile.schema import Profile
+
+    shipped = Path(__file__).parent.parent / "profiles"
+    profile = Profile.model_validate_json((shipped / "gpt2-small.profile.json").read_text())
+    model = cost_model(profile, load_cluster(example_cluster_path("a100-v100")), OPTIONS)
+    source = HeteroSource(model, 64, 4, "1f1b", OPTIONS)
+    finals, stats = best_pipelines(
+        model.num_layers,
+        4,
+        tuple(c.total_gpus for c in model.classes),
+        source,
+        max_stages=4,
+        deadline=-math.inf,
+    )
+    assert stats.timed_out and not finals and stats.costed == 0
+    unbounded = best_pipelines(
+        model.num_layers, 4, tuple(c.total_gpus for c in model.classes), source, max_stages=4
+    )
+    assert not unbounded[1].timed_out and unbounded[0]
+    found = hetero_candidates(model, 64, OPTIONS, math.inf, keep=1, deadline=-math.inf)
+    assert found.timed_out and not found.configs

@@ -445,7 +445,12 @@ def hetero_candidates(
             progress(index, len(runs))
         if time.monotonic() > deadline:
             timed_out = True
-            logger.warning("time limit reached after %d of %d micro-batch counts", index, len(runs))
+            logger.warning(
+                "time limit reached after %d of %d micro-batch counts: the plan is the best found, "
+                "not proven optimal",
+                index,
+                len(runs),
+            )
             break
         pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
         if schedule == "1f1b":
@@ -469,6 +474,7 @@ def hetero_candidates(
             upper_bound=bound,
             keep=keep,
             splits=splits,
+            deadline=deadline,
         )
         costed += stats.costed
         labels += stats.labels
@@ -477,5 +483,16 @@ def hetero_candidates(
             found.append((value, len(found), _config(label.chain(), m, schedule)))
         if finals:
             bound = min(bound, finals[0].objective(m))
+        if stats.timed_out:
+            timed_out = True
+            logger.warning(
+                "time limit reached in micro-batch count %d (%s), run %d of %d: the plan is "
+                "the best found, not proven optimal",
+                m,
+                schedule,
+                index + 1,
+                len(runs),
+            )
+            break
     found.sort(key=lambda item: (item[0], item[1]))
     return HeteroResult([config for _, _, config in found[:keep]], costed, labels, timed_out)
