@@ -266,3 +266,27 @@ def test_vocabulary_tp_does_not_divide_is_split_unevenly_not_refused(
     with caplog.at_level(logging.INFO, logger="autoplan.runtime.check"):
         check_runnable(make_plan([6], tensor_parallel=2))  # gpt-tiny: 128 tokens
     assert "vocabulary" not in caplog.text
+
+
+def test_a_tf32_plan_trains_with_tf32_matmuls_and_fp32_with_full_precision() -> None:
+    """The runtime sets PyTorch's fp32 matmul precision from the plan's dtype before training:
+    the plan was costed at the TF32 peak (tf32) or the FP32 peak (fp32)."""
+    import torch.distributed as dist
+
+    from autoplan.runtime.trainer import train
+
+    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    environ = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517"}
+    try:
+        for dtype, expected in (("tf32", ("high", True)), ("fp32", ("highest", False))):
+            plan = make_plan([6], num_micro_batches=1, dtype=dtype)
+            report = train(plan, 1, environ=environ)
+            assert report.steps and report.steps[0].loss > 0
+            found = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+            assert found == expected, dtype
+            dist.destroy_process_group()
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.allow_tf32 = saved[1]
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -35,6 +35,7 @@ from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.memory import model_state_bytes, peak_memory_bytes
 from autoplan.runtime.mesh import init_distributed, local_device
 from autoplan.runtime.report import RunReport, StepRecord, predicted_memory_of_rank
+from autoplan.zoo.dtypes import set_matmul_precision
 
 __all__ = [
     "ExecutorChoice",
@@ -180,6 +181,8 @@ def train(
     if steps < 1:
         raise InputError(f"steps must be >= 1, got {steps}")
     env = LaunchEnv.from_environ(environ)
+    # The plan was costed for this matmul precision (tf32: TF32 tensor cores for fp32 matmuls).
+    set_matmul_precision(plan.inputs.dtype)
     engine = _engine(plan, env, seed, learning_rate, executor)
     global_batch = plan.inputs.global_batch_size
     source = iter(batches if batches is not None else training_batches(plan, seed + 1))
