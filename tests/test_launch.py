@@ -5,6 +5,7 @@ one line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -280,6 +281,11 @@ def test_launch_of_a_factory_plan_needs_trust(tmp_path: Path) -> None:
     assert not out.exists()
     trusted = runner.invoke(app, ["launch", str(plan_path), "-o", str(out), "--trust-factory"])
     assert trusted.exit_code == 0, trusted.output
+    # The runtime on each node refuses a factory plan unless it is named again: the scripts do.
+    scripts = [f.read_text() for f in sorted(out.iterdir()) if f.is_file()]
+    assert scripts and all(
+        "--factory tests.runtime_models:mlp_stack" in text for text in scripts if "torchrun" in text
+    )
     named = runner.invoke(
         app,
         ["launch", str(plan_path), "-o", str(out), "--factory", "tests.runtime_models:mlp_stack"],
@@ -328,6 +334,38 @@ def test_run_of_a_factory_plan_needs_trust_and_imports_nothing_without_it(tmp_pa
     assert "names the factory 'planted_model:build'" in result.stderr
     assert "--trust-factory" in result.stderr
     assert not marker.exists()
+
+
+def test_the_runtime_itself_refuses_an_untrusted_factory_plan(tmp_path: Path) -> None:
+    """``python -m autoplan.runtime`` (what torchrun runs on every node) on a plan naming a
+    planted factory: refused in one line, exit 2, the module never imported; named again with
+    --factory it is imported."""
+    marker = tmp_path / "imported"
+    (tmp_path / "planted_model.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\ndef build():\n    raise SystemExit(3)\n"
+    )
+    plan_path = tmp_path / "plan.json"
+    write_json_model(plan_path, make_plan([2], model="planted_model:build"))
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR")}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{Path(__file__).parent.parent}"
+    command = [sys.executable, "-m", "autoplan.runtime", str(plan_path), "--steps", "1"]
+    refused = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "--trust-factory" in refused.stderr
+    assert not marker.exists()
+    other = subprocess.run(
+        [*command, "--factory", "a.b:c"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert other.returncode == 2 and "is not the factory" in other.stderr
+    assert not marker.exists()
+    named = subprocess.run(
+        [*command, "--factory", "planted_model:build"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert named.returncode != 0 and marker.exists()
 
 
 def test_a_factory_that_raises_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from autoplan import limits
+from autoplan.checks import is_factory_name
 from autoplan.cli.app import command
 from autoplan.cli.inputs import check_factory_trust, read_plan, safe_host
 from autoplan.errors import InputError
@@ -37,9 +38,11 @@ class Rendezvous(StrEnum):
     c10d = "c10d"
 
 
-def runtime_args(steps: int, report: str | None) -> list[str]:
-    """The arguments of ``python -m autoplan.runtime`` after the plan path."""
-    return ["--steps", str(steps), *(["--report", report] if report else []), "--verbose"]
+def runtime_args(steps: int, report: str | None, model: str = "") -> list[str]:
+    """The arguments of ``python -m autoplan.runtime`` after the plan path; a factory ``model``
+    (trusted already: ``check_factory_trust``) is named again, which the runtime requires."""
+    factory = ["--factory", model] if is_factory_name(model) else []
+    return ["--steps", str(steps), *(["--report", report] if report else []), *factory, "--verbose"]
 
 
 def _by_gpu_type(values: list[str], flag: str, gpu_types: set[str]) -> dict[str, str]:
@@ -141,7 +144,7 @@ def launch_command(
         raise InputError(f"--output {printable(str(output))}: is a file; give a folder")
     absolute_plan = str(plan_path.resolve())
     report_path = str(Path(report).resolve()) if report else None
-    args = runtime_args(steps, report_path)
+    args = runtime_args(steps, report_path, plan.inputs.model.name)
     scripts: dict[Path, tuple[str, int]] = {}
     backend = rdzv_backend.value
     address = master_addr if master_addr is not None else Expand("${MASTER_ADDR}")

@@ -135,7 +135,7 @@ def run_local(
         str(plan_path.resolve()),
         "127.0.0.1",
         _free_port(),
-        runtime_args(steps, str(report_path.resolve())),
+        runtime_args(steps, str(report_path.resolve()), plan.inputs.model.name),
         launcher=[sys.executable, "-m", "torch.distributed.run"],
         launcher_args={
             node.node_rank: agent_log_args(log_dir, node.node_rank) for node in plan.nodes

@@ -1,4 +1,5 @@
-"""``python -m autoplan.runtime plan.json [--steps N] [--report PATH] [--seed S] [--executor E]``.
+"""``python -m autoplan.runtime plan.json [--steps N] [--report PATH] [--seed S] [--executor E]
+[--trust-factory | --factory F]``.
 
 Every rank reads the plan, checks the launch against it, trains, and rank 0 writes the report.
 A plan or launch that cannot run is one line on stderr and exit code 2, before any training.
@@ -11,8 +12,9 @@ import logging
 import sys
 from pathlib import Path
 
-from autoplan.errors import AutoplanError
+from autoplan.errors import AutoplanError, InputError
 from autoplan.files import read_json_model, write_json_model
+from autoplan.names import shown
 from autoplan.plan.schema import Plan
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 
@@ -36,8 +38,31 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="'mesh' (one DeviceMesh, torch's pipelining; uniform plans), 'groups' (per-stage "
         "process groups; any plan) or 'auto' (mesh when the plan is uniform; the default).",
     )
+    parser.add_argument(
+        "--trust-factory",
+        action="store_true",
+        help="Run a plan whose model is a factory ('package.module:callable'): import and call "
+        "the code it names.",
+    )
+    parser.add_argument(
+        "--factory", help="The factory you expect the plan to name (trusts that one only)."
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="Log each step (rank 0).")
     return parser.parse_args(argv)
+
+
+def _check_trust(model: str, trusted: bool, named: str | None) -> None:
+    """A plan from elsewhere runs no code of its own choosing: a factory model needs
+    --trust-factory or the same --factory (``autoplan run`` and ``launch`` pass it once the
+    user has trusted it); zoo models are autoplan's own code."""
+    if ":" not in model or trusted or named == model:
+        return
+    if named is not None:
+        raise InputError(f"--factory {shown(named)} is not the factory the plan names ({model})")
+    raise InputError(
+        f"the plan names the factory '{model}': training would import and run that code; "
+        f"if you trust it, pass --trust-factory (or --factory {model})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         plan = read_json_model(args.plan, Plan)
+        _check_trust(plan.inputs.model.name, args.trust_factory, args.factory)
         env = LaunchEnv.from_environ()
         # Checked here first, before torch is even imported, so a wrong launch fails fast.
         check_launch(plan, env)
