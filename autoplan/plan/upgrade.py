@@ -2,7 +2,9 @@
 
 Version 1 (one (dp, tp) for every stage, one DeviceMesh) maps onto version 2 without loss:
 every stage gets dp replicas of tp GPUs, replica d of pipeline rank p holding the ranks
-``p·dp·tp + d·tp + t``, with the version-1 replica shares and the stage's recompute.
+``p·dp·tp + d·tp + t``, with the version-1 replica shares and the stage's recompute; each memory estimate (one per GPU
+type of a pipeline rank, which had one share) describes that type's share, and the GPUs the
+plan leaves unused are listed as idle.
 """
 
 from __future__ import annotations
@@ -53,9 +55,38 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
                 "zero1": bool(par["zero1"]),
             }
         )
+    # Version 1 gave each GPU type of a pipeline rank one share and one estimate for it.
+    share_of: dict[tuple[int, str], int] = {}
+    for stage in stages:
+        for replica in stage["replicas"]:
+            key = (stage["pipeline_rank"], replica["gpu_type"])
+            share_of[key] = max(share_of.get(key, 0), replica["micro_batch_size"])
     memory = [
-        {**estimate, "tensor_parallel_degree": tp, "micro_batch_size": max(shares)}
+        {
+            **estimate,
+            "tensor_parallel_degree": tp,
+            "micro_batch_size": share_of.get(
+                (estimate["pipeline_rank"], estimate["gpu_type"]), max(shares)
+            ),
+        }
         for estimate in data["prediction"]["memory"]
+    ]
+    used: dict[str, int] = {}
+    for entry in data["rank_map"]:
+        used[entry["gpu_type"]] = used.get(entry["gpu_type"], 0) + 1
+    present: dict[str, int] = {}
+    for group in data["inputs"]["cluster"]["node_groups"]:
+        count = group.get("count", 1) * group["gpus_per_node"]
+        present[group["gpu"]] = present.get(group["gpu"], 0) + count
+    idle = [
+        {
+            "gpu_type": gpu,
+            "count": total - used.get(gpu, 0),
+            "reason": "left unused by a version-1 plan, whose space had one (dp, tp) for "
+            "every stage and one GPU type per stage",
+        }
+        for gpu, total in sorted(present.items())
+        if total > used.get(gpu, 0)
     ]
     return {
         **data,
@@ -68,7 +99,7 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
             "micro_batch_size": sum(shares),
         },
         "stages": stages,
-        "prediction": {**data["prediction"], "memory": memory},
+        "prediction": {**data["prediction"], "memory": memory, "idle_gpus": idle},
     }
 
 
