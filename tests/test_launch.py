@@ -6,6 +6,7 @@ one line."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -458,6 +459,69 @@ def test_run_local_starts_nodes_with_different_process_counts(tmp_path: Path) ->
     expected, _ = reference_training(plan, 2)
     for step, loss in zip(report.steps, expected, strict=True):
         assert abs(step.loss - loss) < 1e-10
+
+
+def test_a_worker_named_by_its_plan_node_takes_the_plans_rank() -> None:
+    """Under c10d torchrun numbers nodes by arrival: node b-0 may come first and get RANK 0.
+    With the launch script's AUTOPLAN_NODE_RANK/AUTOPLAN_NODE the worker is the plan's rank
+    of (b-0, local rank 0), i.e. 1; a wrong node name or local rank is one line."""
+    from autoplan.errors import LaunchMismatchError
+    from autoplan.runtime.launch_check import LaunchEnv, check_launch
+
+    plan = _two_node_plan()
+    torchrun = {"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0"}
+    b0 = {**torchrun, "LOCAL_WORLD_SIZE": "2", "AUTOPLAN_NODE_RANK": "1", "AUTOPLAN_NODE": "b-0"}
+    env = LaunchEnv.from_environ(b0).in_plan(plan)
+    assert (env.rank, env.launcher_rank, env.node_rank) == (1, 0, 1)
+    assert check_launch(plan, env).node == "b-0"
+    second = LaunchEnv.from_environ({**b0, "RANK": "2", "LOCAL_RANK": "1"}).in_plan(plan)
+    assert (second.rank, second.launcher_rank) == (2, None)
+    with pytest.raises(LaunchMismatchError, match="node rank 1 is b-0"):
+        LaunchEnv.from_environ({**b0, "AUTOPLAN_NODE": "a-0"}).in_plan(plan)
+    with pytest.raises(LaunchMismatchError, match="LOCAL_RANK=5"):
+        LaunchEnv.from_environ({**b0, "LOCAL_RANK": "5"}).in_plan(plan)
+    # Without the plan node, torchrun's numbering must match the plan's (static rendezvous).
+    bare = LaunchEnv.from_environ({**torchrun, "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    with pytest.raises(LaunchMismatchError, match="--node-rank 0"):
+        check_launch(plan, bare.in_plan(plan))
+
+
+@pytest.mark.distributed
+def test_c10d_agents_started_in_reverse_order_train_exactly(tmp_path: Path) -> None:
+    """Real torchrun agents meeting by c10d, node b-0 started first: whatever ranks torchrun
+    hands out, every worker trains its plan rank's stage and the losses are exact."""
+    from autoplan.cli.launch_cmd import runtime_args
+    from autoplan.launch.local import environment_for_local_run
+    from autoplan.launch.torchrun import node_launches
+    from tests.single_process_reference import reference_training
+
+    plan = _two_node_plan()
+    plan_path, report = tmp_path / "plan.json", tmp_path / "report.json"
+    write_json_model(plan_path, plan)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launches = node_launches(
+        plan,
+        str(plan_path),
+        "127.0.0.1",
+        port,
+        runtime_args(2, str(report)),
+        launcher=[sys.executable, "-m", "torch.distributed.run"],
+        rendezvous="c10d",
+        run_id="reverse",
+        launcher_args={
+            n.node_rank: agent_log_args(tmp_path / "logs", n.node_rank) for n in plan.nodes
+        },
+    )
+    env = environment_for_local_run(
+        {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, "cpu"
+    )
+    result = run_agents(list(reversed(launches)), env, tmp_path / "logs")
+    assert result.failure is None, result.failure
+    expected, _ = reference_training(plan, 2)
+    steps = read_json_model(report, RunReport).steps
+    assert [abs(s.loss - e) < 1e-10 for s, e in zip(steps, expected, strict=True)] == [True] * 2
 
 
 @pytest.mark.distributed

@@ -2,9 +2,9 @@
 
 Version 1 (one (dp, tp) for every stage, one DeviceMesh) maps onto version 2 without loss:
 every stage gets dp replicas of tp GPUs, replica d of pipeline rank p holding the ranks
-``p·dp·tp + d·tp + t``, with the version-1 replica shares and the stage's recompute; each memory estimate (one per GPU
-type of a pipeline rank, which had one share) describes that type's share, and the GPUs the
-plan leaves unused are listed as idle.
+``p·dp·tp + d·tp + t``, with the version-1 replica shares and the stage's recompute; each
+memory estimate (one per GPU type of a pipeline rank, which had one share) describes that
+type's share, and the GPUs the plan leaves unused are listed as idle.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = read_json_model(args.plan, Plan)
         _check_trust(plan.inputs.model.name, args.trust_factory, args.factory)
-        env = LaunchEnv.from_environ()
+        env = LaunchEnv.from_environ().in_plan(plan)
         # Checked here first, before torch is even imported, so a wrong launch fails fast.
         check_launch(plan, env)
         from autoplan.runtime.trainer import train

@@ -5,6 +5,12 @@ torchrun tells each worker where it is through environment variables (``WORLD_SI
 facts in its rank map; a launch that disagrees would put stages on the wrong GPUs (or deadlock in
 the first collective), so it is refused here with one line that names both sides.
 
+Under a c10d rendezvous torchrun numbers nodes, and so global ranks, in arrival order. The
+scripts of ``autoplan launch`` put each node's plan node rank and name in its environment
+(``AUTOPLAN_NODE_RANK``, ``AUTOPLAN_NODE``); when they are present the worker's rank is the
+plan's rank of (that node, LOCAL_RANK), whatever torchrun's RANK says, and the process group
+is joined under that rank (``mesh.init_distributed``).
+
 This module imports no torch: it runs first, and fast.
 """
 
@@ -12,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoplan.errors import LaunchMismatchError
 from autoplan.plan.schema import Plan, RankEntry
@@ -20,6 +26,8 @@ from autoplan.plan.schema import Plan, RankEntry
 __all__ = ["LaunchEnv", "check_launch"]
 
 _VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")
+NODE_RANK_VARIABLE = "AUTOPLAN_NODE_RANK"
+NODE_NAME_VARIABLE = "AUTOPLAN_NODE"
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,10 @@ class LaunchEnv:
     local_rank: int
     node_rank: int
     local_world_size: int
+    launcher_rank: int | None = None
+    """torchrun's RANK when the plan's rank differs from it (see the module docstring)."""
+    plan_node: str | None = None
+    """The plan node name the launch script gave (``AUTOPLAN_NODE``), if any."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> LaunchEnv:
@@ -47,6 +59,10 @@ class LaunchEnv:
                 )
             values[name] = _as_int(name, environ[name])
         node_rank = _as_int("GROUP_RANK", environ.get("GROUP_RANK", "0"))
+        plan_node = None
+        if NODE_RANK_VARIABLE in environ:
+            node_rank = _as_int(NODE_RANK_VARIABLE, environ[NODE_RANK_VARIABLE])
+            plan_node = environ.get(NODE_NAME_VARIABLE)
         local_world = _as_int(
             "LOCAL_WORLD_SIZE", environ.get("LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])
         )
@@ -56,7 +72,41 @@ class LaunchEnv:
             local_rank=values["LOCAL_RANK"],
             node_rank=node_rank,
             local_world_size=local_world,
+            plan_node=plan_node,
         )
+
+    def in_plan(self, plan: Plan) -> LaunchEnv:
+        """This worker with its plan rank: the rank map's entry for (plan node rank, local
+        rank) when the launch named the plan node, else itself (torchrun's numbering)."""
+        if self.plan_node is None:
+            return self
+        node = next((n for n in plan.nodes if n.node_rank == self.node_rank), None)
+        if node is None:
+            raise LaunchMismatchError(
+                f"{NODE_RANK_VARIABLE}={self.node_rank} is not a node rank of the plan "
+                f"(0..{len(plan.nodes) - 1})"
+            )
+        if node.name != self.plan_node:
+            raise LaunchMismatchError(
+                f"{NODE_NAME_VARIABLE}={self.plan_node!r}, but the plan's node rank "
+                f"{self.node_rank} is {node.name}"
+            )
+        entry = next(
+            (
+                e
+                for e in plan.rank_map
+                if e.node_rank == self.node_rank and e.local_rank == self.local_rank
+            ),
+            None,
+        )
+        if entry is None:
+            raise LaunchMismatchError(
+                f"the plan runs {node.nproc_per_node} processes on {node.name}; this one has "
+                f"LOCAL_RANK={self.local_rank}"
+            )
+        if entry.rank == self.rank:
+            return replace(self, plan_node=None)
+        return replace(self, rank=entry.rank, launcher_rank=self.rank, plan_node=None)
 
 
 def _as_int(name: str, text: str) -> int:
@@ -81,7 +131,8 @@ def _shape(plan: Plan) -> str:
 
 
 def check_launch(plan: Plan, env: LaunchEnv) -> RankEntry:
-    """This worker's entry of the plan's rank map; LaunchMismatchError when the launch differs."""
+    """This worker's entry of the plan's rank map; LaunchMismatchError when the launch differs.
+    ``env`` is the worker with its plan rank (``LaunchEnv.in_plan``)."""
     if env.world_size != plan.world_size:
         layout = ", ".join(f"{node.name}×{node.nproc_per_node}" for node in plan.nodes)
         raise LaunchMismatchError(

@@ -43,9 +43,28 @@ def init_distributed(env: LaunchEnv, device: torch.device) -> None:
     if env.world_size == 1 and not _launched_by_torchrun():
         # A single process started without torchrun has no rendezvous address.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    elif env.launcher_rank is not None:
+        # A c10d launch numbered this worker otherwise (launch_check): join under the plan's
+        # rank. Safe only when every worker is a client of torchrun's agent store; with its own
+        # store, rank 0 would host it where torchrun's rank 0 was expected.
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            raise LaunchMismatchError(
+                f"torchrun numbered this worker {env.launcher_rank} but the plan's rank is "
+                f"{env.rank}, and torchrun shares no agent store (TORCH_DISABLE_SHARE_RDZV_TCP_"
+                "STORE is set?): launch with --rdzv-backend static, or without that variable"
+            )
+        dist.init_process_group(
+            backend,
+            rank=env.rank,
+            world_size=env.world_size,
+            device_id=device if use_cuda else None,
+        )
     else:
         dist.init_process_group(backend, device_id=device if use_cuda else None)
-    logger.info("rank %d/%d joined with %s on %s", env.rank, env.world_size, backend, device)
+    numbered = "" if env.launcher_rank is None else f" (torchrun's rank {env.launcher_rank})"
+    logger.info(
+        "rank %d/%d%s joined with %s on %s", env.rank, env.world_size, numbered, backend, device
+    )
 
 
 def _launched_by_torchrun() -> bool:

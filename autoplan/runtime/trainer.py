@@ -180,7 +180,7 @@ def train(
     """
     if steps < 1:
         raise InputError(f"steps must be >= 1, got {steps}")
-    env = LaunchEnv.from_environ(environ)
+    env = LaunchEnv.from_environ(environ).in_plan(plan)
     # The plan was costed for this matmul precision (tf32: TF32 tensor cores for fp32 matmuls).
     set_matmul_precision(plan.inputs.dtype)
     engine = _engine(plan, env, seed, learning_rate, executor)
