@@ -145,6 +145,31 @@ def _insert(front: list[PipelineLabel], new: PipelineLabel, m: int) -> bool:
     return True
 
 
+def _narrowed(
+    by_key: dict[Hashable, list[PipelineLabel]],
+    beam: int,
+    source: StageSource,
+    capacity: np.ndarray,
+    j: int,
+    m: int,
+) -> dict[Hashable, list[PipelineLabel]]:
+    """The ``beam`` labels at position j of least estimated F (ties by insertion order)."""
+    labels = [label for key in sorted(by_key, key=repr) for label in by_key[key]]
+    if len(labels) <= beam:
+        return by_key
+    free = capacity[None, :] - np.array([label.used for label in labels], dtype=np.int64)
+    rest = source.prefix_table(free)[:, j]
+    estimate = [
+        pipeline_objective(max(label.max_stage, pre), label.sum_stage + pre, label.max_tail, m)
+        for label, pre in zip(labels, rest.tolist(), strict=True)
+    ]
+    chosen = sorted(range(len(labels)), key=lambda x: (estimate[x], labels[x].order))[:beam]
+    kept: dict[Hashable, list[PipelineLabel]] = {}
+    for x in sorted(chosen):
+        kept.setdefault(labels[x].key, []).append(labels[x])
+    return kept
+
+
 @dataclass
 class _Stats:
     labels: int = 0
@@ -165,6 +190,7 @@ def best_pipelines(
     keep: int = 1,
     splits: Iterable[int] | None = None,
     deadline: float | None = None,
+    beam: int | None = None,
 ) -> tuple[list[PipelineLabel], _Stats]:
     """Up to ``keep`` complete pipelines, best first: the first is optimal among pipelines
     with F < ``upper_bound`` (none when none beats it), the others the best the search
@@ -174,7 +200,12 @@ def best_pipelines(
     (GPipe plans with more stages than micro-batches use it). ``splits``, if given, pins the
     stage boundaries (the cut points between stages). Past ``deadline`` (a
     ``time.monotonic()`` value) the search stops with what it has completed and says so in
-    its stats (``timed_out``): the pipelines returned are then not proven optimal."""
+    its stats (``timed_out``): the pipelines returned are then not proven optimal.
+
+    ``beam`` makes it a heuristic: at each position only the ``beam`` labels of least
+    estimated F (their own plus the prefix bound of what is left) are extended. Quick, and its
+    best is a good incumbent for the exact search that follows (a tighter ``upper_bound``
+    prunes far more); never the final answer."""
     m = num_micro_batches
     options = source.options()
     stats = _Stats()
@@ -205,6 +236,8 @@ def best_pipelines(
         cuts_ok = np.ones(j, dtype=bool)
         if allowed_cuts is not None:
             cuts_ok = np.isin(starts, sorted(allowed_cuts))
+        if beam is not None:
+            by_key = _narrowed(by_key, beam, source, capacity, j, m)
         for next_key in sorted(by_key, key=repr):
             for label in by_key[next_key]:
                 if deadline is not None and time.monotonic() > deadline:

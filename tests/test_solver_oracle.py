@@ -513,3 +513,27 @@ def test_the_heterogeneous_search_stops_at_its_deadline_and_says_so() -> None:
     assert not unbounded[1].timed_out and unbounded[0]
     found = hetero_candidates(model, 64, OPTIONS, math.inf, keep=1, deadline=-math.inf)
     assert found.timed_out and not found.configs
+
+
+def test_the_beam_pass_finds_a_real_pipeline_no_better_than_the_exact_one() -> None:
+    """The heuristic pass (a beam of labels per position) returns a pipeline the cost model
+    prices at the DP's figure, and never one better than the exact optimum."""
+    from pathlib import Path
+
+    from autoplan.cluster.catalog import example_cluster_path, load_cluster
+    from autoplan.profile.schema import Profile
+    from autoplan.solve.hetero import _config
+
+    shipped = Path(__file__).parent.parent / "profiles"
+    profile = Profile.model_validate_json((shipped / "gpt2-small.profile.json").read_text())
+    model = cost_model(profile, load_cluster(example_cluster_path("a100-v100")), OPTIONS)
+    resources = tuple(c.total_gpus for c in model.classes)
+    for m in (4, 8):
+        source = HeteroSource(model, 64, m, "1f1b", OPTIONS)
+        exact, _ = best_pipelines(model.num_layers, m, resources, source, max_stages=m)
+        quick, _ = best_pipelines(model.num_layers, m, resources, source, max_stages=m, beam=2)
+        assert exact and quick
+        assert quick[0].objective(m) >= exact[0].objective(m) * (1 - 1e-12)
+        cost = model.evaluate(_config(quick[0].chain(), m, "1f1b"))
+        assert cost.feasible
+        assert math.isclose(cost.iteration_ms, quick[0].objective(m), rel_tol=1e-9)

@@ -30,7 +30,6 @@ import functools
 import itertools
 import logging
 import math
-import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -52,6 +51,9 @@ from solvers.pipeline_dp import StageCostResult, best_pipelines
 __all__ = ["Allocation", "HeteroResult", "HeteroSource", "hetero_candidates"]
 
 logger = logging.getLogger(__name__)
+
+HEURISTIC_BEAM = 8
+"""Labels per position the incumbent-finding pass extends (``hetero_candidates``)."""
 
 Kind = tuple[int, int]  # (device class, tp)
 Allocation = tuple[tuple[int, int, int], ...]  # ((class, tp, replicas), ...)
@@ -424,75 +426,87 @@ def hetero_candidates(
     deadline: float,
     progress: Callable[[int, int], None] | None = None,
 ) -> HeteroResult:
-    """The best heterogeneous pipelines below ``upper_bound`` (space.py), best first."""
+    """The best heterogeneous pipelines below ``upper_bound`` (space.py), best first.
+
+    Two passes over the runs (one per micro-batch count and schedule): a quick heuristic one
+    (``best_pipelines`` with a beam of ``HEURISTIC_BEAM`` labels per position) whose best is
+    the incumbent, then the exact one, most promising run first (by the heuristic's value):
+    the tighter the incumbent, the more the exact pass prunes."""
     num_layers = model.num_layers
-    counts = micro_batch_counts(batch, options)
-    runs: list[tuple[int, str]] = []
-    for m in counts:
+    runs: list[tuple[int, str, int, int]] = []  # (m, schedule, most stages, least stages)
+    pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
+    for m in micro_batch_counts(batch, options):
+        kinds = []
         if options.schedule in (None, "1f1b"):
-            runs.append((m, "1f1b"))
+            kinds.append(("1f1b", min(m, num_layers), 1))
         if options.schedule == "gpipe" or (options.schedule is None and m < num_layers):
-            runs.append((m, "gpipe"))
-    found: list[tuple[float, int, PlanConfig]] = []
-    costed = labels = 0
-    timed_out = False
-    bound = upper_bound
+            kinds.append(("gpipe", num_layers, 1 if options.schedule == "gpipe" else m + 1))
+        for schedule, most, least in kinds:
+            if pinned_pp is None or least <= pinned_pp <= most:
+                runs.append((m, schedule, most, least))
     splits = None
     if options.layer_split is not None:
         splits = list(itertools.accumulate(options.layer_split))[:-1]
-    for index, (m, schedule) in enumerate(runs):
-        if progress is not None:
-            progress(index, len(runs))
-        if time.monotonic() > deadline:
-            timed_out = True
-            logger.warning(
-                "time limit reached after %d of %d micro-batch counts: the plan is the best found, "
-                "not proven optimal",
-                index,
-                len(runs),
-            )
-            break
-        pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
-        if schedule == "1f1b":
-            most, least = min(m, num_layers), 1
-        else:
-            most = num_layers
-            least = 1 if options.schedule == "gpipe" else m + 1
-        if pinned_pp is not None and not least <= pinned_pp <= most:
-            continue
-        source = HeteroSource(model, batch, m, schedule, options)
+    resources = tuple(c.total_gpus for c in model.classes)
+    found: list[tuple[float, int, PlanConfig]] = []
+    costed = labels = 0
+    bound = upper_bound
+    sources: dict[int, HeteroSource] = {}
+    promise: dict[int, float] = {}
+
+    def run(index: int, beam: int | None) -> bool:
+        """One run; False when the deadline stopped it."""
+        nonlocal costed, labels, bound
+        m, schedule, most, least = runs[index]
+        if index not in sources:
+            sources[index] = HeteroSource(model, batch, m, schedule, options)
+        source = sources[index]
         if not source.allocations:
-            continue
+            promise[index] = math.inf
+            return True
         finals, stats = best_pipelines(
             num_layers,
             m,
-            tuple(c.total_gpus for c in model.classes),
+            resources,
             source,
             max_stages=most,
             min_stages=least,
             exact_stages=pinned_pp,
             upper_bound=bound,
-            keep=keep,
+            keep=1 if beam is not None else keep,
             splits=splits,
             deadline=deadline,
+            beam=beam,
         )
         costed += stats.costed
         labels += stats.labels
         for label in finals:
-            value = label.objective(m)
-            found.append((value, len(found), _config(label.chain(), m, schedule)))
+            found.append((label.objective(m), len(found), _config(label.chain(), m, schedule)))
         if finals:
             bound = min(bound, finals[0].objective(m))
+        if beam is not None:
+            promise[index] = finals[0].objective(m) if finals else math.inf
         if stats.timed_out:
-            timed_out = True
             logger.warning(
-                "time limit reached in micro-batch count %d (%s), run %d of %d: the plan is "
-                "the best found, not proven optimal",
+                "time limit reached in micro-batch count %d (%s): the plan is the best found, "
+                "not proven optimal",
                 m,
                 schedule,
-                index + 1,
-                len(runs),
             )
+        return not stats.timed_out
+
+    timed_out = False
+    for index in range(len(runs)):
+        if not run(index, HEURISTIC_BEAM):
+            timed_out = True
             break
+    order = sorted(range(len(runs)), key=lambda x: (promise.get(x, math.inf), x))
+    for done, index in enumerate(order):
+        if timed_out:
+            break
+        if progress is not None:
+            progress(done, len(runs))
+        if not run(index, None):
+            timed_out = True
     found.sort(key=lambda item: (item[0], item[1]))
     return HeteroResult([config for _, _, config in found[:keep]], costed, labels, timed_out)
