@@ -114,3 +114,27 @@ def test_the_plan_cost_model_uses_measured_layers_and_says_so() -> None:
     assert table.layers[0].forward_compute_ms == pytest.approx(
         layer_time_ms(layers[0], A100, "bf16", 1, 1)[0]
     )
+
+
+def test_the_plan_says_which_stages_are_measured_and_show_prints_it() -> None:
+    """Layer 1 of 3 measured on the A100: a one-stage plan's replicas report 1 measured layer,
+    and ``show``'s stage table marks the stage 'measured 1/3'; a profile with every layer
+    measured reads 'measured', one with none 'modelled'."""
+    from autoplan.solve import solve
+    from autoplan.view.plan_tables import stages_section
+
+    def plan_for(measured: set[int]):
+        layers = [layer(i, flops=10**12, params=10**6, saved=10**6, output=10**6) for i in range(3)]
+        for i in measured:
+            entry = _entry("A100-80GB", 1, 1, 50.0, 100.0)
+            layers[i] = layers[i].model_copy(update={"measured": [entry]})
+        options = SolveOptions(pp=1, dp=1, tp=1, micro_batch_size=1)
+        return solve(make_profile(layers), make_cluster([("a", A100, 1, 1)]), 4, options)
+
+    for measured, expected in (({1}, "measured 1/3"), ({0, 1, 2}, "measured"), (set(), "modelled")):
+        plan = plan_for(measured)
+        (timing,) = plan.prediction.stage_timings
+        assert [r.measured_layers for r in timing.replicas] == [len(measured)]
+        section = stages_section(plan)
+        assert section.columns[-1] == "times"
+        assert [row[-1] for row in section.rows] == [expected]

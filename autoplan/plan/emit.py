@@ -148,6 +148,12 @@ def emit_plan(
                         forward_ms=_round(group_cost.forward_ms),
                         backward_ms=_round(group_cost.backward_ms),
                         saved_activation_bytes=round(group_cost.saved_bytes),
+                        measured_layers=sum(
+                            layer.measured
+                            for layer in model.tables(
+                                group.device_class, group.tp, group.micro_batch_size
+                            ).layers[stage.layer_start : stage.layer_end]
+                        ),
                     )
                 )
         stages.append(

@@ -231,6 +231,12 @@ class ReplicaTiming(_Strict):
         description="Activations its share leaves saved on one of its GPUs from forward to "
         "backward (after recompute).",
     )
+    measured_layers: int = Field(
+        default=0,
+        ge=0,
+        description="Of the stage's layers, how many are timed from measurements on this GPU "
+        "type (profile --measure or profile import); the others are modelled.",
+    )
 
 
 class StageTiming(_Strict):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from autoplan.plan.schema import Plan, Stage
+from autoplan.plan.schema import Plan, Stage, StageTiming
 from autoplan.view.document import Document, Section
 from autoplan.view.memory_bars import memory_section
 from autoplan.view.units import (
@@ -116,7 +116,7 @@ def stages_section(plan: Plan) -> Section:
         title="Stages (times per micro-batch, slowest replica)",
         columns=[
             *("stage", "rank", "layers", "replicas", "nodes", "recompute", "ZeRO-1"),
-            *("fwd", "bwd", "send"),
+            *("fwd", "bwd", "send", "times"),
         ],
         right=frozenset({0, 1, 7, 8, 9}),
         heading_columns=2,
@@ -143,8 +143,22 @@ def stages_section(plan: Plan) -> Section:
             runs_text(replica.recompute for replica in stage.replicas),
             "yes" if stage.zero1 else "no",
             *times,
+            _time_source(count, timing),
         )
     return section
+
+
+def _time_source(layers: int, timing: StageTiming | None) -> str:
+    """'measured' when every replica's layers are timed from measurements, 'modelled' when
+    none are, else how many of the layers are measured (per replica kind)."""
+    if timing is None or not timing.replicas:
+        return "-"
+    counts = sorted({replica.measured_layers for replica in timing.replicas})
+    if counts == [layers]:
+        return "measured"
+    if counts == [0]:
+        return "modelled"
+    return "measured " + ", ".join(f"{c}/{layers}" for c in counts)
 
 
 def breakdown_section(plan: Plan) -> Section:
