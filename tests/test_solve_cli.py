@@ -192,3 +192,18 @@ def test_separate_processes_with_different_hash_seeds_write_the_same_bytes(tmp_p
         subprocess.run(command, check=True, capture_output=True, env=env)
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
+
+
+def test_a_time_limit_that_stops_the_search_before_any_plan_says_so() -> None:
+    """Not 'no configuration fits in memory': the problem has plans, the search ran out of time."""
+    from autoplan.cluster.catalog import example_cluster_path, load_cluster
+    from autoplan.errors import InfeasibleError
+    from autoplan.files import read_json_model
+    from autoplan.profile.schema import Profile
+    from autoplan.solve import SolveOptions, solve
+
+    shipped = Path(__file__).parent.parent / "profiles"
+    profile = read_json_model(shipped / "gpt3-175b.profile.json", Profile)
+    cluster = load_cluster(example_cluster_path("mixed-1024"))
+    with pytest.raises(InfeasibleError, match=r"time limit of 1e-06 s .*--time-limit"):
+        solve(profile, cluster, 1536, SolveOptions(time_limit_s=1e-6))

@@ -102,6 +102,11 @@ def solve(
     result = solve_candidates(model, global_batch_size, options, progress)
     feasible: list[Candidate] = [c for c in result.candidates if c.cost.feasible]
     if not result.candidates:
+        if result.timed_out:
+            raise InfeasibleError(
+                f"the search found no plan within its time limit of {options.time_limit_s:g} s "
+                "(the problem may well have one): allow more with --time-limit"
+            )
         raise InfeasibleError(explain_infeasible(model, global_batch_size, options))
     if not feasible:
         best = result.candidates[0]

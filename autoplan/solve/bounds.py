@@ -192,13 +192,20 @@ def occupancy_bound(model: CostModel, tp: int, mbs: int, counts: tuple[tuple[int
     return bound
 
 
-@functools.lru_cache(maxsize=65536)
 def interleaved_sizes(
     model: CostModel, classes: tuple[int, ...], tp: int, mbs: int, chunks: int
 ) -> tuple[int, ...]:
     """The interleaved split of ``space.interleaved_split`` for this pipeline, weighing each
     layer by its time (no recompute) on the slowest class the pipeline uses."""
-    used = sorted(set(classes))
+    # It depends on the set of classes and the rank count only, not on their order: cached
+    # on those, as the search asks for every order of every subset.
+    return _interleaved_sizes(model, tuple(sorted(set(classes))), len(classes), tp, mbs, chunks)
+
+
+@functools.lru_cache(maxsize=65536)
+def _interleaved_sizes(
+    model: CostModel, used: tuple[int, ...], ranks: int, tp: int, mbs: int, chunks: int
+) -> tuple[int, ...]:
     work = [
         max(
             model.tables(k, tp, mbs).layers[i].forward_ms()
@@ -208,7 +215,7 @@ def interleaved_sizes(
         for i in range(model.num_layers)
     ]
     kinds = [layer.kind for layer in model.profile.layers]
-    return tuple(interleaved_split(kinds, work, len(classes), chunks))
+    return tuple(interleaved_split(kinds, work, ranks, chunks))
 
 
 def lower_bound(model: CostModel, p: Pending) -> float:

@@ -113,6 +113,7 @@ class HeteroSource:
                 self._single_prefix[option] = model.tables(k, t, share).work["none"]
         self._prefix_matrix = self._prefix_tables()
         self._cores: dict[tuple[int, int, int, int], _Core | None] = {}
+        self._sends: dict[tuple[LinkSide, LinkSide, int], float] = {}
         self._out_bytes = [
             layer.output_activation_bytes / model.profile.micro_batch_size
             for layer in model.profile.layers
@@ -387,7 +388,11 @@ class HeteroSource:
         send = 0.0
         if next_key is not None:
             assert isinstance(next_key, LinkSide)
-            send = self.model.boundary_ms(core.side, next_key, self._out_bytes[j - 1])
+            link = (core.side, next_key, j)
+            send = self._sends.get(link, -1.0)
+            if send < 0:
+                send = self.model.boundary_ms(core.side, next_key, self._out_bytes[j - 1])
+                self._sends[link] = send
         return StageCostResult(
             steady_ms=max(core.work_ms, send),
             fill_ms=core.work_ms + 2 * send,

@@ -29,6 +29,7 @@ same inputs give the same plan, unless the time limit stops the search (logged).
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import logging
 import math
@@ -158,7 +159,7 @@ class _StageCoster:
         work = t.work[mode][j] - t.work[mode][i] + self.overhead[s]
         send = self.sends[s][j]
         params = t.params[j] - t.params[i]
-        allreduce = self.model.allreduce_ms(self.rank_groups[s], (params,)) if params > 0 else 0.0
+        allreduce = _allreduce_ms(self.model, self.rank_groups[s], params) if params > 0 else 0.0
         backward = t.backward[mode][j] - t.backward[mode][i] + self.backward_overhead[s]
         tail = max(0.0, allreduce - backward) + self.optimizer[s] * params + self.step_overhead[s]
         return max(work, send), work + 2 * send, tail
@@ -188,6 +189,13 @@ class _StageCoster:
 def rank_groups(p: Pending, device_class: int, recompute: str) -> tuple[ReplicaGroup, ...]:
     """The one replica group of a uniform pipeline rank on ``device_class``."""
     return (ReplicaGroup(device_class, p.tp, p.dp, p.mbs, recompute),)
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _allreduce_ms(model: CostModel, groups: tuple[ReplicaGroup, ...], params: float) -> float:
+    # The same (rank group, stage parameters) recurs across the partitions of every group of
+    # the search with that tp, dp and class; the α-β collective is costed once for each.
+    return model.allreduce_ms(groups, (params,))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -412,23 +420,36 @@ def uniform_search(
         # of the configurations the search costed, not necessarily the global 2nd..k-th.
         return best[0][0] if best else math.inf
 
-    for index, group in enumerate(groups):
-        if group.bound >= threshold() or timed_out:
+    # Best bound first over groups and their candidates together: a group's bound is looser
+    # than its candidates' (one pp=12 group bounded at 15 s may hold only candidates bounded
+    # at 22 s), so a group is expanded when its bound comes up and its candidates queue with
+    # everyone else's; the search stops when the least bound queued reaches the best found.
+    queue: list[tuple[float, int, int]] = [(g.bound, 0, x) for x, g in enumerate(groups)]
+    heapq.heapify(queue)
+    pending: list[Pending] = []
+    expanded = 0
+    while queue:
+        bound, kind, item = heapq.heappop(queue)
+        if bound >= threshold():
             break
-        if progress is not None:
-            progress(index, len(groups))
-        for p in _expand(model, group, threshold()):
-            considered += 1
-            if p.bound >= threshold():
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                logger.warning("time limit reached after %d of %d groups", index, len(groups))
-                break
-            solved += 1
-            found = _solve_pipeline(model, p, options, threshold())
-            if found is not None:
-                offer(found[1], found[0])
+        if time.monotonic() > deadline:
+            timed_out = True
+            logger.warning("time limit reached after %d of %d groups", expanded, len(groups))
+            break
+        if kind == 0:
+            if progress is not None:
+                progress(expanded, len(groups))
+            expanded += 1
+            for p in _expand(model, groups[item], threshold()):
+                considered += 1
+                heapq.heappush(queue, (p.bound, 1, len(pending)))
+                pending.append(p)
+            continue
+        solved += 1
+        p = pending[item]
+        found = _solve_pipeline(model, p, options, threshold())
+        if found is not None:
+            offer(found[1], found[0])
     candidates = []
     for _value, _k, config in best:
         cost = model.evaluate(config)
