@@ -41,6 +41,7 @@ DEFAULT_COMMANDS = {
         "compare {plan} {input}",
         "launch {input} -o {outdir}",
         "run {input} --local --report {out}",
+        "export {input} --to megatron -o {out}",
     ],
 }
 

@@ -22,6 +22,7 @@ TORCH_FREE_PACKAGES = [
     "autoplan.cost",
     "autoplan.solve",
     "autoplan.plan",
+    "autoplan.export",
 ]
 # Single modules on the solve path (autoplan.profile as a whole holds the profiler, which needs
 # torch; the solver reads only its schema). The solve command pulls in autoplan.cli, i.e. every
@@ -31,6 +32,7 @@ TORCH_FREE_MODULES = [
     "autoplan.files",
     "autoplan.profile.schema",
     "autoplan.cli.solve_cmd",
+    "autoplan.cli.export_cmd",
     "autoplan.cli",
 ]
 

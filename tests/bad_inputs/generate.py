@@ -8,7 +8,7 @@ Kinds (one folder each):
 - ``cluster/*.yaml``: run as ``solve PROFILE --cluster FILE``;
 - ``profile/*.json``: run as ``solve FILE --cluster cpu-local``;
 - ``plan/*.json``: run by every command that reads a plan (validate, show, simulate,
-  compare, launch, run), unless the manifest names the commands;
+  compare, launch, run, export), unless the manifest names the commands;
 - ``flags/*.args`` and ``outputs/*.args``: one command line each (shell words with
   placeholders, see ``tests/test_bad_inputs.py``).
 
@@ -583,6 +583,24 @@ FLAGS = {
         "profile no_such_pkg.mod:build --seq 8 -o {out}",
         "cannot import module 'no_such_pkg.mod'",
     ),
+    "export_target_unknown": ("export {plan} --to nemo -o {out}", "'--to'"),
+    "export_missing_target": ("export {plan} -o {out}", "Missing option '--to'"),
+    "export_plan_out_alone": (
+        "export {plan} --to megatron -o {out} --plan-out {tmp}/best.json",
+        "--plan-out writes the re-solved plan: it needs --best-expressible",
+    ),
+    "export_fp64_plan": (
+        "export {plan} --to megatron -o {out}",
+        "megatron cannot run this plan: its dtype is fp64",
+    ),
+    "export_profile_not_the_plans": (
+        "export {plan} --to deepspeed -o {out} --best-expressible {profile}",
+        "is not that of the profile the plan was solved from",
+    ),
+    "export_time_limit_nan": (
+        "export {plan} --to megatron -o {out} --time-limit nan",
+        "--time-limit must be a number, got nan",
+    ),
     "show_unknown_option": ("show {plan} --bogus", "No such option: --bogus"),
     "validate_missing_argument": ("validate", "Missing argument"),
     "schema_unknown": ("schema nosuch", "'nosuch'"),
@@ -632,6 +650,19 @@ OUTPUTS = {
         "is a file, not a folder",
     ),
     "run_log_dir_is_file": ("run {plan} --local --log-dir {plan}", "is a file; give a folder"),
+    "export_output_is_its_plan": (
+        "export {plan} --to deepspeed -o {plan}",
+        "is this command's input",
+    ),
+    "export_output_is_its_profile": (
+        "export {plan} --to deepspeed -o {profile} --profile {profile}",
+        "is this command's input",
+    ),
+    "export_plan_out_is_folder": (
+        "export {plan} --to deepspeed -o {out} --best-expressible {profile} --plan-out {tmp}",
+        "is a folder",
+    ),
+    "export_output_dev_full": ("export {plan} --to deepspeed -o /dev/full", "not a regular file"),
 }
 
 

@@ -1,0 +1,233 @@
+"""What another launcher can run of a plan: one shape for the whole pipeline.
+
+Megatron-LM, torchtitan and DeepSpeed build one grid of ranks, (pipeline, data, tensor) in
+that order, so they run only plans where every stage has the same data-parallel degree dp,
+every replica the same tensor-parallel degree tp and the same share of each micro-batch, every
+stage one GPU type, and one recompute mode and one ZeRO-1 setting hold everywhere. This module
+reduces a plan to that shape (``PlanShape``), or says which part of the plan breaks it in one
+line (``NotExpressibleError``). Each target's module (``megatron``, ``torchtitan``,
+``deepspeed``) adds its own limits and writes the launcher's own configuration.
+
+Which layers are transformer blocks (Megatron-LM counts only those, torchtitan names them
+``layers.N``) comes from the profile the plan was solved from, or, for zoo models, from the
+zoo's layout: an embedding, the blocks, a head (``layer_kinds``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoplan.checks import ZOO_MODEL_NAMES
+from autoplan.errors import InputError
+from autoplan.plan.schema import Plan, Recompute, ScheduleName
+from autoplan.profile.schema import LayerKind, Profile
+
+__all__ = [
+    "ExportResult",
+    "NotExpressibleError",
+    "PlanShape",
+    "TransformerLayout",
+    "layer_kinds",
+    "plan_shape",
+    "transformer_layout",
+]
+
+
+class NotExpressibleError(InputError):
+    """The target launcher cannot run the plan; ``part`` names what it cannot run."""
+
+    def __init__(self, target: str, part: str) -> None:
+        self.target = target
+        self.part = part
+        super().__init__(f"{target} cannot run this plan: {part}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PlanShape(_Strict):
+    """A plan reduced to what one (pipeline, data, tensor) grid of ranks holds."""
+
+    pipeline_degree: int = Field(ge=1, description="pp: pipeline ranks.")
+    virtual_stages_per_rank: int = Field(ge=1, description="Stages per pipeline rank.")
+    schedule: ScheduleName
+    data_parallel_degree: int = Field(ge=1, description="dp: replicas of every stage.")
+    tensor_parallel_degree: int = Field(ge=1, description="tp: GPUs of every replica.")
+    micro_batch_size: int = Field(ge=1, description="Samples of each micro-batch per replica.")
+    num_micro_batches: int = Field(ge=1, description="Micro-batches per iteration.")
+    global_batch_size: int = Field(ge=1, description="Samples per iteration, all replicas.")
+    seq_len: int = Field(ge=1)
+    dtype: str
+    recompute: Recompute = Field(description="The one recompute mode of every replica.")
+    zero1: bool = Field(description="Optimizer states sharded across dp (False when dp = 1).")
+    stage_layers: list[int] = Field(description="Layers of each stage, in stage order.")
+    world_size: int = Field(ge=1)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_layers)
+
+
+class ExportResult(_Strict):
+    """A launcher's configuration for one plan, and what the user should know about it."""
+
+    target: str
+    text: str = Field(description="The file's contents.")
+    notes: list[str] = Field(
+        default_factory=list,
+        description="Where the launcher will run the plan differently from its prediction, "
+        "or needs something the file cannot hold (one line each).",
+    )
+
+
+@dataclass(frozen=True)
+class TransformerLayout:
+    """Which of the plan's layers are transformer blocks, per stage."""
+
+    stage_blocks: list[int]
+    num_blocks: int
+    block_index: list[int | None]  # per layer: its index among the blocks, None if not a block
+
+
+def _article(kind: str) -> str:
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind!r}"
+
+
+def _listing(values: list[str]) -> str:
+    return ", ".join(dict.fromkeys(values))
+
+
+def plan_shape(plan: Plan, target: str) -> PlanShape:
+    """The plan's one (pp, dp, tp) shape; NotExpressibleError naming the first stage or part
+    that has another (mixed GPU types, unequal tp, dp, shares, recompute or ZeRO-1, ranks out of
+    the grid's order)."""
+    stages = plan.stages
+    for stage in stages:
+        if len(stage.gpu_types) > 1:
+            types = _listing(stage.gpu_types)
+            raise NotExpressibleError(target, f"stage {stage.index} mixes GPU types ({types})")
+        tps = [str(r.tensor_parallel_degree) for r in stage.replicas]
+        if len(set(tps)) > 1:
+            raise NotExpressibleError(
+                target,
+                f"stage {stage.index}'s replicas differ in tensor-parallel degree "
+                f"({_listing(tps)}); {target} gives every replica one tp",
+            )
+        shares = [str(share) for share in stage.shares]
+        if len(set(shares)) > 1:
+            raise NotExpressibleError(
+                target,
+                f"stage {stage.index}'s replicas take uneven shares of each micro-batch "
+                f"({_listing(shares)} samples); {target} gives every replica the same share",
+            )
+        modes = [r.recompute for r in stage.replicas]
+        if len(set(modes)) > 1:
+            raise NotExpressibleError(
+                target,
+                f"stage {stage.index}'s replicas use different recompute ({_listing(modes)})",
+            )
+    first = stages[0]
+    tp = first.replicas[0].tensor_parallel_degree
+    dp = first.data_parallel_degree
+    for stage in stages[1:]:
+        other = stage.replicas[0].tensor_parallel_degree
+        if other != tp:
+            raise NotExpressibleError(
+                target,
+                f"stages differ in tensor-parallel degree (stage {first.index}: tp {tp}, stage "
+                f"{stage.index}: tp {other}); {target} uses one tp for every stage",
+            )
+        if stage.data_parallel_degree != dp:
+            raise NotExpressibleError(
+                target,
+                f"stages differ in data-parallel degree (stage {first.index}: dp {dp}, stage "
+                f"{stage.index}: dp {stage.data_parallel_degree}); {target} uses one dp for "
+                "every stage",
+            )
+        mode, mode0 = stage.replicas[0].recompute, first.replicas[0].recompute
+        if mode != mode0:
+            raise NotExpressibleError(
+                target,
+                f"stages use different recompute (stage {first.index}: {mode0}, stage "
+                f"{stage.index}: {mode}); {target} sets one recompute for every stage",
+            )
+        if dp > 1 and stage.zero1 != first.zero1:
+            on = [str(s.index) for s in stages if s.zero1]
+            off = [str(s.index) for s in stages if not s.zero1]
+            raise NotExpressibleError(
+                target,
+                f"ZeRO-1 is on for stages {', '.join(on)} and off for stages {', '.join(off)}; "
+                f"{target} sets it for every stage",
+            )
+    if plan.uniform_shape() != (dp, tp):
+        # Every check above passed, so only the numbering is off: the launchers number ranks
+        # rank = pipeline_rank * dp * tp + replica * tp + tp_index, and torchrun numbers them
+        # node by node in the plan's launch order.
+        raise NotExpressibleError(
+            target,
+            "its ranks are not numbered pipeline rank, then replica, then tp index, as "
+            f"{target} numbers them",
+        )
+    par = plan.parallelism
+    return PlanShape(
+        pipeline_degree=par.pipeline_degree,
+        virtual_stages_per_rank=par.virtual_stages_per_rank,
+        schedule=par.schedule,
+        data_parallel_degree=dp,
+        tensor_parallel_degree=tp,
+        micro_batch_size=first.replicas[0].micro_batch_size,
+        num_micro_batches=par.num_micro_batches,
+        global_batch_size=plan.inputs.global_batch_size,
+        seq_len=plan.inputs.seq_len,
+        dtype=plan.inputs.dtype,
+        recompute=first.replicas[0].recompute,
+        zero1=dp > 1 and first.zero1,
+        stage_layers=[stage.layer_end - stage.layer_start for stage in stages],
+        world_size=plan.world_size,
+    )
+
+
+def layer_kinds(plan: Plan, profile: Profile | None) -> list[LayerKind] | None:
+    """What each of the plan's layers is: from ``profile`` when given, else the zoo's layout
+    (embedding, blocks, head) for a zoo model; None when neither tells (a factory model)."""
+    count = plan.inputs.model.num_layers
+    if profile is not None:
+        if len(profile.layers) != count:
+            raise InputError(
+                f"the profile has {len(profile.layers)} layers; the plan's model has {count}"
+            )
+        return [layer.kind for layer in profile.layers]
+    if plan.inputs.model.name in ZOO_MODEL_NAMES and count >= 2:
+        return ["embedding", *(["block"] * (count - 2)), "head"]
+    return None
+
+
+def transformer_layout(plan: Plan, kinds: list[LayerKind] | None, target: str) -> TransformerLayout:
+    """The plan's layers as an embedding, transformer blocks and a head, the only layout of the
+    models ``target`` builds; NotExpressibleError (or InputError without kinds) otherwise."""
+    if kinds is None:
+        raise InputError(
+            f"the plan's model {plan.inputs.model.name!r} is not in the zoo: pass --profile "
+            "(the profile the plan was solved from) so that export knows which layers are "
+            "transformer blocks"
+        )
+    last = len(kinds) - 1
+    if last < 1:
+        raise NotExpressibleError(target, "its model is one layer, not an embedding and a head")
+    for index, kind in enumerate(kinds):
+        expected = "embedding" if index == 0 else "head" if index == last else "block"
+        if kind != expected:
+            raise NotExpressibleError(
+                target,
+                f"layer {index} is {_article(kind)} layer where {target}'s models have "
+                f"{_article(expected)} (they are an embedding, transformer blocks and a head)",
+            )
+    block_index: list[int | None] = [None, *range(last - 1), None]
+    stage_blocks = [
+        sum(1 for i in range(stage.layer_start, stage.layer_end) if block_index[i] is not None)
+        for stage in plan.stages
+    ]
+    return TransformerLayout(stage_blocks, last - 1, block_index)
