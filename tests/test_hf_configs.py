@@ -258,6 +258,13 @@ def test_missing_files_and_folders_are_one_line(tmp_path: Path) -> None:
         get_model_spec("hf:")
 
 
+def test_null_values_read_as_hugging_faces_defaults(tmp_path: Path) -> None:
+    config = {**_tiny_llama(), "num_key_value_heads": None, "rope_theta": None, "head_dim": None}
+    spec = get_model_spec(_write(tmp_path, config))
+    attention = spec.build().layers["block_0"].attn
+    assert (attention.num_kv_heads, attention.head_dim, attention.rope_theta) == (4, 16, 10000.0)
+
+
 def test_long_rope_and_yarn_scalings_are_accepted_as_plain_rope(tmp_path: Path) -> None:
     for scaling in (
         {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},

@@ -121,7 +121,11 @@ class _Fields:
         return InputError(f"{self.where}: {message}")
 
     def _get(self, key: str, default: Any) -> Any:
-        value = self.data.get(key, default)
+        # null reads as the default, as Hugging Face's config classes read it
+        # (num_key_value_heads: null means as many as the attention heads).
+        value = self.data.get(key)
+        if value is None:
+            value = default
         if value is _MISSING:
             raise self.fail(f"no {key!r}: the config must state it")
         return value
@@ -129,7 +133,7 @@ class _Fields:
     def whole(
         self, key: str, default: Any = _MISSING, *, high: int = limits.MAX_MODEL_WIDTH
     ) -> int:
-        """A whole number in [1, high] (null only where the default is None)."""
+        """A whole number in [1, high] (null reads as the default)."""
         value = self._get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
             raise self.fail(f"{key} must be a whole number from 1 to {high:,}, got {shown(value)}")
@@ -152,16 +156,14 @@ class _Fields:
 
     def flag(self, key: str, default: Any = _MISSING) -> bool:
         """true or false (null reads as the default)."""
-        value = self.data.get(key)
-        value = self._get(key, default) if value is None else value
+        value = self._get(key, default)
         if not isinstance(value, bool):
             raise self.fail(f"{key} must be true or false, got {shown(value)}")
         return value
 
     def text(self, key: str, default: Any = _MISSING) -> str:
         """A string (null reads as the default)."""
-        value = self.data.get(key)
-        value = self._get(key, default) if value is None else value
+        value = self._get(key, default)
         if not isinstance(value, str):
             raise self.fail(f"{key} must be text, got {shown(value)}")
         return value
