@@ -6,8 +6,9 @@ Our own, run first:
 - every name the plan states (nodes, GPU types) follows the name rule (``autoplan.names``)
   and is a node or type of the plan's own cluster, so nothing a launch script or a message
   prints comes from anywhere but a checked cluster;
-- the model is a zoo name or a well-formed ``package.module:callable`` (checked by its
-  syntax: nothing is imported, a plan's factory is never run by a check);
+- the model is a zoo name, a Hugging Face config 'hf:' and an absolute path, or a well-formed
+  ``package.module:callable`` (checked by their syntax: nothing is imported or read, a plan's
+  factory is never run by a check);
 - the training dtype is one autoplan knows.
 
 ``autoplan validate`` lists every problem; the other commands refuse with the first.
@@ -20,7 +21,7 @@ from typing import get_args
 
 from autoplan import limits
 from autoplan.errors import PlanInvalidError
-from autoplan.names import is_safe_name, shown
+from autoplan.names import hf_name_problem, is_hf_name, is_safe_name, shown
 from autoplan.plan.schema import Plan
 from autoplan.plan.validate import plan_problems
 from autoplan.profile.schema import DType, Profile
@@ -72,13 +73,17 @@ _FACTORY = re.compile(rf"{_IDENTIFIERS}:{_IDENTIFIERS}")
 
 
 def is_factory_name(name: str) -> bool:
-    """True when ``name`` is a well-formed 'package.module:callable' (ASCII identifiers)."""
-    return _FACTORY.fullmatch(name) is not None
+    """True when ``name`` is a well-formed 'package.module:callable' (ASCII identifiers); an
+    'hf:PATH' name never is (it names a config file, not code)."""
+    return _FACTORY.fullmatch(name) is not None and not is_hf_name(name)
 
 
 def model_name_syntax_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a model name at all, or None: it must be a factory path or a
-    name of the zoo's form (the name rule). Torch-free, for the solve path."""
+    """Why ``name`` cannot be a model name at all, or None: it must be a factory path, an
+    'hf:' and absolute path, or a name of the zoo's form (the name rule). Torch-free, for the
+    solve path."""
+    if is_hf_name(name):
+        return hf_name_problem(name)
     if is_factory_name(name) or is_safe_name(name):
         return None
     return (
@@ -89,7 +94,7 @@ def model_name_syntax_problem(name: str) -> str | None:
 
 def model_name_problem(name: str) -> str | None:
     """Why ``name`` names no model autoplan can build, or None: a zoo name, or a factory path
-    by syntax alone (its module is not imported)."""
+    or Hugging Face config by syntax alone (its module is not imported, its file not read)."""
     syntax = model_name_syntax_problem(name)
     if syntax is not None or ":" in name or name in ZOO_MODEL_NAMES:
         return syntax

@@ -39,6 +39,7 @@ __all__ = [
     "check_outputs",
     "file_sha256",
     "parse_json_text",
+    "read_json_data",
     "read_json_model",
     "read_yaml_model",
     "write_json_model",
@@ -270,6 +271,14 @@ def _validate(data: object, model: type[M], where: str) -> M:
         ) from None
     except RecursionError:
         raise InputError(f"{where}: nested too deeply") from None
+
+
+def read_json_data(path: str | Path) -> Any:
+    """A JSON file's data, read defensively (module docstring) but not validated against a
+    schema: for files of other tools (a Hugging Face config.json) that the caller reads key by
+    key. Any problem is an InputError naming the file."""
+    path = Path(path)
+    return parse_json_text(_read_text(path), _where(path))
 
 
 def read_json_model(path: str | Path, model: type[M]) -> M:

@@ -136,6 +136,13 @@ MAX_LAYERS = 4096
 MAX_SEQ_LEN = 2**20
 """Tokens per sample (1M): the longest context windows trained today."""
 
+MAX_MODEL_WIDTH = 2**22
+"""Largest width a model config may state (hidden, MLP, heads, vocabulary: 4M). Published
+models stay under 300k (Gemma's 256k vocabulary); a config beyond this is a typo or hostile."""
+
+MAX_MODEL_PATH_LENGTH = 4096
+"""Characters of the path in an 'hf:PATH' model name (Linux's PATH_MAX)."""
+
 MAX_GLOBAL_BATCH_SIZE = 2**24
 """Samples per iteration (16M): BERT-style runs use 64k; 16M samples of even 1 token each."""
 

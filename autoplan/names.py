@@ -10,10 +10,25 @@ command-line option. Anything else is refused with one line naming the field.
 from __future__ import annotations
 
 import re
+from pathlib import PurePosixPath
 
-from autoplan.limits import MAX_NAME_LENGTH
+from autoplan.limits import MAX_MODEL_PATH_LENGTH, MAX_NAME_LENGTH
 
-__all__ = ["NAME_RULE", "check_name", "is_safe_name", "printable", "shown"]
+__all__ = [
+    "HF_MODEL_PREFIX",
+    "NAME_RULE",
+    "check_name",
+    "hf_name_problem",
+    "is_hf_name",
+    "is_safe_name",
+    "job_label",
+    "printable",
+    "shown",
+]
+
+HF_MODEL_PREFIX = "hf:"
+"""Model names 'hf:PATH' are Hugging Face config files (autoplan.zoo.hf): data that autoplan's
+own code reads, never a factory 'package.module:callable', whatever PATH looks like."""
 
 _SAFE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_LENGTH - 1}}}")
 
@@ -47,3 +62,34 @@ def printable(text: str) -> str:
     safe in a comment line of a script and in a one-line message on a terminal."""
     joined = " ".join(text.split())
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in joined)
+
+
+def is_hf_name(name: str) -> bool:
+    """True when ``name`` is a Hugging Face config model name ('hf:PATH')."""
+    return name.startswith(HF_MODEL_PREFIX)
+
+
+def hf_name_problem(name: str) -> str | None:
+    """Why ``name`` is not an 'hf:PATH' model name as profiles and plans hold it, or None:
+    the absolute path (what ``autoplan profile`` writes, so every rank reads the same file),
+    printable, of bounded length."""
+    path = name[len(HF_MODEL_PREFIX) :]
+    if not is_hf_name(name) or not path.startswith("/"):
+        return f"model {shown(name)}: an 'hf:' name must hold an absolute path"
+    if len(path) > MAX_MODEL_PATH_LENGTH:
+        return f"model 'hf:...': path of {len(path)} characters (at most {MAX_MODEL_PATH_LENGTH})"
+    if not path.isprintable():
+        return f"model {shown(name)}: the path holds a control character"
+    return None
+
+
+def job_label(model: str) -> str:
+    """A short, safe word for a model in job names: the model itself when it follows the name
+    rule, else its safe characters (an 'hf:' path becomes 'hf-' and its folder's name)."""
+    if is_safe_name(model):
+        return model
+    if is_hf_name(model):
+        path = PurePosixPath(model[len(HF_MODEL_PREFIX) :])
+        model = "hf-" + (path.parent.name if path.name == "config.json" else path.stem)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.") or "model"
+    return safe[:MAX_NAME_LENGTH]

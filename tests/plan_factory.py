@@ -65,6 +65,16 @@ class ReplicaSpec:
     node: int = 0
 
 
+def _parameter_count(model: str) -> int:
+    """0 (unchecked) except for a Hugging Face config, whose count the runtime checks (the
+    config file is read again at run time); the zoo is imported only then (it needs torch)."""
+    if not model.startswith("hf:"):
+        return 0
+    from autoplan.zoo import get_model_spec
+
+    return get_model_spec(model).parameter_count()
+
+
 def make_stages_plan(
     stage_layers: list[int],
     stage_replicas: list[list[ReplicaSpec]],
@@ -216,7 +226,9 @@ def make_stages_plan(
     total_layers = num_model_layers if num_model_layers is not None else bounds[-1]
     return Plan(
         inputs=PlanInputs(
-            model=ModelRef(name=model, parameter_count=0, num_layers=total_layers),
+            model=ModelRef(
+                name=model, parameter_count=_parameter_count(model), num_layers=total_layers
+            ),
             profile_sha256="hand-made",
             seq_len=seq_len,
             dtype=dtype,

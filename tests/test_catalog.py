@@ -34,7 +34,7 @@ def test_catalog_has_every_expected_type_with_required_figures() -> None:
         assert gpu.name == name
         for dtype in REQUIRED_DTYPES:
             assert gpu.peak_tflops[dtype] > 0, (name, dtype)
-        assert set(gpu.peak_tflops) <= {"fp32", "tf32", "fp16", "bf16", "fp64"}
+        assert set(gpu.peak_tflops) <= {"fp32", "tf32", "fp16", "bf16", "fp64", "fp8"}
         assert gpu.datasheet_url.startswith("https://"), name
         assert 0 < gpu.efficiency <= 1
 
@@ -44,6 +44,31 @@ def test_tensor_core_peaks_exceed_fp32_where_listed() -> None:
         for dtype in ("fp16", "bf16", "tf32"):
             if dtype in gpu.peak_tflops:
                 assert gpu.peak_tflops[dtype] >= gpu.peak_tflops["fp32"], (gpu.name, dtype)
+
+
+# name: (memory GiB, memory GB/s, dense bf16, dense fp8 or None), from each datasheet.
+NEWER_TYPES = {
+    "B200": (179, 8000, 2250.0, 4500.0),
+    "GB200": (185, 8000, 2500.0, 5000.0),
+    "H20": (96, 4000, 148.0, 296.0),
+    "L40S": (48, 864, 362.05, 733.0),
+    "MI300X": (192, 5300, 1307.4, 2614.9),
+    "MI250X": (64, 1638.4, 191.5, None),  # one GCD: half the package's figures
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEWER_TYPES))
+def test_newer_types_load_with_their_dense_datasheet_figures(name: str) -> None:
+    gpu = load_catalog()[name]
+    memory, bandwidth, bf16, fp8 = NEWER_TYPES[name]
+    assert (gpu.memory_gib, gpu.memory_bandwidth_gb_per_s) == (memory, bandwidth)
+    assert peak_tflops(gpu, "bf16") == bf16
+    assert gpu.peak_tflops.get("fp8") == fp8
+    # Dense, not the 2:4-sparse figure: fp8 is twice 16-bit where listed (never four times).
+    if fp8 is not None:
+        assert fp8 == pytest.approx(2 * bf16, rel=0.025)
+    assert gpu.datasheet_url.startswith("https://")
+    assert 0 < gpu.memory_reserve_gib < 0.05 * gpu.memory_gib
 
 
 def test_pre_ampere_gpus_have_no_bf16_and_fall_back_to_fp32() -> None:

@@ -39,6 +39,7 @@ pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
+HF_GEMMA2 = f"hf:{ROOT / 'tests' / 'data' / 'hf' / 'tiny-gemma2' / 'config.json'}"
 
 
 def _uniform_plans() -> dict[str, Plan]:
@@ -140,6 +141,16 @@ def _uniform_plans() -> dict[str, Plan]:
             data_parallel=2,
             tensor_parallel=2,
             schedule="gpipe",
+            num_micro_batches=2,
+        ),
+        # A Hugging Face config (Gemma 2 shape): head tied across stages and split by tp, a
+        # head width other than hidden / heads, sliding-window attention (window 8 < seq 16)
+        # on block 0, sandwich norms, (1 + w) norms, soft-capped logits.
+        "hf_gemma2_pp2_tp2": make_plan(
+            [2, 2],
+            model=HF_GEMMA2,
+            tensor_parallel=2,
+            schedule="1f1b",
             num_micro_batches=2,
         ),
         # Llama: grouped-query attention (2 kv heads split over tp 2), RoPE, SwiGLU's gate.

@@ -8,6 +8,7 @@ argument prints the usage line and a hint first, then ``error: <what>`` as the l
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ from typer.core import TyperGroup
 from autoplan.errors import AutoplanError
 from autoplan.names import printable
 
-__all__ = ["EXIT_BAD_INPUT", "app", "command", "one_line"]
+__all__ = ["EXIT_BAD_INPUT", "app", "command", "one_line", "package_version"]
 
 EXIT_BAD_INPUT = 2
 _MAX_LINE = 1000
@@ -127,10 +128,32 @@ def command(*args: Any, **kwargs: Any) -> Callable[[F], F]:
     return register
 
 
+def package_version() -> str:
+    """autoplan's installed version (its package metadata), or 'unknown' when it runs from a
+    source tree that was never installed."""
+    try:
+        return importlib.metadata.version("autoplan")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    # Eager: runs while the options are parsed, so `autoplan --version` needs no command.
+    if value:
+        typer.echo(f"autoplan {package_version()}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _configure(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version, exit."
+        ),
     ] = False,
 ) -> None:
     # force: each invocation logs to the stderr of its own (tests run several in one process).

@@ -13,7 +13,8 @@ from autoplan.cluster.catalog import gpu_specs, load_catalog, load_cluster, prof
 
 __all__ = ["clusters", "gpus"]
 
-_DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp64")
+# fp8 is shown where the datasheet gives it; no training dtype uses it yet.
+_DTYPES = ("fp8", "bf16", "fp16", "tf32", "fp32", "fp64")
 
 
 def _console() -> Console:

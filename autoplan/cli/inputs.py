@@ -14,7 +14,7 @@ from autoplan.checks import all_plan_problems, is_factory_name, model_name_synta
 from autoplan.cluster.catalog import example_cluster_path, profiles_dir
 from autoplan.errors import InputError
 from autoplan.files import read_json_model
-from autoplan.names import printable, shown
+from autoplan.names import is_hf_name, printable, shown
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import Profile
 
@@ -74,12 +74,14 @@ def check_factory_trust(
     """Refuse to run a factory ('package.module:callable') that came from a file, unless the
     user trusts it (``trusted``: --trust-factory) or names the same factory (``named``).
 
-    Zoo names need no trust: they are autoplan's own code."""
+    Zoo names and Hugging Face configs ('hf:PATH') need no trust: they run autoplan's own
+    code (a config is data it reads)."""
     if named is not None and not is_factory_name(named):
         raise InputError(f"--factory {shown(named)} is not of the form 'package.module:callable'")
-    if ":" not in model:
+    if ":" not in model or is_hf_name(model):
         if named is not None:
-            raise InputError(f"--factory {named}: {source} names the zoo model '{model}'")
+            kind = "Hugging Face config" if is_hf_name(model) else "zoo model"
+            raise InputError(f"--factory {named}: {source} names the {kind} '{model}'")
         return
     if trusted or named == model:
         return

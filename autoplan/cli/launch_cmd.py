@@ -28,7 +28,7 @@ from autoplan.launch.torchrun import (
     node_environment,
     node_launches,
 )
-from autoplan.names import check_name, is_safe_name, printable, shown
+from autoplan.names import check_name, is_safe_name, job_label, printable, shown
 
 __all__ = ["launch_command", "runtime_args"]
 
@@ -173,7 +173,7 @@ def launch_command(
         absolute_plan,
         master_port,
         args,
-        job_name=f"autoplan-{plan.inputs.model.name}",
+        job_name=f"autoplan-{job_label(plan.inputs.model.name)}",
         rendezvous=backend,
         gres=gres_names,
         use_gres=not no_gres,

@@ -142,7 +142,9 @@ def profile_import(
 @command("profile", cls=_ProfileCommand)
 def profile(
     model: str = typer.Argument(
-        ..., help="Zoo name (see `autoplan models`) or 'package.module:factory'."
+        ...,
+        help="Zoo name (see `autoplan models`), a Hugging Face config 'hf:PATH/config.json' "
+        "or 'hf:FOLDER', or 'package.module:factory'.",
     ),
     seq: int = typer.Option(..., "--seq", help="Tokens per sample."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Samples per micro-batch."),

@@ -41,8 +41,8 @@ class ModelRef(_Strict):
     """Which model: enough for the runtime to build exactly the model that was profiled."""
 
     name: str = Field(
-        description="A zoo name (see `autoplan models`) or a factory path "
-        "'package.module:callable'."
+        description="A zoo name (see `autoplan models`), a Hugging Face config 'hf:' and the "
+        "config file's absolute path, or a factory path 'package.module:callable'."
     )
     parameter_count: int = Field(ge=0, description="Total parameters of the whole model.")
     num_layers: int = Field(

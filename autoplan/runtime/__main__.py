@@ -14,7 +14,7 @@ from pathlib import Path
 
 from autoplan.errors import AutoplanError, InputError
 from autoplan.files import read_json_model, write_json_model
-from autoplan.names import shown
+from autoplan.names import is_hf_name, shown
 from autoplan.plan.schema import Plan
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 
@@ -54,8 +54,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _check_trust(model: str, trusted: bool, named: str | None) -> None:
     """A plan from elsewhere runs no code of its own choosing: a factory model needs
     --trust-factory or the same --factory (``autoplan run`` and ``launch`` pass it once the
-    user has trusted it); zoo models are autoplan's own code."""
-    if ":" not in model or trusted or named == model:
+    user has trusted it); zoo models are autoplan's own code, and a Hugging Face config
+    ('hf:PATH') is data that code reads."""
+    if ":" not in model or is_hf_name(model) or trusted or named == model:
         return
     if named is not None:
         raise InputError(f"--factory {shown(named)} is not the factory the plan names ({model})")

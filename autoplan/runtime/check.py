@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from autoplan.errors import InputError
+from autoplan.names import is_hf_name
 from autoplan.plan.schema import Plan, Replica, Stage
 from autoplan.runtime.model_stage import pipeline_layers
 from autoplan.runtime.tensor_parallel import vocabulary_shard_rows, vocabulary_sizes
@@ -154,6 +155,21 @@ def _check_tensor_parallel(plan: Plan, model: nn.Module) -> None:
                 )
 
 
+def _check_same_config(plan: Plan, model: nn.Module) -> None:
+    """A Hugging Face config is a file read again at run time: refuse one that no longer
+    builds the model the plan was made for (the plan's parameter count is the profile's)."""
+    name = plan.inputs.model.name
+    if not is_hf_name(name):
+        return
+    count = sum(parameter.numel() for parameter in model.parameters())
+    if count != plan.inputs.model.parameter_count:
+        raise InputError(
+            f"model '{name}' now has {count:,} parameters; the plan was made for "
+            f"{plan.inputs.model.parameter_count:,} (the config changed since it was profiled: "
+            "profile and solve again)"
+        )
+
+
 def _check_zero1(stage: Stage) -> None:
     degrees = {replica.tensor_parallel_degree for replica in stage.replicas}
     if stage.zero1 and len(degrees) > 1:
@@ -180,11 +196,13 @@ def _check_schedule(plan: Plan) -> None:
 
 def check_runnable(plan: Plan) -> None:
     """Raise InputError (one line) unless the runtime can run ``plan``: the model it names
-    with the plan's layer count; stages that follow on, each on pipeline rank index % pp;
-    replica shares that add up to the micro-batch; replicas whose ranks match the rank map,
-    the same replicas for every stage of a pipeline rank (interleaving); tp degrees that split
-    whole heads; ZeRO-1 only over replicas of one tp; a schedule its micro-batches fit."""
+    with the plan's layer count (and, for a Hugging Face config, its parameter count); stages
+    that follow on, each on pipeline rank index % pp; replica shares that add up to the
+    micro-batch; replicas whose ranks match the rank map, the same replicas for every stage of
+    a pipeline rank (interleaving); tp degrees that split whole heads; ZeRO-1 only over
+    replicas of one tp; a schedule its micro-batches fit."""
     model = meta_model(plan)
+    _check_same_config(plan, model)
     num_layers = len(pipeline_layers(model))
     if num_layers != plan.inputs.model.num_layers:
         raise InputError(

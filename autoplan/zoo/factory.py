@@ -25,13 +25,15 @@ import torch
 from torch import nn
 
 from autoplan.errors import InputError
+from autoplan.names import is_hf_name
 
 __all__ = ["call_factory", "is_factory_path", "load_factory"]
 
 
 def is_factory_path(name: str) -> bool:
-    """True when ``name`` has the 'package.module:callable' form rather than a zoo name."""
-    return ":" in name
+    """True when ``name`` has the 'package.module:callable' form rather than a zoo name (an
+    'hf:PATH' Hugging Face config is never a factory)."""
+    return ":" in name and not is_hf_name(name)
 
 
 def load_factory(path: str) -> Callable[..., Any]:

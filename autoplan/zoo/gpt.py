@@ -1,5 +1,9 @@
-"""GPT-style decoder (GPT-2, GPT-3, Megatron-LM GPT, GPT-Neo): learned positions, pre-LayerNorm,
-GELU MLP, head optionally tied to the token embedding.
+"""GPT-style decoder (GPT-2, GPT-3, Megatron-LM GPT, GPT-Neo, GPT-NeoX/Pythia and, as blocks,
+OPT): learned positions, pre-LayerNorm, GELU MLP, head optionally tied to the token embedding.
+
+GPT-NeoX differs by options: rotary positions on part of each head instead of a position table,
+the parallel residual x + attn(ln1(x)) + mlp(ln2(x)), exact GELU and an untied head; OPT's
+pre-LayerNorm blocks by a ReLU MLP.
 
 q, k and v are separate projections because tensor parallelism splits them by columns; a fused
 qkv weight split by columns would mix q, k and v across ranks.
@@ -8,14 +12,18 @@ qkv weight split by columns would mix q, k and v across ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from autoplan.zoo.layered import LayeredModel
+from autoplan.zoo.rope import apply_rotary
 
-__all__ = ["GPT", "GPTBlock", "GPTConfig", "SelfAttention"]
+__all__ = ["GPT", "GPTBlock", "GPTConfig", "MLPActivation", "SelfAttention"]
+
+MLPActivation = Literal["gelu_tanh", "gelu", "relu"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,9 @@ class GPTConfig:
     ``qkv_bias=False`` (GPT-Neo) drops the 3h biases of q, k and v in every block.
     ``local_attention_window`` (GPT-Neo: 256) makes every odd block attend only to the last
     that many tokens; ``attention_scale`` replaces 1/sqrt(head_dim) (GPT-Neo: 1.0, unscaled).
+    ``rotary_fraction`` (GPT-NeoX: 0.25) drops the position table (s·h parameters) for RoPE on
+    that share of each head's dimensions; ``parallel_residual`` adds attention and MLP to the
+    same input (GPT-NeoX); ``activation`` is the MLP's (GPT-2: tanh GELU, NeoX: exact, OPT: ReLU).
     """
 
     num_layers: int
@@ -37,6 +48,11 @@ class GPTConfig:
     qkv_bias: bool = True
     local_attention_window: int | None = None
     attention_scale: float | None = None
+    activation: MLPActivation = "gelu_tanh"
+    norm_eps: float = 1e-5
+    rotary_fraction: float | None = None
+    rope_theta: float = 10000.0
+    parallel_residual: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -44,6 +60,15 @@ class GPTConfig:
                 f"hidden_size ({self.hidden_size}) must be divisible by "
                 f"num_heads ({self.num_heads})"
             )
+        if self.rotary_fraction is not None and not 0 < self.rotary_fraction <= 1:
+            raise ValueError(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
+
+    @property
+    def rotary_dims(self) -> int | None:
+        """Dimensions of each head that RoPE rotates (None: learned positions instead)."""
+        if self.rotary_fraction is None:
+            return None
+        return int(self.hidden_size // self.num_heads * self.rotary_fraction)
 
     @property
     def ffn(self) -> int:
@@ -52,20 +77,27 @@ class GPTConfig:
 
 
 class GPTEmbedding(nn.Module):
-    """Token embedding plus learned position embedding."""
+    """Token embedding plus learned position embedding (none with rotary positions)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.token = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position = nn.Embedding(config.max_seq_len, config.hidden_size)
+        self.position = (
+            nn.Embedding(config.max_seq_len, config.hidden_size)
+            if config.rotary_fraction is None
+            else None
+        )
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.position is None:
+            return self.token(token_ids)
         positions = torch.arange(token_ids.shape[1], device=token_ids.device)
         return self.token(token_ids) + self.position(positions)
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with separate q, k, v and out projections (no RoPE).
+    """Multi-head self-attention with separate q, k, v and out projections; RoPE on the first
+    ``rotary_dims`` dimensions of each head when given (GPT-NeoX), no positions otherwise.
 
     Works unchanged on a tensor-parallel shard: q, k and v may hold ``num_heads / tp`` heads'
     columns, so heads are inferred from the projection's output with ``head_dim`` fixed.
@@ -80,6 +112,8 @@ class SelfAttention(nn.Module):
         qkv_bias: bool = True,
         window: int | None = None,
         scale: float | None = None,
+        rotary_dims: int | None = None,
+        rope_theta: float = 10000.0,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -87,6 +121,8 @@ class SelfAttention(nn.Module):
         self.causal = causal
         self.window = window
         self.scale = scale
+        self.rotary_dims = rotary_dims
+        self.rope_theta = rope_theta
         self.q = nn.Linear(hidden, hidden, bias=qkv_bias)
         self.k = nn.Linear(hidden, hidden, bias=qkv_bias)
         self.v = nn.Linear(hidden, hidden, bias=qkv_bias)
@@ -99,6 +135,9 @@ class SelfAttention(nn.Module):
         q = self.q(x).view(shape).transpose(1, 2)
         k = self.k(x).view(shape).transpose(1, 2)
         v = self.v(x).view(shape).transpose(1, 2)
+        if self.rotary_dims is not None:
+            q = apply_rotary(q, self.rope_theta, rotary_dims=self.rotary_dims)
+            k = apply_rotary(k, self.rope_theta, rotary_dims=self.rotary_dims)
         if self.window is None:
             attended = F.scaled_dot_product_attention(
                 q, k, v, is_causal=self.causal, scale=self.scale
@@ -120,27 +159,43 @@ class SelfAttention(nn.Module):
         return (
             f"num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}, "
             f"window={self.window}, scale={self.scale}"
+            + (
+                ""
+                if self.rotary_dims is None
+                else f", rotary_dims={self.rotary_dims}, rope_theta={self.rope_theta}"
+            )
         )
 
 
 class GPTMLP(nn.Module):
-    """up → GELU (tanh approximation, as GPT-2) → down."""
+    """up → activation (GELU's tanh approximation, as GPT-2, by default) → down."""
 
-    def __init__(self, hidden: int, ffn: int) -> None:
+    def __init__(self, hidden: int, ffn: int, activation: MLPActivation = "gelu_tanh") -> None:
         super().__init__()
         self.up = nn.Linear(hidden, ffn)
         self.down = nn.Linear(ffn, hidden)
+        self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
+        inner = self.up(x)
+        if self.activation == "relu":
+            inner = F.relu(inner)
+        else:
+            inner = F.gelu(inner, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return self.down(inner)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"
 
 
 class GPTBlock(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)); with the
+    parallel residual x + attn(ln1(x)) + mlp(ln2(x))."""
 
     def __init__(self, config: GPTConfig, *, local: bool = False) -> None:
         super().__init__()
-        self.attn_norm = nn.LayerNorm(config.hidden_size)
+        self.parallel_residual = config.parallel_residual
+        self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
         self.attn = SelfAttention(
             config.hidden_size,
             config.num_heads,
@@ -148,13 +203,20 @@ class GPTBlock(nn.Module):
             qkv_bias=config.qkv_bias,
             window=config.local_attention_window if local else None,
             scale=config.attention_scale,
+            rotary_dims=config.rotary_dims,
+            rope_theta=config.rope_theta,
         )
-        self.mlp_norm = nn.LayerNorm(config.hidden_size)
-        self.mlp = GPTMLP(config.hidden_size, config.ffn)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = GPTMLP(config.hidden_size, config.ffn, config.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel_residual:
+            return x + self.attn(self.attn_norm(x)) + self.mlp(self.mlp_norm(x))
         x = x + self.attn(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
+
+    def extra_repr(self) -> str:
+        return f"parallel_residual={self.parallel_residual}"
 
 
 class GPTHead(nn.Module):
@@ -162,7 +224,7 @@ class GPTHead(nn.Module):
 
     def __init__(self, config: GPTConfig, tied_embedding: nn.Embedding | None) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
         self.output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if tied_embedding is not None:
             self.output.weight = tied_embedding.weight

@@ -1,31 +1,45 @@
-"""LLaMA-style decoder (Llama-2, Llama-3): RMSNorm, rotary positions, grouped-query attention,
-SwiGLU MLP, untied output head, no biases.
+"""LLaMA-style decoder (Llama-2, Llama-3, and through their Hugging Face configs Mistral, Qwen2,
+Phi-3 and Gemma): RMSNorm, rotary positions, grouped-query attention, a gated MLP.
+
+The defaults are Llama's: no biases, SwiGLU, untied output head, full causal attention. The
+options are what the other families of :mod:`autoplan.zoo.hf` differ by, each at its
+parameter-count and cost level: q/k/v biases (Qwen2), a head tied to the embedding (Llama 3.2,
+small Qwen2, Gemma), a head width other than hidden / heads (Gemma), sliding-window attention
+on some or all layers (Mistral, Phi-3, Gemma 2), a GELU-gated MLP, the embedding scaled by
+sqrt(hidden) and (1 + w) RMSNorms (Gemma), norms after attention and MLP too and soft-capped
+logits (Gemma 2). Gemma 2's soft-capping of attention scores is not modelled: its attention is
+costed as ordinary (flash) attention, which is what fused kernels with a cap cost too.
 
 As in :mod:`autoplan.zoo.gpt`, q, k and v are separate projections so that tensor parallelism
-can split them by columns; the attention infers its (local) head counts from the projections'
-outputs, so a shard holding ``heads / tp`` query heads and ``kv_heads / tp`` key/value heads
-works unchanged.
+can split them by columns (a fused qkv, as Phi-3 stores it, has the same parameters); the
+attention infers its (local) head counts from the projections' outputs, so a shard holding
+``heads / tp`` query heads and ``kv_heads / tp`` key/value heads works unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from autoplan.zoo.layered import LayeredModel
+from autoplan.zoo.rope import RopeScaling, apply_rotary
 
-__all__ = ["Llama", "LlamaBlock", "LlamaConfig"]
+__all__ = ["GatedActivation", "Llama", "LlamaBlock", "LlamaConfig", "OffsetRMSNorm"]
+
+GatedActivation = Literal["silu", "gelu_tanh", "gelu"]
 
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """Shape of a LLaMA model.
+    """Shape of a LLaMA-style model.
 
-    Parameters: V·h (embedding) + l·(2h² + 2h·kv·d + 3h·f + 2h) + h (final norm) + V·h (head),
-    with d = h / heads and kv the key/value heads.
+    Parameters: V·h (embedding) + l·(h·heads·d + 2h·kv·d + heads·d·h + 3h·f + norms) + h (final
+    norm) + V·h (head, unless tied), with d the head width (h / heads unless given), kv the
+    key/value heads, norms 2h per block (4h with ``sandwich_norms``), plus the biases asked for.
     """
 
     num_layers: int
@@ -37,9 +51,32 @@ class LlamaConfig:
     max_seq_len: int
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    attention_head_dim: int | None = None
+    """Width of one head where it is not hidden / heads (Gemma: 256)."""
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    tie_embeddings: bool = False
+    activation: GatedActivation = "silu"
+    rope_scaling: RopeScaling | None = None
+    rotary_fraction: float = 1.0
+    """Share of each head's dimensions that RoPE rotates (Phi-4-mini: 0.75)."""
+    sliding_window: int | None = None
+    sliding_window_layers: tuple[int, ...] | None = None
+    """Blocks that attend to the last ``sliding_window`` tokens only; None: every block."""
+    attention_scale: float | None = None
+    """Replaces 1/sqrt(head_dim) (Gemma 2: query_pre_attn_scalar ** -0.5)."""
+    embedding_multiplier: float | None = None
+    """The token embedding's output is multiplied by this (Gemma: sqrt(hidden))."""
+    offset_norms: bool = False
+    """RMSNorms scale by (1 + w), w starting at zero (Gemma)."""
+    sandwich_norms: bool = False
+    """A norm after attention and after the MLP too, before each residual add (Gemma 2)."""
+    final_logit_softcap: float | None = None
+    """Logits become cap · tanh(logits / cap) (Gemma 2: 30)."""
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads:
+        if self.attention_head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by "
                 f"num_heads ({self.num_heads})"
@@ -49,116 +86,194 @@ class LlamaConfig:
                 f"num_heads ({self.num_heads}) must be divisible by num_kv_heads "
                 f"({self.num_kv_heads})"
             )
+        if not 0 < self.rotary_fraction <= 1:
+            raise ValueError(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
 
     @property
     def head_dim(self) -> int:
         """Width of one attention head."""
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    def window_of(self, index: int) -> int | None:
+        """The sliding window of block ``index``, or None where it attends to every token."""
+        if self.sliding_window_layers is not None and index not in self.sliding_window_layers:
+            return None
+        return self.sliding_window
 
 
-def _rotate(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Apply rotary position embedding to ``x`` of shape (batch, heads, seq, head_dim).
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm whose scale is (1 + weight), the weight starting at zero (Gemma's)."""
 
-    The angles are computed here rather than kept in a buffer so that the model has no
-    non-persistent state to re-initialise after meta-device construction or stage slicing.
-    Pairs are (i, i + d/2) as in the Hugging Face layout of LLaMA weights.
-    """
-    seq, head_dim = x.shape[-2], x.shape[-1]
-    half = head_dim // 2
-    inv_freq = theta ** (-torch.arange(0, half, device=x.device, dtype=torch.float32) / half)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * (1 + self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def _norm(config: LlamaConfig) -> nn.Module:
+    size, eps = config.hidden_size, config.norm_eps
+    return OffsetRMSNorm(size, eps) if config.offset_norms else nn.RMSNorm(size, eps=eps)
+
+
+def _window_mask(seq: int, window: int, device: torch.device) -> torch.Tensor:
+    """Causal sliding window as a boolean mask: query i sees keys i - window + 1 … i."""
+    query = torch.arange(seq, device=device)[:, None]
+    key = torch.arange(seq, device=device)[None, :]
+    return (key <= query) & (query - key < window)
 
 
 class GroupedQueryAttention(nn.Module):
-    """Causal attention where groups of ``num_heads / num_kv_heads`` query heads share k and v."""
+    """Causal attention where groups of ``num_heads / num_kv_heads`` query heads share k and v;
+    with ``window``, each token sees only the last ``window`` tokens."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, window: int | None = None) -> None:
         super().__init__()
         hidden, head_dim = config.hidden_size, config.head_dim
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = head_dim
         self.rope_theta = config.rope_theta
-        self.q = nn.Linear(hidden, config.num_heads * head_dim, bias=False)
-        self.k = nn.Linear(hidden, config.num_kv_heads * head_dim, bias=False)
-        self.v = nn.Linear(hidden, config.num_kv_heads * head_dim, bias=False)
-        self.out = nn.Linear(config.num_heads * head_dim, hidden, bias=False)
+        self.rope_scaling = config.rope_scaling
+        self.rotary_dims = (
+            None if config.rotary_fraction == 1 else int(head_dim * config.rotary_fraction)
+        )
+        self.window = window
+        self.scale = config.attention_scale
+        self.q = nn.Linear(hidden, config.num_heads * head_dim, bias=config.qkv_bias)
+        self.k = nn.Linear(hidden, config.num_kv_heads * head_dim, bias=config.qkv_bias)
+        self.v = nn.Linear(hidden, config.num_kv_heads * head_dim, bias=config.qkv_bias)
+        self.out = nn.Linear(config.num_heads * head_dim, hidden, bias=config.out_bias)
+
+    def _rope(self, x: torch.Tensor) -> torch.Tensor:
+        return apply_rotary(
+            x, self.rope_theta, rotary_dims=self.rotary_dims, scaling=self.rope_scaling
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1 heads: under tensor parallelism each projection holds only the local heads.
         shape = (batch, seq, -1, self.head_dim)
-        q = _rotate(self.q(x).view(shape).transpose(1, 2), self.rope_theta)
-        k = _rotate(self.k(x).view(shape).transpose(1, 2), self.rope_theta)
+        q = self._rope(self.q(x).view(shape).transpose(1, 2))
+        k = self._rope(self.k(x).view(shape).transpose(1, 2))
         v = self.v(x).view(shape).transpose(1, 2)
         # The group size is the same on every shard, since tp divides both head counts.
         group = self.num_heads // self.num_kv_heads
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.window is None or seq <= self.window:
+            # A window at least the sequence long is plain causal attention: the same mask,
+            # so the fused causal kernel runs (and is what the profile traces).
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        else:
+            mask = _window_mask(seq, self.window, x.device)
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return self.out(attended.transpose(1, 2).reshape(batch, seq, -1))
 
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-            f"head_dim={self.head_dim}, rope_theta={self.rope_theta}"
+            f"head_dim={self.head_dim}, rope_theta={self.rope_theta}, "
+            f"rope_scaling={self.rope_scaling}, rotary_dims={self.rotary_dims}, "
+            f"window={self.window}, scale={self.scale}"
         )
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x))."""
+    """down(act(gate(x)) * up(x)): SiLU by default (SwiGLU), tanh-GELU for Gemma (GeGLU)."""
 
-    def __init__(self, hidden: int, ffn: int) -> None:
+    def __init__(
+        self, hidden: int, ffn: int, *, activation: GatedActivation = "silu", bias: bool = False
+    ) -> None:
         super().__init__()
-        self.gate = nn.Linear(hidden, ffn, bias=False)
-        self.up = nn.Linear(hidden, ffn, bias=False)
-        self.down = nn.Linear(ffn, hidden, bias=False)
+        self.activation = activation
+        self.gate = nn.Linear(hidden, ffn, bias=bias)
+        self.up = nn.Linear(hidden, ffn, bias=bias)
+        self.down = nn.Linear(ffn, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate = self.gate(x)
+        if self.activation == "silu":
+            gate = F.silu(gate)
+        else:
+            gate = F.gelu(gate, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return self.down(gate * self.up(x))
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"
 
 
 class LlamaBlock(nn.Module):
-    """Pre-RMSNorm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-RMSNorm block: x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms
+    x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, index: int = 0) -> None:
         super().__init__()
-        self.attn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.attn = GroupedQueryAttention(config)
-        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.ffn_hidden_size)
+        self.attn_norm = _norm(config)
+        self.attn = GroupedQueryAttention(config, window=config.window_of(index))
+        self.mlp_norm = _norm(config)
+        self.mlp = SwiGLU(
+            config.hidden_size,
+            config.ffn_hidden_size,
+            activation=config.activation,
+            bias=config.mlp_bias,
+        )
+        self.attn_post_norm = _norm(config) if config.sandwich_norms else None
+        self.mlp_post_norm = _norm(config) if config.sandwich_norms else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        attended = self.attn(self.attn_norm(x))
+        if self.attn_post_norm is not None:
+            attended = self.attn_post_norm(attended)
+        x = x + attended
+        transformed = self.mlp(self.mlp_norm(x))
+        if self.mlp_post_norm is not None:
+            transformed = self.mlp_post_norm(transformed)
+        return x + transformed
 
 
 class LlamaEmbedding(nn.Module):
-    """Token embedding only: positions enter through RoPE inside attention."""
+    """Token embedding only (times a constant for Gemma): positions enter through RoPE."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.token = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.multiplier = config.embedding_multiplier
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.token(token_ids)
+        embedded = self.token(token_ids)
+        return embedded if self.multiplier is None else embedded * self.multiplier
+
+    def extra_repr(self) -> str:
+        return f"multiplier={self.multiplier}"
 
 
 class LlamaHead(nn.Module):
-    """Final RMSNorm and the (untied) output projection."""
+    """Final RMSNorm and the output projection (tied to the token embedding when asked), its
+    logits soft-capped where the config says so."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, tied_embedding: nn.Embedding | None = None) -> None:
         super().__init__()
-        self.norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.norm = _norm(config)
         self.output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if tied_embedding is not None:
+            self.output.weight = tied_embedding.weight
+        self.softcap = config.final_logit_softcap
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.output(self.norm(x))
+        logits = self.output(self.norm(x))
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
+
+    def extra_repr(self) -> str:
+        return f"softcap={self.softcap}"
 
 
 class Llama(LayeredModel):
@@ -167,8 +282,9 @@ class Llama(LayeredModel):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
-        layers: dict[str, nn.Module] = {"embed": LlamaEmbedding(config)}
+        embed = LlamaEmbedding(config)
+        layers: dict[str, nn.Module] = {"embed": embed}
         for index in range(config.num_layers):
-            layers[f"block_{index}"] = LlamaBlock(config)
-        layers["head"] = LlamaHead(config)
+            layers[f"block_{index}"] = LlamaBlock(config, index)
+        layers["head"] = LlamaHead(config, embed.token if config.tie_embeddings else None)
         self.layers = nn.ModuleDict(layers)

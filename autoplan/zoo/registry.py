@@ -1,7 +1,9 @@
-"""Names → model specs: the zoo's presets and user factories ('package.module:callable')."""
+"""Names → model specs: the zoo's presets, Hugging Face configs ('hf:PATH', autoplan.zoo.hf) and
+user factories ('package.module:callable')."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import math
@@ -13,9 +15,11 @@ import torch
 from torch import nn
 
 from autoplan.errors import InputError
+from autoplan.names import is_hf_name
 from autoplan.zoo.bert import Bert, BertConfig
 from autoplan.zoo.factory import call_factory, is_factory_path, load_factory
 from autoplan.zoo.gpt import GPT, GPTConfig
+from autoplan.zoo.hf import read_hf_model
 from autoplan.zoo.llama import Llama, LlamaConfig
 from autoplan.zoo.opt import OPT, OPTConfig
 from autoplan.zoo.presets import PRESET_CONFIGS, PresetConfig
@@ -68,6 +72,9 @@ class ModelSpec:
 
     def parameter_count(self) -> int:
         """Parameters of the model, counted on the meta device (nothing is allocated)."""
+        if is_hf_name(self.name):
+            # Not cached by name: the file behind a name may change; this spec's config is fixed.
+            return _count_parameters(self.build)
         return _parameter_count(self.name)
 
 
@@ -113,11 +120,22 @@ def _factory_spec(path: str) -> ModelSpec:
     return ModelSpec(name=path, build=build, vocab_size=None, max_seq_len=None, loss="sum")
 
 
+def _hf_spec(name: str) -> ModelSpec:
+    """The spec of a Hugging Face config: the zoo model its family maps to, named by the
+    config file's absolute path (so a profile's name rebuilds it anywhere on the machine)."""
+    model = read_hf_model(name)
+    return dataclasses.replace(_preset_spec(model.name, model.config), family=model.model_type)
+
+
+def _count_parameters(build: Callable[[], nn.Module]) -> int:
+    with torch.device("meta"):
+        model = build()
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
 @functools.cache
 def _parameter_count(name: str) -> int:
-    with torch.device("meta"):
-        model = get_model_spec(name).build()
-    return sum(parameter.numel() for parameter in model.parameters())
+    return _count_parameters(get_model_spec(name).build)
 
 
 def model_names() -> list[str]:
@@ -126,12 +144,15 @@ def model_names() -> list[str]:
 
 
 def get_model_spec(name: str) -> ModelSpec:
-    """The spec of a zoo name or of a factory path 'package.module:callable'.
+    """The spec of a zoo name, a Hugging Face config 'hf:PATH' (a config.json or the folder
+    holding one) or a factory path 'package.module:callable'.
 
     Unknown names raise InputError with the nearest names offered.
     """
     if name in _PRESETS:
         return _PRESETS[name]
+    if is_hf_name(name):
+        return _hf_spec(name)
     if is_factory_path(name):
         return _factory_spec(name)
     close = difflib.get_close_matches(name, model_names(), n=3, cutoff=0.5)
