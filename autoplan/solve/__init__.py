@@ -17,7 +17,7 @@ from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.profile.schema import Profile
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
-from autoplan.solve.diagnose import explain_infeasible
+from autoplan.solve.diagnose import explain_infeasible, explain_megatron_infeasible
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult, search
 
@@ -102,7 +102,10 @@ def solve(
     result = solve_candidates(model, global_batch_size, options, progress)
     feasible: list[Candidate] = [c for c in result.candidates if c.cost.feasible]
     if not result.candidates:
-        raise InfeasibleError(explain_infeasible(model, global_batch_size, options))
+        explain = (
+            explain_megatron_infeasible if options.strategy == "megatron" else explain_infeasible
+        )
+        raise InfeasibleError(explain(model, global_batch_size, options))
     if not feasible:
         best = result.candidates[0]
         logger.warning("the %s plan does not fit: %s", options.strategy, best.cost.violations[0])

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from autoplan.cost.model import CostModel
+from autoplan.solve.baselines import blind_model
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import divisors, tp_choices
 
-__all__ = ["explain_infeasible"]
+__all__ = ["explain_infeasible", "explain_megatron_infeasible"]
 
 
 def _gb(value: float) -> str:
@@ -63,4 +64,27 @@ def explain_infeasible(model: CostModel, batch: int, options: SolveOptions) -> s
         f"no configuration{knobs} fits in memory: the cluster has {gpus} GPUs of at most "
         f"{_gb(largest)}; the model needs {_gb(static)} for weights, gradients and optimizer "
         f"states (largest layer {biggest_layer / 1e6:.0f} M parameters) plus activations"
+    )
+
+
+def explain_megatron_infeasible(model: CostModel, batch: int, options: SolveOptions) -> str:
+    """Why the megatron baseline found no plan, in the terms it plans in.
+
+    The baseline sees every GPU as the cluster's slowest and smallest type (``blind_model``),
+    so it can fail where the cluster itself has room: the message says so first, with both
+    memory totals, then gives the binding constraint of that blind pool."""
+    blind = blind_model(model, options.efficiency)
+    (pool,) = blind.classes
+    real_memory = sum(c.gpu.memory_bytes * c.total_gpus for c in model.classes)
+    blind_memory = pool.gpu.memory_bytes * pool.total_gpus
+    slowest = pool.gpu.name.removeprefix("blind-")
+    cause = explain_infeasible(blind, batch, options)
+    if model.cluster.total_gpus() != pool.total_gpus:
+        # The pool rounds the GPUs down to whole nodes of its smallest node size.
+        cause += f" (the pool keeps {pool.total_gpus} of the {model.cluster.total_gpus()} GPUs)"
+    return (
+        f"the megatron baseline costs every GPU as the cluster's slowest and smallest "
+        f"({slowest} speed, {pool.gpu.memory_gib:g} GiB each: {_gb(blind_memory)} in all, "
+        f"where the cluster has {_gb(real_memory)}); so costed, {cause}; "
+        "--strategy optimal uses each GPU type as it is"
     )
