@@ -22,6 +22,7 @@ TORCH_FREE_PACKAGES = [
     "autoplan.cost",
     "autoplan.solve",
     "autoplan.plan",
+    "autoplan.sweep",
 ]
 # Single modules on the solve path (autoplan.profile as a whole holds the profiler, which needs
 # torch; the solver reads only its schema). The solve command pulls in autoplan.cli, i.e. every
@@ -32,6 +33,8 @@ TORCH_FREE_MODULES = [
     "autoplan.profile.schema",
     "autoplan.cli.solve_cmd",
     "autoplan.cli",
+    # The Python API imports torch only inside api.profile.
+    "autoplan.api",
 ]
 
 # torch.distributed._tools holds single-process tools (MemTracker for the profiler's memory
