@@ -16,10 +16,10 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullLocator
 
 from autoplan.sweep.schema import SweepRow
-from autoplan.view.units import count_text, usd_text
+from autoplan.view.units import count_text
 
 __all__ = ["write_sweep_png"]
 
@@ -94,10 +94,14 @@ def write_sweep_png(
                     color=colour,
                 )
         _mark_infeasible(throughput, series, colour, label)
-    # Figures as the table writes them (2.5 M, $3.3 k), not with a shared '1e7' offset.
-    throughput.yaxis.set_major_formatter(FuncFormatter(lambda value, _: count_text(value)))
+    # Ticks with SI prefixes (2.5 M, $1.25 M), not a shared '1e7' offset; all the digits a
+    # tick needs (the table's three figures would show 1.25 M as 1.2 M).
+    engineering = EngFormatter(sep=" ")
+    throughput.yaxis.set_major_formatter(engineering)
     lower.yaxis.set_major_formatter(
-        FuncFormatter(lambda value, _: usd_text(value) if priced else f"{value:g}")
+        FuncFormatter(lambda value, _: f"${engineering.format_eng(value)}")
+        if priced
+        else engineering
     )
     throughput.set_ylabel("predicted tokens/s")
     throughput.set_ylim(bottom=0)
