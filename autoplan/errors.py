@@ -18,7 +18,12 @@ class InputError(AutoplanError):
 
 
 class InfeasibleError(AutoplanError):
-    """No plan satisfies the constraints; the message names the one that binds."""
+    """No plan satisfies the constraints; the message names the one that binds, with numbers,
+    and ``short`` says it in a few words (a row of ``autoplan sweep``'s table)."""
+
+    def __init__(self, message: str, short: str = "") -> None:
+        super().__init__(message)
+        self.short = short or message
 
 
 class LaunchMismatchError(AutoplanError):

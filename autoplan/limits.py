@@ -34,11 +34,14 @@ __all__ = [
     "MAX_OVERHEAD_MS",
     "MAX_PEAK_TFLOPS",
     "MAX_PIPELINE_DEGREE",
+    "MAX_PRICE_USD_PER_HOUR",
     "MAX_SEQ_LEN",
     "MAX_SIMULATED_ACTIONS",
     "MAX_STEPS",
+    "MAX_SWEEP_CONFIGURATIONS",
     "MAX_TIME_LIMIT_S",
     "MAX_TOP_K",
+    "MAX_TRAIN_TOKENS",
     "MAX_VIRTUAL_STAGES",
     "MAX_YAML_ALIASES",
     "MIN_BANDWIDTH_GB_PER_S",
@@ -176,3 +179,13 @@ MAX_TIME_LIMIT_S = 86_400.0
 
 MAX_CPUS_PER_TASK = 4096
 """CPUs one Slurm task (one node's torchrun) may request."""
+
+MAX_SWEEP_CONFIGURATIONS = 256
+"""Configurations (node counts × global batches) of one ``sweep``: each is a whole solve, up to
+its time limit; a longer list is more likely a typing mistake than a plan."""
+
+MAX_TRAIN_TOKENS = 1e18
+"""Tokens ``sweep`` prices a run for: the largest published runs train on ~1e14 tokens."""
+
+MAX_PRICE_USD_PER_HOUR = 1e4
+"""US dollars per GPU-hour ``sweep`` takes: cloud prices are ~0.1 to 100."""

@@ -32,8 +32,14 @@ KINDS = ("cluster", "profile", "plan", "flags", "outputs")
 TIME_LIMIT_S = 30.0
 
 DEFAULT_COMMANDS = {
-    "cluster": ["solve {profile} --cluster {input} --global-batch 8 -o {out}"],
-    "profile": ["solve {input} --cluster {cluster} --global-batch 8 -o {out}"],
+    "cluster": [
+        "solve {profile} --cluster {input} --global-batch 8 -o {out}",
+        "sweep {profile} --cluster {input} --nodes 1 --csv {out}",
+    ],
+    "profile": [
+        "solve {input} --cluster {cluster} --global-batch 8 -o {out}",
+        "sweep {input} --cluster {cluster} --nodes 1 --csv {out}",
+    ],
     "plan": [
         "validate {input}",
         "show {input}",

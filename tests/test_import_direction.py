@@ -23,6 +23,7 @@ TORCH_FREE_PACKAGES = [
     "autoplan.solve",
     "autoplan.plan",
     "autoplan.export",
+    "autoplan.sweep",
 ]
 # Single modules on the solve path (autoplan.profile as a whole holds the profiler, which needs
 # torch; the solver reads only its schema). The solve command pulls in autoplan.cli, i.e. every
@@ -34,6 +35,8 @@ TORCH_FREE_MODULES = [
     "autoplan.cli.solve_cmd",
     "autoplan.cli.export_cmd",
     "autoplan.cli",
+    # The Python API imports torch only inside api.profile.
+    "autoplan.api",
 ]
 
 # torch.distributed._tools holds single-process tools (MemTracker for the profiler's memory

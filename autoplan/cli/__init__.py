@@ -10,6 +10,7 @@ from autoplan.cli import (  # noqa: F401
     run_cmd,
     schema_cmd,
     solve_cmd,
+    sweep_cmd,
     validate_cmd,
     view_cmd,
 )

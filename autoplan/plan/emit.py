@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel, PlanCost, RankMemory
 from autoplan.plan.ranks import build_rank_map, place
@@ -24,8 +26,13 @@ __all__ = ["emit_plan", "model_flops_per_iteration", "stage_types"]
 
 
 def _round(value: float) -> float:
-    # Rounded so that plan files stay readable; the rounding is deterministic.
-    return round(value, 6)
+    # Rounded so that plan files stay readable; the rounding is deterministic. Six decimals,
+    # and six significant digits for a figure under 1: six decimals alone leave a tiny one
+    # (the TFLOP/s per GPU of a slow CPU "GPU", ~1e-5) off by more than the 1% the validator
+    # checks it to, and `autoplan run` would refuse the plan that `solve` just wrote.
+    if value == 0 or not math.isfinite(value) or abs(value) >= 1:
+        return round(value, 6)
+    return round(value, max(6, 5 - math.floor(math.log10(abs(value)))))
 
 
 def model_flops_per_iteration(model: CostModel, global_batch_size: int) -> float:

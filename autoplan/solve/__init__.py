@@ -1,13 +1,15 @@
 """``solve``: profile + cluster + global batch → the best executable Plan.
 
-Public API: ``SolveOptions`` and ``solve``. The search is in ``autoplan.solve.search``, the
-cost model in ``autoplan.cost``, the algorithms in ``solvers``.
+Public API: ``SolveOptions`` and ``solve`` (``solve_outcome`` also says whether the time limit
+stopped the search). The search is in ``autoplan.solve.search``, the cost model in
+``autoplan.cost``, the algorithms in ``solvers``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from autoplan.cluster.catalog import gpu_specs
 from autoplan.cluster.schema import Cluster
@@ -17,11 +19,18 @@ from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.profile.schema import Profile
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
-from autoplan.solve.diagnose import explain_infeasible
+from autoplan.solve.diagnose import diagnose_infeasible, diagnose_megatron_infeasible
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult, search
 
-__all__ = ["SolveOptions", "cost_model", "solve", "solve_candidates"]
+__all__ = [
+    "SolveOptions",
+    "SolveOutcome",
+    "cost_model",
+    "solve",
+    "solve_candidates",
+    "solve_outcome",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +93,16 @@ def solve_candidates(
     return result
 
 
-def solve(
+@dataclass(frozen=True)
+class SolveOutcome:
+    """A solve's plan and what the search says about it beyond the plan itself."""
+
+    plan: Plan
+    timed_out: bool  # the time limit stopped the search: the best found, not proven optimal
+    violation: str | None  # why the plan does not fit (a baseline's best may not), else None
+
+
+def solve_outcome(
     profile: Profile,
     cluster: Cluster,
     global_batch_size: int,
@@ -92,8 +110,9 @@ def solve(
     *,
     profile_sha256: str = "",
     progress: Callable[[int, int], None] | None = None,
-) -> Plan:
-    """The best plan under ``options`` (pinned knobs restrict the search).
+) -> SolveOutcome:
+    """``solve``, also saying whether the time limit stopped the search and whether the plan
+    fits (a baseline's best may not: it is returned all the same, with its first violation).
 
     Raises InfeasibleError naming the binding constraint when no plan exists.
     """
@@ -102,15 +121,22 @@ def solve(
     result = solve_candidates(model, global_batch_size, options, progress)
     feasible: list[Candidate] = [c for c in result.candidates if c.cost.feasible]
     if not result.candidates:
-        if result.timed_out:
+        diagnose = (
+            diagnose_megatron_infeasible if options.strategy == "megatron" else diagnose_infeasible
+        )
+        found = diagnose(model, global_batch_size, options)
+        if result.timed_out and not found.proven:
+            # Not proof that nothing fits: the search stopped before it found anything.
             raise InfeasibleError(
-                f"the search found no plan within its time limit of {options.time_limit_s:g} s "
-                "(the problem may well have one): allow more with --time-limit"
+                f"the time limit ({options.time_limit_s:g} s) stopped the search before it "
+                "found a plan; give it more with --time-limit",
+                short="time limit: no plan found",
             )
-        raise InfeasibleError(explain_infeasible(model, global_batch_size, options))
+        raise InfeasibleError(found.message, short=found.short)
+    violation = None
     if not feasible:
-        best = result.candidates[0]
-        logger.warning("the %s plan does not fit: %s", options.strategy, best.cost.violations[0])
+        violation = result.candidates[0].cost.violations[0]
+        logger.warning("the %s plan does not fit: %s", options.strategy, violation)
         feasible = result.candidates
     best, runners = feasible[0], feasible[1 : options.top_k + 1]
     inputs = PlanInputs(
@@ -124,8 +150,34 @@ def solve(
         pinned=options.pinned(),
     )
     try:
-        return emit_plan(
+        plan = emit_plan(
             model, best.config, best.cost, inputs, [(c.config, c.cost) for c in runners]
         )
     except ValueError as error:  # a bug: the search only proposes what fits the nodes
-        raise InfeasibleError(f"the {options.strategy} plan cannot be placed: {error}") from None
+        raise InfeasibleError(
+            f"the {options.strategy} plan cannot be placed: {error}", short="cannot be placed"
+        ) from None
+    return SolveOutcome(plan, result.timed_out, violation)
+
+
+def solve(
+    profile: Profile,
+    cluster: Cluster,
+    global_batch_size: int,
+    options: SolveOptions,
+    *,
+    profile_sha256: str = "",
+    progress: Callable[[int, int], None] | None = None,
+) -> Plan:
+    """The best plan under ``options`` (pinned knobs restrict the search).
+
+    Raises InfeasibleError naming the binding constraint when no plan exists.
+    """
+    return solve_outcome(
+        profile,
+        cluster,
+        global_batch_size,
+        options,
+        profile_sha256=profile_sha256,
+        progress=progress,
+    ).plan

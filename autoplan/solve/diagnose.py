@@ -1,20 +1,40 @@
-"""Why no plan exists: the binding constraint, with numbers."""
+"""Why no plan exists: the binding constraint, with numbers, and in a few words."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from autoplan.cost.model import CostModel
+from autoplan.solve.baselines import blind_model
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import divisors, tp_choices
 
-__all__ = ["explain_infeasible"]
+__all__ = [
+    "Diagnosis",
+    "diagnose_infeasible",
+    "diagnose_megatron_infeasible",
+    "explain_infeasible",
+]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The constraint that leaves no plan: ``message`` with its numbers, ``short`` as a phrase
+    of a few words for a table row. ``proven``: the constraint holds whatever the search
+    found (a count or a total); False for the last resort, 'nothing fits in memory', which
+    only a search that ran to the end shows."""
+
+    short: str
+    message: str
+    proven: bool = True
 
 
 def _gb(value: float) -> str:
     return f"{value / 1e12:.2f} TB" if value >= 1e12 else f"{value / 1e9:.1f} GB"
 
 
-def explain_infeasible(model: CostModel, batch: int, options: SolveOptions) -> str:
-    """One line naming the constraint that leaves no plan (GPU count, divisibility, memory)."""
+def diagnose_infeasible(model: CostModel, batch: int, options: SolveOptions) -> Diagnosis:
+    """The constraint that leaves no plan (GPU count, divisibility, memory)."""
     gpus = model.cluster.total_gpus()
     if options.tp is not None and not tp_choices(model, options):
         limits = sorted(
@@ -25,31 +45,40 @@ def explain_infeasible(model: CostModel, batch: int, options: SolveOptions) -> s
             }
         )
         per_node = sorted({c.gpus_per_node for c in model.classes})
-        return (
+        return Diagnosis(
+            f"tp={options.tp} fits no layer or node",
             f"tp={options.tp} must divide the layers' tensor-parallel limit {limits or [1]} "
-            f"and the GPUs per node {per_node}"
+            f"and the GPUs per node {per_node}",
         )
     if options.dp is not None and batch % options.dp:
-        return f"dp={options.dp} does not divide the global batch {batch}"
+        return Diagnosis(
+            f"dp={options.dp} does not divide the batch",
+            f"dp={options.dp} does not divide the global batch {batch}",
+        )
     asked = 1
     for value in (options.tp, options.dp, options.pp):
         asked *= value or 1
     if asked > gpus:
-        return f"pp × dp × tp = {asked} GPUs asked; the cluster has {gpus}"
+        return Diagnosis(
+            f"pp × dp × tp = {asked} > {gpus} GPUs",
+            f"pp × dp × tp = {asked} GPUs asked; the cluster has {gpus}",
+        )
     if options.micro_batch_size is not None:
         dps = [options.dp] if options.dp else divisors(batch)
         if not any(batch % (dp * options.micro_batch_size) == 0 for dp in dps):
-            return (
+            return Diagnosis(
+                f"micro-batch size {options.micro_batch_size} does not divide the batch",
                 f"micro-batch size {options.micro_batch_size} × dp does not divide the "
-                f"global batch {batch}"
+                f"global batch {batch}",
             )
     params = sum(layer.param_count for layer in model.profile.layers)
     static = params * (2 * model.dtype_bytes + model.optimizer_bytes_per_param)
     memory = sum(c.gpu.memory_bytes * c.total_gpus for c in model.classes)
     if static > memory:
-        return (
+        return Diagnosis(
+            f"model states {_gb(static)} > {_gb(memory)} of memory",
             f"weights, gradients and optimizer states need {_gb(static)}; "
-            f"the cluster has {_gb(memory)}"
+            f"the cluster has {_gb(memory)}",
         )
     largest = max(c.gpu.memory_bytes for c in model.classes)
     biggest_layer = max(
@@ -59,8 +88,41 @@ def explain_infeasible(model: CostModel, batch: int, options: SolveOptions) -> s
     )
     pinned = options.pinned()
     knobs = f" with {pinned}" if pinned else ""
-    return (
+    return Diagnosis(
+        f"no configuration{knobs} fits in memory",
         f"no configuration{knobs} fits in memory: the cluster has {gpus} GPUs of at most "
         f"{_gb(largest)}; the model needs {_gb(static)} for weights, gradients and optimizer "
-        f"states (largest layer {biggest_layer / 1e6:.0f} M parameters) plus activations"
+        f"states (largest layer {biggest_layer / 1e6:.0f} M parameters) plus activations",
+        proven=False,
+    )
+
+
+def explain_infeasible(model: CostModel, batch: int, options: SolveOptions) -> str:
+    """One line naming the constraint that leaves no plan (GPU count, divisibility, memory)."""
+    return diagnose_infeasible(model, batch, options).message
+
+
+def diagnose_megatron_infeasible(model: CostModel, batch: int, options: SolveOptions) -> Diagnosis:
+    """Why the megatron baseline found no plan, in the terms it plans in.
+
+    The baseline sees every GPU as the cluster's slowest and smallest type (``blind_model``),
+    so it can fail where the cluster itself has room: the message says so first, with both
+    memory totals, then gives the binding constraint of that blind pool."""
+    blind = blind_model(model, options.efficiency)
+    (pool,) = blind.classes
+    real_memory = sum(c.gpu.memory_bytes * c.total_gpus for c in model.classes)
+    blind_memory = pool.gpu.memory_bytes * pool.total_gpus
+    slowest = pool.gpu.name.removeprefix("blind-")
+    cause = diagnose_infeasible(blind, batch, options)
+    message = cause.message
+    if model.cluster.total_gpus() != pool.total_gpus:
+        # The pool rounds the GPUs down to whole nodes of its smallest node size.
+        message += f" (the pool keeps {pool.total_gpus} of the {model.cluster.total_gpus()} GPUs)"
+    return Diagnosis(
+        f"megatron sees {pool.total_gpus} × {slowest} ({pool.gpu.memory_gib:g} GiB): {cause.short}",
+        f"the megatron baseline costs every GPU as the cluster's slowest and smallest "
+        f"({slowest} speed, {pool.gpu.memory_gib:g} GiB each: {_gb(blind_memory)} in all, "
+        f"where the cluster has {_gb(real_memory)}); so costed, {message}; "
+        "--strategy optimal uses each GPU type as it is",
+        cause.proven,
     )

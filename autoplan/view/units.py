@@ -14,10 +14,12 @@ __all__ = [
     "bytes_text",
     "count_text",
     "duration_text",
+    "long_duration_text",
     "node_ranges",
     "percent_text",
     "rate_text",
     "runs_text",
+    "usd_text",
 ]
 
 _DECIMAL = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"))
@@ -75,6 +77,24 @@ def duration_text(milliseconds: float) -> str:
     if abs(seconds) < 7200:
         return f"{_three(seconds / 60)} min"
     return f"{_three(seconds / 3600)} h"
+
+
+def long_duration_text(seconds: float) -> str:
+    """A duration that may run to days or years (a whole training run): as ``duration_text``
+    up to 48 h, then '12.5 days' up to two years, then '3.40 years'."""
+    days = seconds / 86_400
+    if abs(days) < 2:
+        return duration_text(seconds * 1000)
+    if abs(days) < 730:
+        return f"{_three(days)} days"
+    return f"{_three(days / 365.25)} years"
+
+
+def usd_text(dollars: float) -> str:
+    """US dollars with a decimal suffix past a thousand: '$412', '$12.3 k', '$1.2 M'."""
+    if abs(dollars) >= 1e3:
+        return f"${count_text(dollars)}"
+    return f"${_three(dollars)}"
 
 
 def percent_text(fraction: float) -> str:

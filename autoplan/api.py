@@ -1,0 +1,257 @@
+"""autoplan from Python: profile → solve → simulate, and sweeps over cluster sizes.
+
+The stable interface for notebooks and scripts; the modules behind it (``autoplan.profile``,
+``autoplan.solve``, ``autoplan.simulate``, ``autoplan.sweep``) may change between releases,
+these functions and their keywords keep their meaning::
+
+    from autoplan import api
+
+    profile = api.profile("llama2-7b", seq_len=4096)  # traced on fake tensors: seconds, no GPU
+    plan = api.solve(profile, "a100-v100", global_batch=128, time_limit_s=30)
+    plan.prediction.tokens_per_s, plan.prediction.mfu
+    result = api.simulate(plan)  # event by event, per replica
+    rows = api.sweep(profile, "a100-v100", nodes=[2, 4, 8], global_batch=128,
+                     prices={"A100-80GB": 1.8, "V100-32GB": 0.9})
+    api.save(plan, "plan.json")  # the file `autoplan show / run / launch` read
+
+Each step takes the previous one's result or a path to the file the CLI writes (a profile or
+plan JSON); a cluster is a ``Cluster``, a cluster YAML path or a shipped example's name
+(``autoplan clusters``). Results are pydantic models (``model_dump()`` gives plain data, e.g.
+for ``pandas.DataFrame([row.model_dump() for row in rows])``).
+
+Errors are ``autoplan.errors.AutoplanError``: ``InputError`` for input that cannot be used
+(a bad path, file, option or size), ``InfeasibleError`` when no plan exists (its message names
+the binding constraint), ``PlanInvalidError`` for a plan that breaks the validator's rules;
+their messages are the lines the CLI prints. Only ``profile`` imports torch, when called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from autoplan.checks import check_plan, model_name_syntax_problem, simulation_size_problem
+from autoplan.cluster.catalog import example_cluster_path, load_overlay, with_overlay
+from autoplan.cluster.catalog import load_cluster as _read_cluster
+from autoplan.cluster.schema import Cluster
+from autoplan.errors import InputError
+from autoplan.files import atomic_output, file_sha256, read_json_model, write_json_model
+from autoplan.plan.schema import Plan
+from autoplan.profile.schema import DType, Profile
+from autoplan.simulate import SimulationResult, simulate_plan
+from autoplan.solve import SolveOptions
+from autoplan.solve import solve as _solve
+from autoplan.sweep import DEFAULT_TRAIN_TOKENS, SweepRow, run_sweep
+from autoplan.sweep.csv_file import write_sweep_csv
+
+__all__ = [
+    "Cluster",
+    "Plan",
+    "Profile",
+    "SimulationResult",
+    "SolveOptions",
+    "SweepRow",
+    "load_cluster",
+    "load_plan",
+    "load_profile",
+    "profile",
+    "save",
+    "save_sweep",
+    "simulate",
+    "solve",
+    "sweep",
+]
+
+PathLike = str | Path
+
+# A sweep solves many configurations: a shorter default limit per solve than solve's 60 s.
+_SWEEP_TIME_LIMIT_S = 20.0
+
+
+def profile(
+    model: str,
+    seq_len: int,
+    micro_batch_size: int = 1,
+    dtype: DType = "bf16",
+    *,
+    measure: bool = False,
+    attention: str = "flash",
+    all_layers: bool = False,
+) -> Profile:
+    """Profile ``model`` (a zoo name, see ``autoplan models``, or 'package.module:factory')
+    per layer at ``seq_len`` tokens per sample, as ``autoplan profile`` does.
+
+    ``attention``: 'flash' (fused, as the runtime runs it) or 'math' (unfused, as Megatron-LM
+    2021 ran it); ``measure`` also times the real layers on this machine (small models only);
+    ``all_layers`` traces identical repeated blocks too instead of copying the first."""
+    # torch is imported here only: everything else in this module runs without it.
+    from autoplan.profile.profiler import profile_model
+
+    return profile_model(
+        model,
+        seq_len,
+        micro_batch_size,
+        dtype,
+        measure=measure,
+        replicate=not all_layers,
+        attention=attention,  # type: ignore[arg-type]  # checked by profile_model
+    )
+
+
+def load_profile(path: PathLike) -> Profile:
+    """The profile JSON at ``path`` (written by ``autoplan profile`` or ``save``), checked."""
+    result = read_json_model(path, Profile)
+    problem = model_name_syntax_problem(result.model.name)
+    if problem is not None:
+        raise InputError(f"{path}: {problem}")
+    return result
+
+
+def load_cluster(cluster: Cluster | PathLike) -> Cluster:
+    """A cluster: returned as it is, read from a YAML path, or a shipped example by name (a
+    string without '/' or a YAML suffix that is not an existing file)."""
+    if isinstance(cluster, Cluster):
+        return cluster
+    path = Path(cluster)
+    if not (path.exists() or path.suffix in (".yaml", ".yml") or "/" in str(cluster)):
+        path = example_cluster_path(str(cluster))
+    return _read_cluster(path)
+
+
+def load_plan(path: PathLike) -> Plan:
+    """The plan JSON at ``path``, checked as every command checks it (PlanInvalidError lists
+    its problems)."""
+    plan = read_json_model(path, Plan)
+    check_plan(plan)
+    return plan
+
+
+def _profile_and_hash(value: Profile | PathLike) -> tuple[Profile, str]:
+    """The profile and the SHA-256 a plan records: of the file, or of the bytes ``save``
+    would write for a profile in memory (so the plan matches the file once saved)."""
+    if isinstance(value, Profile):
+        text = value.model_dump_json(indent=2) + "\n"
+        return value, hashlib.sha256(text.encode()).hexdigest()
+    return load_profile(value), file_sha256(value)
+
+
+def _options(options: dict[str, Any], defaults: dict[str, Any] | None = None) -> SolveOptions:
+    try:
+        return SolveOptions(**{**(defaults or {}), **options})
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "options"
+        raise InputError(f"solve option {where}: {first['msg']}") from None
+
+
+def _with_catalogs(cluster: Cluster, catalogs: Sequence[PathLike]) -> Cluster:
+    for overlay in catalogs:
+        cluster = with_overlay(cluster, load_overlay(overlay))
+    return cluster
+
+
+def solve(
+    profile: Profile | PathLike,
+    cluster: Cluster | PathLike,
+    global_batch: int,
+    *,
+    catalog: Sequence[PathLike] = (),
+    progress: Callable[[int, int], None] | None = None,
+    **options: Any,
+) -> Plan:
+    """The best plan for ``profile`` on ``cluster`` at ``global_batch`` samples per iteration,
+    as ``autoplan solve`` writes it.
+
+    ``options`` are ``SolveOptions``' fields: pin a knob (``tp=4``, ``pp=8``, ``dp``,
+    ``micro_batch_size``, ``num_micro_batches``, ``schedule``, ``recompute``, ``zero1``,
+    ``layer_split``), pick a baseline (``strategy='megatron'``) or the search space
+    (``space='uniform'``), bound the search (``time_limit_s``, default 60), override
+    ``efficiency`` per GPU type or the memory reserve (``reserve_gb``). ``catalog``: overlay
+    files from ``autoplan calibrate``. ``progress(done, total)`` is called as the search goes.
+    Raises InfeasibleError naming the binding constraint when no plan exists."""
+    loaded, sha256 = _profile_and_hash(profile)
+    hardware = _with_catalogs(load_cluster(cluster), catalog)
+    return _solve(
+        loaded,
+        hardware,
+        global_batch,
+        _options(options),
+        profile_sha256=sha256,
+        progress=progress,
+    )
+
+
+def simulate(plan: Plan | PathLike) -> SimulationResult:
+    """Play ``plan``'s schedule replica by replica, as ``autoplan simulate`` does: per-replica
+    timelines with memory curves, the simulated iteration time beside the plan's prediction."""
+    loaded = plan if isinstance(plan, Plan) else read_json_model(plan, Plan)
+    check_plan(loaded)
+    too_big = simulation_size_problem(loaded)
+    if too_big is not None:
+        raise InputError(too_big)
+    return simulate_plan(loaded)
+
+
+def sweep(
+    profile: Profile | PathLike,
+    cluster: Cluster | PathLike,
+    nodes: Sequence[int],
+    global_batch: int | Sequence[int] | None = None,
+    *,
+    gpu_mix: dict[str, float] | None = None,
+    tokens: float = DEFAULT_TRAIN_TOKENS,
+    prices: dict[str, float] | None = None,
+    catalog: Sequence[PathLike] = (),
+    progress: Callable[[int, int, str], None] | None = None,
+    **options: Any,
+) -> list[SweepRow]:
+    """Solve ``profile`` on ``cluster`` scaled to each of ``nodes`` (× each global batch), as
+    ``autoplan sweep`` does: one row per configuration, an infeasible one saying why.
+
+    The cluster's node groups keep the file's proportions, or ``gpu_mix`` gives the fraction of
+    the nodes of each GPU type (``autoplan.sweep.scale``). ``global_batch``: one, several, or
+    None for one sample per GPU of each configuration. ``prices``: USD per GPU-hour of every
+    GPU type, for each run's cost (idle GPUs included) to train ``tokens``. ``options`` as for
+    ``solve``, applied to every configuration; ``time_limit_s`` defaults to 20 s per solve.
+    ``progress(done, total, label)`` is called before each configuration."""
+    loaded, sha256 = _profile_and_hash(profile)
+    hardware = _with_catalogs(load_cluster(cluster), catalog)
+    batches = [global_batch] if isinstance(global_batch, int) else global_batch
+    return run_sweep(
+        loaded,
+        hardware,
+        nodes,
+        batches,
+        gpu_mix=gpu_mix,
+        train_tokens=tokens,
+        prices=prices,
+        options=_options(options, {"time_limit_s": _SWEEP_TIME_LIMIT_S, "top_k": 1}),
+        profile_sha256=sha256,
+        progress=progress,
+    )
+
+
+def save(result: BaseModel, path: PathLike) -> None:
+    """Write a profile, plan or simulation result as the JSON the CLI writes (atomically; the
+    same model always gives the same bytes)."""
+    write_json_model(path, result)
+
+
+def save_sweep(rows: list[SweepRow], path: PathLike, title: str = "") -> None:
+    """Write sweep rows as ``autoplan sweep`` does: CSV for a '.csv' path, the throughput and
+    cost plot for a '.png' one."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        write_sweep_csv(path, rows)
+    elif suffix == ".png":
+        # matplotlib is imported only for a plot (it takes a while).
+        from autoplan.sweep.plot import write_sweep_png
+
+        with atomic_output(path) as temporary:
+            write_sweep_png(temporary, rows, title)
+    else:
+        raise InputError(f"save_sweep writes .csv or .png files; got {path}")
