@@ -20,7 +20,7 @@ import re
 from typing import get_args
 
 from autoplan import limits
-from autoplan.errors import PlanInvalidError
+from autoplan.errors import InputError, PlanInvalidError
 from autoplan.names import hf_name_problem, is_hf_name, is_safe_name, shown
 from autoplan.plan.schema import Plan
 from autoplan.plan.validate import plan_problems
@@ -177,4 +177,29 @@ def simulation_size_problem(plan: Plan) -> str | None:
         f"simulating this plan means {actions:,} forward/backward actions (2 × "
         f"{par.num_micro_batches} micro-batches × {par.num_stages} stages); simulate plays at "
         f"most {limits.MAX_SIMULATED_ACTIONS:,} (solve with fewer micro-batches to look at it)"
+    )
+
+
+def check_factory_trust(
+    model: str, *, trusted: bool, named: str | None, source: str, action: str
+) -> None:
+    """Refuse to run a factory ('package.module:callable') that came from a file, unless the
+    user trusts it (``trusted``: --trust-factory) or names the same factory (``named``).
+
+    Zoo names and Hugging Face configs ('hf:PATH') need no trust: they run autoplan's own
+    code (a config is data it reads)."""
+    if named is not None and not is_factory_name(named):
+        raise InputError(f"--factory {shown(named)} is not of the form 'package.module:callable'")
+    if ":" not in model or is_hf_name(model):
+        if named is not None:
+            kind = "Hugging Face config" if is_hf_name(model) else "zoo model"
+            raise InputError(f"--factory {named}: {source} names the {kind} '{model}'")
+        return
+    if trusted or named == model:
+        return
+    if named is not None:
+        raise InputError(f"--factory {named} is not the factory {source} names ({model})")
+    raise InputError(
+        f"{source} names the factory '{model}': {action} would import and run that code; "
+        f"if you trust it, pass --trust-factory (or name it yourself: --factory {model})"
     )

@@ -10,11 +10,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from autoplan.checks import all_plan_problems, is_factory_name, model_name_syntax_problem
+from autoplan.checks import (
+    all_plan_problems,
+    check_factory_trust,
+    model_name_syntax_problem,
+)
 from autoplan.cluster.catalog import example_cluster_path, profiles_dir
 from autoplan.errors import InputError
 from autoplan.files import read_json_model
-from autoplan.names import is_hf_name, printable, shown
+from autoplan.names import printable, shown
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import Profile
 
@@ -66,31 +70,6 @@ def cluster_path(value: str) -> Path:
 def catalog_path() -> Path:
     """The GPU catalog every command that reads a cluster reads too."""
     return profiles_dir() / "gpus.yaml"
-
-
-def check_factory_trust(
-    model: str, *, trusted: bool, named: str | None, source: str, action: str
-) -> None:
-    """Refuse to run a factory ('package.module:callable') that came from a file, unless the
-    user trusts it (``trusted``: --trust-factory) or names the same factory (``named``).
-
-    Zoo names and Hugging Face configs ('hf:PATH') need no trust: they run autoplan's own
-    code (a config is data it reads)."""
-    if named is not None and not is_factory_name(named):
-        raise InputError(f"--factory {shown(named)} is not of the form 'package.module:callable'")
-    if ":" not in model or is_hf_name(model):
-        if named is not None:
-            kind = "Hugging Face config" if is_hf_name(model) else "zoo model"
-            raise InputError(f"--factory {named}: {source} names the {kind} '{model}'")
-        return
-    if trusted or named == model:
-        return
-    if named is not None:
-        raise InputError(f"--factory {named} is not the factory {source} names ({model})")
-    raise InputError(
-        f"{source} names the factory '{model}': {action} would import and run that code; "
-        f"if you trust it, pass --trust-factory (or name it yourself: --factory {model})"
-    )
 
 
 def safe_host(value: str, what: str = "--master-addr") -> str:

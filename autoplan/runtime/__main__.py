@@ -12,9 +12,9 @@ import logging
 import sys
 from pathlib import Path
 
-from autoplan.errors import AutoplanError, InputError
+from autoplan.checks import check_factory_trust
+from autoplan.errors import AutoplanError
 from autoplan.files import read_json_model, write_json_model
-from autoplan.names import is_hf_name, shown
 from autoplan.plan.schema import Plan
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 
@@ -51,21 +51,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _check_trust(model: str, trusted: bool, named: str | None) -> None:
-    """A plan from elsewhere runs no code of its own choosing: a factory model needs
-    --trust-factory or the same --factory (``autoplan run`` and ``launch`` pass it once the
-    user has trusted it); zoo models are autoplan's own code, and a Hugging Face config
-    ('hf:PATH') is data that code reads."""
-    if ":" not in model or is_hf_name(model) or trusted or named == model:
-        return
-    if named is not None:
-        raise InputError(f"--factory {shown(named)} is not the factory the plan names ({model})")
-    raise InputError(
-        f"the plan names the factory '{model}': training would import and run that code; "
-        f"if you trust it, pass --trust-factory (or --factory {model})"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one rank; returns the process exit code."""
     args = _parse(argv)
@@ -76,7 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         plan = read_json_model(args.plan, Plan)
-        _check_trust(plan.inputs.model.name, args.trust_factory, args.factory)
+        # A plan from elsewhere runs no code of its own choosing (run and launch pass
+        # --factory once the user has trusted it).
+        check_factory_trust(
+            plan.inputs.model.name,
+            trusted=args.trust_factory,
+            named=args.factory,
+            source="the plan",
+            action="training",
+        )
         env = LaunchEnv.from_environ().in_plan(plan)
         # Checked here first, before torch is even imported, so a wrong launch fails fast.
         check_launch(plan, env)
