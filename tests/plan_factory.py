@@ -57,12 +57,13 @@ def local_cluster(gpus: int = 4) -> Cluster:
 @dataclass(frozen=True)
 class ReplicaSpec:
     """One replica of a hand-built stage: ``tp`` GPUs on node ``node`` (index into the
-    cluster's nodes), ``share`` samples per micro-batch, ``recompute``."""
+    cluster's nodes), ``share`` samples per micro-batch, ``recompute``, ``offload``."""
 
     tp: int = 1
     share: int = 1
     recompute: Recompute = "none"
     node: int = 0
+    offload: bool = False
 
 
 def _parameter_count(model: str) -> int:
@@ -85,13 +86,18 @@ def make_stages_plan(
     schedule: ScheduleName = "1f1b",
     num_micro_batches: int = 4,
     zero1: bool = False,
+    zero_stage: int | None = None,
+    sequence_parallel: bool = False,
     dtype: str = "fp64",
     seq_len: int = 16,
     stage_timings: list[StageTiming] | None = None,
     dp_allreduce_ms: float = 0.0,
     cluster: Cluster | None = None,
 ) -> Plan:
-    """A plan whose stage i holds ``stage_layers[i]`` layers on ``stage_replicas[i % pp]``.
+    """A plan whose stage i holds ``stage_layers[i]`` layers on the replicas of the pipeline
+    rank that runs it (``stage_replicas[rank]``; rank ``i % pp``, or the V of the zbv and
+    dualpipev schedules). ``zero_stage`` (default 1 if ``zero1`` else 0) applies to every
+    stage with more than one replica.
 
     GPUs are handed out node by node in order of first use (pipeline rank, then replica, then
     tp index); a node's ranks follow those of the nodes used before it, as torchrun numbers
@@ -152,8 +158,17 @@ def make_stages_plan(
     micro_batch = sum(spec.share for spec in stage_replicas[0])
     bounds = [sum(stage_layers[:i]) for i in range(num_stages + 1)]
     stages = []
+    parallelism = Parallelism(
+        pipeline_degree=pipeline,
+        virtual_stages_per_rank=virtual_stages_per_rank,
+        schedule=schedule,
+        num_micro_batches=num_micro_batches,
+        micro_batch_size=micro_batch,
+        sequence_parallel=sequence_parallel,
+    )
+    level = zero_stage if zero_stage is not None else int(zero1)
     for i in range(num_stages):
-        p = i % pipeline
+        p = parallelism.rank_of_stage(i)
         stages.append(
             Stage(
                 index=i,
@@ -168,10 +183,11 @@ def make_stages_plan(
                         ranks=ranks_of[(p, d)],
                         micro_batch_size=spec.share,
                         recompute=spec.recompute,
+                        offload=spec.offload,
                     )
                     for d, spec in enumerate(stage_replicas[p])
                 ],
-                zero1=zero1 and len(stage_replicas[p]) > 1,
+                zero_stage=level if len(stage_replicas[p]) > 1 else 0,  # type: ignore[arg-type]
             )
         )
     timings = stage_timings or [
@@ -236,13 +252,7 @@ def make_stages_plan(
             global_batch_size=global_batch,
             strategy="hand-made",
         ),
-        parallelism=Parallelism(
-            pipeline_degree=pipeline,
-            virtual_stages_per_rank=virtual_stages_per_rank,
-            schedule=schedule,
-            num_micro_batches=num_micro_batches,
-            micro_batch_size=micro_batch,
-        ),
+        parallelism=parallelism,
         stages=stages,
         nodes=nodes,
         rank_map=entries,
@@ -263,7 +273,10 @@ def make_plan(
     micro_batch_size: int = 2,
     replica_micro_batch_sizes: list[int] | None = None,
     recompute: Recompute = "none",
+    offload: bool = False,
     zero1: bool = False,
+    zero_stage: int | None = None,
+    sequence_parallel: bool = False,
     dtype: str = "fp64",
     seq_len: int = 16,
     stage_timings: list[StageTiming] | None = None,
@@ -276,7 +289,10 @@ def make_plan(
     pipeline = len(layer_split) // virtual_stages_per_rank
     shares = replica_micro_batch_sizes or [micro_batch_size] * data_parallel
     replicas = [
-        [ReplicaSpec(tp=tensor_parallel, share=share, recompute=recompute) for share in shares]
+        [
+            ReplicaSpec(tp=tensor_parallel, share=share, recompute=recompute, offload=offload)
+            for share in shares
+        ]
         for _ in range(pipeline)
     ]
     return make_stages_plan(
@@ -288,6 +304,8 @@ def make_plan(
         schedule=schedule,
         num_micro_batches=num_micro_batches,
         zero1=zero1,
+        zero_stage=zero_stage,
+        sequence_parallel=sequence_parallel,
         dtype=dtype,
         seq_len=seq_len,
         stage_timings=stage_timings,

@@ -76,7 +76,7 @@ def test_interleaved_stages_of_one_rank_on_different_replicas_are_refused() -> N
 
 
 def test_zero1_over_replicas_of_different_tp_is_refused() -> None:
-    plan = _replace_stage(_mixed_tp_plan(), 0, zero1=True)
+    plan = _replace_stage(_mixed_tp_plan(), 0, zero_stage=1)
     with pytest.raises(InputError, match=r"stage 0 shards optimizer states .* tp \[1, 2\]"):
         check_runnable(plan)
 

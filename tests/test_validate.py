@@ -242,7 +242,7 @@ def test_profile_with_other_layer_count_is_caught() -> None:
 
 def test_wrong_stage_pipeline_rank_is_caught() -> None:
     plan = make_plan([1, 1, 1, 1], virtual_stages_per_rank=2, schedule="interleaved_1f1b")
-    assert "stage 2 runs on pipeline rank 1; it must be 2 % pp = 0" in _problems(
+    assert "stage 2 runs on pipeline rank 1; it must be 0 (2 % pp)" in _problems(
         _replace_stage(plan, 2, pipeline_rank=1)
     )
 
@@ -265,9 +265,9 @@ def test_global_batch_mismatch_is_caught() -> None:
 
 
 def test_zero1_needs_more_than_one_replica() -> None:
-    plan = _replace_stage(_hetero_plan(), 1, zero1=True)
+    plan = _replace_stage(_hetero_plan(), 1, zero_stage=1)
     assert "stage 1 has zero1 with a single replica" in _problems(plan)
-    validate_plan(_replace_stage(_hetero_plan(), 0, zero1=True))
+    validate_plan(_replace_stage(_hetero_plan(), 0, zero_stage=1))
 
 
 def test_interleaved_micro_batches_must_divide_by_pp() -> None:
@@ -515,7 +515,7 @@ def test_zero1_divides_the_optimizer_floor() -> None:
     assert "need at least" not in " ".join(plan_problems(plan, profile))
     big = _profile(4, params=80_000_000)  # 9.5 GiB without ZeRO-1, 5.96 GiB with dp=4 ZeRO-1
     assert "need at least 9.54 GiB" in _problems(plan, big)
-    zero1 = _replace_stage(plan, 0, zero1=True)
+    zero1 = _replace_stage(plan, 0, zero_stage=1)
     assert all("need at least" not in p for p in plan_problems(zero1, big))
 
 
@@ -620,7 +620,7 @@ def test_every_problem_is_reported_at_once() -> None:
 
 def test_stage_model_copy_keeps_the_replicas_shape() -> None:
     """The helpers above break one thing at a time: a replaced stage is still a Stage."""
-    plan = _replace_stage(_hetero_plan(), 1, zero1=True)
+    plan = _replace_stage(_hetero_plan(), 1, zero_stage=1)
     assert isinstance(plan.stages[1], Stage) and plan.stages[1].zero1
 
 

@@ -19,13 +19,15 @@ __all__ = ["PlanConfig", "ReplicaGroup", "StageChoice"]
 @dataclass(frozen=True, order=True)
 class ReplicaGroup:
     """``replicas`` replicas of ``tp`` GPUs of class ``device_class``, each taking
-    ``micro_batch_size`` samples of every micro-batch, with ``recompute``."""
+    ``micro_batch_size`` samples of every micro-batch, with ``recompute`` (and with
+    ``offload``, its saved activations kept in host memory between forward and backward)."""
 
     device_class: int
     tp: int
     replicas: int
     micro_batch_size: int
     recompute: str
+    offload: bool = False
 
     @property
     def gpus(self) -> int:
@@ -39,13 +41,18 @@ class ReplicaGroup:
 
 @dataclass(frozen=True, order=True)
 class StageChoice:
-    """Layers [layer_start, layer_end) on ``groups``; ``zero1`` shards the optimizer states
-    across all the stage's replicas."""
+    """Layers [layer_start, layer_end) on ``groups``; ``zero_stage`` shards across all the
+    stage's replicas: 1 the optimizer states, 2 also the gradients, 3 also the parameters."""
 
     layer_start: int
     layer_end: int
     groups: tuple[ReplicaGroup, ...]
-    zero1: bool = False
+    zero_stage: int = 0
+
+    @property
+    def zero1(self) -> bool:
+        """Optimizer states sharded (ZeRO stage 1 or higher)."""
+        return self.zero_stage >= 1
 
     @property
     def replicas(self) -> int:
@@ -81,6 +88,7 @@ class PlanConfig:
     schedule: str
     chunks: int
     stages: tuple[StageChoice, ...]
+    sequence_parallel: bool = False
 
     @property
     def pipeline_degree(self) -> int:
@@ -118,15 +126,16 @@ class PlanConfig:
         chunks = f" v={self.chunks}" if self.chunks > 1 else ""
         parts = [
             f"pp={self.pipeline_degree} m={self.num_micro_batches} mbs={self.micro_batch_size} "
-            f"{self.schedule}{chunks}"
+            f"{self.schedule}{chunks}{' sp' if self.sequence_parallel else ''}"
         ]
         for stage in self.stages:
             groups = "+".join(
                 f"{class_name(g.device_class)}:{g.replicas}x{g.tp}(b{g.micro_batch_size}"
-                f"{'' if g.recompute == 'none' else ',' + g.recompute[0]})"
+                f"{'' if g.recompute == 'none' else ',' + g.recompute[0]}"
+                f"{',o' if g.offload else ''})"
                 for g in stage.groups
             )
-            zero = " z1" if stage.zero1 else ""
+            zero = f" z{stage.zero_stage}" if stage.zero_stage else ""
             parts.append(f"{stage.layer_start}-{stage.layer_end}: {groups}{zero}")
         return " | ".join(parts)
 

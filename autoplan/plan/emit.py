@@ -131,6 +131,7 @@ def emit_plan(
         schedule=config.schedule,  # type: ignore[arg-type]
         num_micro_batches=config.num_micro_batches,
         micro_batch_size=config.micro_batch_size,
+        sequence_parallel=config.sequence_parallel,
     )
     stages = []
     timings = []
@@ -148,6 +149,7 @@ def emit_plan(
                         ranks=ranks[p][g][r],
                         micro_batch_size=group.micro_batch_size,
                         recompute=group.recompute,  # type: ignore[arg-type]
+                        offload=group.offload,
                     )
                 )
                 replica_timings.append(
@@ -170,7 +172,7 @@ def emit_plan(
                 layer_start=stage.layer_start,
                 layer_end=stage.layer_end,
                 replicas=replicas,
-                zero1=stage.zero1,
+                zero_stage=stage.zero_stage,  # type: ignore[arg-type]
             )
         )
         timings.append(

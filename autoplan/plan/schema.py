@@ -35,7 +35,9 @@ from autoplan.plan.upgrade import upgrade_plan_data
 from autoplan.profile.schema import ModelRef
 
 __all__ = [
+    "MULTI_STAGE_SCHEDULES",
     "PLAN_SCHEMA_VERSION",
+    "V_SCHEDULES",
     "Alternative",
     "IdleGpus",
     "MemoryEstimate",
@@ -52,12 +54,20 @@ __all__ = [
     "Stage",
     "StageTiming",
     "TimeBreakdown",
+    "ZeroStage",
 ]
 
 PLAN_SCHEMA_VERSION = 2
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+ScheduleName = Literal[
+    "gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev"
+]
 Recompute = Literal["none", "selective", "full"]
+ZeroStage = Literal[0, 1, 2, 3]
+# Schedules that run more than one stage per pipeline rank (``virtual_stages_per_rank``).
+MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev")
+# Schedules whose ranks hold two stages in a V: rank r runs stages r and 2·pp − 1 − r.
+V_SCHEDULES = ("zbv", "dualpipev")
 
 
 class _Strict(BaseModel):
@@ -91,7 +101,8 @@ class Parallelism(_Strict):
         default=1,
         ge=1,
         le=limits.MAX_VIRTUAL_STAGES,
-        description="Stages per pipeline rank (>1 only for interleaved 1F1B).",
+        description="Stages per pipeline rank (>1 only for the multi-stage schedules: "
+        "interleaved 1F1B and zero bubble, and 2 for the V schedules zbv and dualpipev).",
     )
     schedule: ScheduleName
     num_micro_batches: int = Field(
@@ -103,15 +114,34 @@ class Parallelism(_Strict):
         description="Samples per micro-batch, all replicas of a stage together (the same for "
         "every stage); global batch = micro_batch_size × num_micro_batches.",
     )
+    sequence_parallel: bool = Field(
+        default=False,
+        description="Megatron-style sequence parallelism in every tp group: norms and dropout "
+        "sharded along the sequence, all-gather/reduce-scatter in place of all-reduce.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Parallelism:
-        if self.schedule != "interleaved_1f1b" and self.virtual_stages_per_rank != 1:
+        v = self.virtual_stages_per_rank
+        if self.schedule not in MULTI_STAGE_SCHEDULES and v != 1:
             raise ValueError(
-                f"virtual_stages_per_rank ({self.virtual_stages_per_rank}) > 1 needs "
-                "schedule 'interleaved_1f1b'"
+                f"virtual_stages_per_rank ({v}) > 1 needs a multi-stage schedule "
+                f"({', '.join(MULTI_STAGE_SCHEDULES)})"
+            )
+        if self.schedule in V_SCHEDULES and v != 2:
+            raise ValueError(
+                f"schedule {self.schedule!r} runs two stages per rank in a V: "
+                f"virtual_stages_per_rank must be 2, not {v}"
             )
         return self
+
+    def rank_of_stage(self, stage_index: int) -> int:
+        """The pipeline rank that runs stage ``stage_index``: ``s % pp``, or the V of
+        ``V_SCHEDULES`` (stage s < pp on rank s, stage s >= pp on rank 2·pp − 1 − s)."""
+        pp = self.pipeline_degree
+        if self.schedule in V_SCHEDULES:
+            return stage_index if stage_index < pp else 2 * pp - 1 - stage_index
+        return stage_index % pp
 
     @property
     def num_stages(self) -> int:
@@ -137,6 +167,11 @@ class Replica(_Strict):
         description="Samples of every micro-batch this replica runs (its share).",
     )
     recompute: Recompute = Field(description="Activation recompute of its layers.")
+    offload: bool = Field(
+        default=False,
+        description="Saved activations (what recompute keeps) move to host memory after "
+        "forward and back before backward, over the host link.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Replica:
@@ -163,10 +198,26 @@ class Stage(_Strict):
         description="Its data-parallel replicas, in sample order: replica r takes the samples "
         "after those of replicas 0..r-1 in every micro-batch.",
     )
-    zero1: bool = Field(
-        default=False,
-        description="Optimizer states sharded across this stage's replicas (ZeRO stage 1).",
+    zero_stage: ZeroStage = Field(
+        default=0,
+        description="ZeRO sharding across this stage's replicas: 0 none, 1 optimizer states, "
+        "2 + gradients, 3 + parameters (FSDP2 fully_shard).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_zero1(cls, data: object) -> object:
+        # Version-2 plans written before zero_stage said ``"zero1": true|false``.
+        if isinstance(data, dict) and "zero1" in data and "zero_stage" not in data:
+            legacy = data["zero1"]
+            data = {k: v for k, v in data.items() if k != "zero1"}
+            data["zero_stage"] = 1 if legacy is True else legacy
+        return data
+
+    @property
+    def zero1(self) -> bool:
+        """Optimizer states sharded (ZeRO stage 1 or higher)."""
+        return self.zero_stage >= 1
 
     @property
     def data_parallel_degree(self) -> int:

@@ -52,7 +52,7 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
                 "layer_start": stage["layer_start"],
                 "layer_end": stage["layer_end"],
                 "replicas": replicas,
-                "zero1": bool(par["zero1"]),
+                "zero_stage": 1 if par["zero1"] else 0,
             }
         )
     # Version 1 gave each GPU type of a pipeline rank one share and one estimate for it.

@@ -44,7 +44,7 @@ from collections import Counter, defaultdict
 from autoplan.cluster.catalog import gpu_specs
 from autoplan.cluster.schema import GpuSpec, Node
 from autoplan.errors import PlanInvalidError
-from autoplan.plan.schema import MemoryEstimate, Plan, Replica, Stage
+from autoplan.plan.schema import V_SCHEDULES, MemoryEstimate, Plan, Replica, Stage
 from autoplan.profile.schema import Profile
 
 __all__ = ["plan_problems", "validate_plan"]
@@ -128,10 +128,11 @@ def _check_layers_and_stages(plan: Plan, profile: Profile | None, problems: list
     for position, stage in enumerate(plan.stages):
         if stage.index != position:
             problems.append(f"stage at position {position} has index {stage.index}")
-        if stage.pipeline_rank != position % par.pipeline_degree:
+        if stage.pipeline_rank != par.rank_of_stage(position):
+            rule = "the V of " + par.schedule if par.schedule in V_SCHEDULES else f"{position} % pp"
             problems.append(
                 f"stage {position} runs on pipeline rank {stage.pipeline_rank}; "
-                f"it must be {position} % pp = {position % par.pipeline_degree}"
+                f"it must be {par.rank_of_stage(position)} ({rule})"
             )
         if stage.layer_start != next_layer:
             problems.append(

@@ -107,7 +107,7 @@ def _on_real_nodes(model: CostModel, config: PlanConfig) -> PlanConfig | None:
             )
         )
     stages = tuple(
-        StageChoice(s.layer_start, s.layer_end, rank_groups[i % pp], s.zero1)
+        StageChoice(s.layer_start, s.layer_end, rank_groups[i % pp], s.zero_stage)
         for i, s in enumerate(config.stages)
     )
     return PlanConfig(config.num_micro_batches, config.schedule, config.chunks, stages)
@@ -131,7 +131,7 @@ def equal_share_candidates(model: CostModel, batch: int, options: SolveOptions) 
             groups.append(ReplicaGroup(c.index, 1, c.total_gpus, b, sizes[b][2]))
         else:
             config = PlanConfig(
-                m, "1f1b", 1, (StageChoice(0, model.num_layers, tuple(sorted(groups)), zero1),)
+                m, "1f1b", 1, (StageChoice(0, model.num_layers, tuple(sorted(groups)), int(zero1)),)
             )
             cost = model.evaluate(config)
             if cost.feasible:

@@ -414,7 +414,7 @@ class HeteroResult:
 
 def _config(labels, m: int, schedule: str) -> PlanConfig:
     stages = tuple(
-        StageChoice(label.start, label.previous.start, groups, zero1)
+        StageChoice(label.start, label.previous.start, groups, int(zero1))
         for label in labels
         for groups, zero1 in [label.payload]
     )

@@ -116,5 +116,5 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         solution.num_micro_batches,
         "1f1b",
         1,
-        (StageChoice(0, model.num_layers, groups, zero1),),
+        (StageChoice(0, model.num_layers, groups, int(zero1)),),
     )

@@ -361,7 +361,7 @@ def _solve_pipeline(
         mode = coster.recompute_for(s, bounds[s], bounds[s + 1])
         assert mode is not None
         stages.append(
-            StageChoice(bounds[s], bounds[s + 1], rank_groups(p, p.classes[s], mode), p.zero1)
+            StageChoice(bounds[s], bounds[s + 1], rank_groups(p, p.classes[s], mode), int(p.zero1))
         )
     config = PlanConfig(p.m, p.schedule, 1, tuple(stages))
     return config, value
@@ -377,7 +377,10 @@ def _solve_interleaved(
     for _ in range(len(modes)):
         stages = tuple(
             StageChoice(
-                bounds[s], bounds[s + 1], rank_groups(p, p.classes[s % pp], chosen[s % pp]), p.zero1
+                bounds[s],
+                bounds[s + 1],
+                rank_groups(p, p.classes[s % pp], chosen[s % pp]),
+                int(p.zero1),
             )
             for s in range(pp * p.chunks)
         )
