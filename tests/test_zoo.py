@@ -15,7 +15,7 @@ from torch import nn
 from autoplan.errors import InputError
 from autoplan.zoo import get_model_spec, keep_layers, model_names
 from autoplan.zoo.gpt import SelfAttention
-from autoplan.zoo.presets import MEGATRON_TABLE1, PRESET_CONFIGS
+from autoplan.zoo.presets import KORTHIKANTI_TABLE3, MEGATRON_TABLE1, PRESET_CONFIGS
 
 
 def _gpt_closed_form(layers: int, hidden: int, vocab: int, seq: int) -> int:
@@ -27,9 +27,9 @@ def _gpt_closed_form(layers: int, hidden: int, vocab: int, seq: int) -> int:
     return int(paper) + 2 * h
 
 
-@pytest.mark.parametrize("name", sorted(MEGATRON_TABLE1))
+@pytest.mark.parametrize("name", sorted(MEGATRON_TABLE1 | KORTHIKANTI_TABLE3))
 def test_megatron_table1_parameter_counts_equal_the_closed_form(name: str) -> None:
-    heads, hidden, layers = MEGATRON_TABLE1[name]
+    heads, hidden, layers = (MEGATRON_TABLE1 | KORTHIKANTI_TABLE3)[name]
     spec = get_model_spec(name)
     assert (spec.num_attention_heads, spec.hidden_size, spec.num_blocks) == (heads, hidden, layers)
     assert spec.parameter_count() == _gpt_closed_form(layers, hidden, 51200, 2048)

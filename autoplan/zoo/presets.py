@@ -3,9 +3,10 @@
 Sources for the shapes (all parameter counts are checked in tests/test_zoo.py):
 GPT-2: Radford et al. 2019 and the Hugging Face configs (gpt2, gpt2-medium, gpt2-xl);
 GPT-3 175B: Brown et al. 2020, Table 2.1; Megatron-LM: Narayanan et al., SC'21, Table 1
-(vocabulary 51,200, sequence 2,048); GPT-Neo 2.7B and OPT-350M: their Hugging Face configs;
-Llama-2: Touvron et al. 2023 and meta-llama configs; Llama-3: meta-llama/Meta-Llama-3 configs;
-BERT-large: Devlin et al. 2019 (bert-large-uncased config).
+(vocabulary 51,200, sequence 2,048), and the 22B and 175B of Korthikanti et al. 2022, Table 3
+(its 530B and 1T are Table 1's 529.6B and 1T); GPT-Neo 2.7B and OPT-350M: their Hugging Face
+configs; Llama-2: Touvron et al. 2023 and meta-llama configs; Llama-3: meta-llama/Meta-Llama-3
+configs; BERT-large: Devlin et al. 2019 (bert-large-uncased config).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from autoplan.zoo.gpt import GPTConfig
 from autoplan.zoo.llama import LlamaConfig
 from autoplan.zoo.opt import OPTConfig
 
-__all__ = ["MEGATRON_TABLE1", "PRESET_CONFIGS", "PresetConfig"]
+__all__ = ["KORTHIKANTI_TABLE3", "MEGATRON_TABLE1", "PRESET_CONFIGS", "PresetConfig"]
 
 PresetConfig = GPTConfig | LlamaConfig | BertConfig | OPTConfig
 
@@ -31,6 +32,13 @@ MEGATRON_TABLE1: dict[str, tuple[int, int, int]] = {
     "megatron-310.1b": (128, 16384, 96),
     "megatron-529.6b": (128, 20480, 105),
     "megatron-1t": (160, 25600, 128),
+}
+
+# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+# Table 3, the models not in Table 1: name → (attention heads, hidden size, layers).
+KORTHIKANTI_TABLE3: dict[str, tuple[int, int, int]] = {
+    "megatron-22b": (64, 6144, 48),
+    "megatron-175b": (96, 12288, 96),
 }
 
 _GPT2_VOCAB = 50257
@@ -54,7 +62,7 @@ PRESET_CONFIGS: dict[str, PresetConfig] = {
     "opt-350m": OPTConfig(24, 1024, 16, 4096, 50272, 2048, word_embed_size=512),
     **{
         name: GPTConfig(layers, hidden, heads, 51200, 2048)
-        for name, (heads, hidden, layers) in MEGATRON_TABLE1.items()
+        for name, (heads, hidden, layers) in (MEGATRON_TABLE1 | KORTHIKANTI_TABLE3).items()
     },
     "gpt3-175b": GPTConfig(96, 12288, 96, _GPT2_VOCAB, 2048),
     "llama2-7b": LlamaConfig(32, 4096, 32, 32, 11008, 32000, 4096),
