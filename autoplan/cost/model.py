@@ -23,7 +23,8 @@ read and written, gradient read, weight written; divided by the replicas under Z
 type's ``step_overhead_ms``.
 
 Memory of one GPU of a group = weights + gradients (training dtype) + Adam states (divided by
-the stage's replicas under ZeRO-1) + saved activations of the micro-batches in flight + the
+the stage's replicas under ZeRO-1; ZeRO-2/3 shard more and cost per-micro-batch collectives:
+``autoplan.cost.sharding``) + saved activations of the micro-batches in flight + the
 largest transient; it must stay within the device memory less the type's reserve.
 
 ``CostModel.tables`` precomputes prefix sums per (device class, tp, micro-batch size) so that
@@ -33,12 +34,14 @@ independent path the oracle tests compare the search against.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from itertools import accumulate
 
 from autoplan.cluster.catalog import peak_tflops, spec_for_dtype
 from autoplan.cluster.schema import Cluster, GpuSpec
+from autoplan.cost import sharding
 from autoplan.cost.comm import allreduce_ms as nccl_allreduce_ms
 from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
@@ -276,19 +279,39 @@ class CostModel:
 
     # ---- pieces shared by the search and the evaluation --------------------------------
     def static_bytes(
-        self, params_per_gpu: float, replicas: int, zero1: bool
+        self, params_per_gpu: float, replicas: int, zero: int
     ) -> tuple[float, float, float]:
-        """(weights, gradients, optimizer states) bytes of ``params_per_gpu`` parameters."""
-        weights = params_per_gpu * self.dtype_bytes
-        optimizer = params_per_gpu * self.optimizer_bytes_per_param
-        if zero1 and replicas > 1:
-            optimizer /= replicas
-        return weights, weights, optimizer
+        """(weights, gradients, optimizer states) bytes of ``params_per_gpu`` parameters at
+        ZeRO level ``zero`` (``sharding``; a bool reads as level 0 or 1)."""
+        return sharding.static_bytes(
+            params_per_gpu, replicas, int(zero), self.dtype_bytes, self.optimizer_bytes_per_param
+        )
 
-    def static_bytes_per_param(self, replicas: int, zero1: bool) -> float:
+    def static_bytes_per_param(self, replicas: int, zero: int) -> float:
         """Weights + gradients + optimizer bytes per parameter held."""
-        divisor = replicas if (zero1 and replicas > 1) else 1
-        return 2 * self.dtype_bytes + self.optimizer_bytes_per_param / divisor
+        return sharding.static_bytes_per_param(
+            replicas, int(zero), self.dtype_bytes, self.optimizer_bytes_per_param
+        )
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (the model lives as long as one solve)
+    def largest_layer_params(self, tp: int) -> float:
+        """Parameters per GPU of the model's largest layer at ``tp``."""
+        return max(c.params_per_gpu for c in self.tables(0, tp, 1).layers)
+
+    def zero_transient_bytes(self, tp: int, replicas: int, zero: int) -> float:
+        """What ZeRO-2/3 add to a GPU's largest transient (``sharding.transient_bytes``)."""
+        if int(zero) <= 1:
+            return 0.0
+        return sharding.transient_bytes(
+            self.largest_layer_params(tp), replicas, int(zero), self.dtype_bytes
+        )
+
+    def zero_collective_ms(
+        self, groups: tuple[ReplicaGroup, ...], params_per_gpu: tuple[float, ...]
+    ) -> float:
+        """One all-gather (or reduce-scatter) of a stage's parameters over its replicas: half
+        its all-reduce (``sharding``)."""
+        return self.allreduce_ms(groups, params_per_gpu) / 2
 
     def transient_bytes(self, layer: LayerCost, recompute: str) -> float:
         """Largest temporary while one layer runs its backward."""
@@ -316,9 +339,10 @@ class CostModel:
         return self.capacity_bytes(device_class) - self.reserved_bytes(device_class)
 
     def optimizer_ms(
-        self, params_per_gpu: float, device_class: int, replicas: int, zero1: bool
+        self, params_per_gpu: float, device_class: int, replicas: int, zero1: int
     ) -> float:
-        """Adam step, memory-bound: states read and written, gradient read, weight written."""
+        """Adam step, memory-bound: states read and written, gradient read, weight written
+        (of the shard under any ZeRO level)."""
         params = params_per_gpu / replicas if (zero1 and replicas > 1) else params_per_gpu
         moved = params * (2 * self.optimizer_bytes_per_param + 2 * self.dtype_bytes)
         return moved / (self.classes[device_class].gpu.memory_bandwidth_gb_per_s * 1e9) * 1e3
@@ -427,6 +451,23 @@ class CostModel:
             transient_bytes=max(self.transient_bytes(c, r) for c in layers),
         )
 
+    def _with_zero(self, stage: StageChoice, costs: tuple[GroupCost, ...]) -> tuple[GroupCost, ...]:
+        """The groups' costs with what ZeRO-2/3's per-micro-batch collectives expose."""
+        if stage.zero_stage <= 1 or stage.replicas <= 1:
+            return costs
+        collective = self.zero_collective_ms(stage.groups, tuple(c.params_per_gpu for c in costs))
+        out = []
+        for c in costs:
+            forward, backward = sharding.exposed_ms(
+                stage.zero_stage, collective, c.forward_ms, c.backward_ms
+            )
+            out.append(
+                dataclasses.replace(
+                    c, forward_ms=c.forward_ms + forward, backward_ms=c.backward_ms + backward
+                )
+            )
+        return tuple(out)
+
     def evaluate(self, config: PlanConfig) -> PlanCost:
         """Cost ``config`` layer by layer (module docstring). Infeasible configurations come
         back with ``violations`` naming what does not fit."""
@@ -435,7 +476,9 @@ class CostModel:
         for index, stage in enumerate(stages):
             if stage.groups != stages[index % pp].groups:
                 raise ValueError("all stages of one pipeline rank must have the same groups")
-        groups_cost = [tuple(self.group_cost(s, g) for g in s.groups) for s in stages]
+        groups_cost = [
+            self._with_zero(s, tuple(self.group_cost(s, g) for g in s.groups)) for s in stages
+        ]
         sides = [self.link_side(s.groups) for s in stages]
         costs = []
         for index, stage in enumerate(stages):
@@ -471,7 +514,7 @@ class CostModel:
             steps = []
             for g, group in enumerate(stage.groups):
                 k = group.device_class
-                weights, grads, opt = self.static_bytes(params[g], stage.replicas, stage.zero1)
+                weights, grads, opt = self.static_bytes(params[g], stage.replicas, stage.zero_stage)
                 mem = RankMemory(
                     pipeline_rank=r,
                     gpu_type=self.classes[k].gpu.name,
@@ -479,7 +522,8 @@ class CostModel:
                     gradients_bytes=grads,
                     optimizer_bytes=opt,
                     activations_bytes=flight * max(groups_cost[c][g].saved_bytes for c in chunks),
-                    transient_bytes=max(groups_cost[c][g].transient_bytes for c in chunks),
+                    transient_bytes=max(groups_cost[c][g].transient_bytes for c in chunks)
+                    + self.zero_transient_bytes(group.tp, stage.replicas, stage.zero_stage),
                     capacity_bytes=self.capacity_bytes(k),
                     reserved_bytes=self.reserved_bytes(k),
                     tensor_parallel_degree=group.tp,
@@ -502,7 +546,9 @@ class CostModel:
                     self.optimizer_ms(params[g], k, stage.replicas, stage.zero1)
                     + self.step_overhead_ms(k)
                 )
-            ar = self.allreduce_ms(stage.groups, tuple(params))
+            # ZeRO-2/3 reduce-scatter every micro-batch's gradients in its backward
+            # (``sharding``): nothing is left to all-reduce after the last one.
+            ar = self.allreduce_ms(stage.groups, tuple(params)) if stage.zero_stage <= 1 else 0.0
             shortest_backward = min(
                 sum(groups_cost[c][g].backward_ms for c in chunks) for g in range(len(stage.groups))
             )

@@ -48,7 +48,7 @@ class Pending:
     m: int
     schedule: str
     chunks: int
-    zero1: bool
+    zero1: int  # the most sharded ZeRO level its stages may take (memory bounds use it)
     classes: tuple[int, ...]
 
 
@@ -95,7 +95,7 @@ def _capacity_steps(
     parameters and by saved bytes taken separately, one micro-batch in flight, no
     transient; per recompute mode, as many as fit in memory."""
     layers = model.tables(k, tp, mbs).layers
-    per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (dp if zero1 else 1)
+    per_param = model.static_bytes_per_param(dp, zero1)
     params = [0.0, *itertools.accumulate(sorted(c.params_per_gpu * per_param for c in layers))]
     capacity = model.capacity_bytes(k)
     steps: dict[float, int] = {}
@@ -248,9 +248,7 @@ def lower_bound(model: CostModel, p: Pending) -> float:
 
 def static_fits(model: CostModel, p: Pending) -> bool:
     """Weights, gradients and optimizer states of all layers fit in the ranks' memory."""
-    per_param = 2 * model.dtype_bytes + model.optimizer_bytes_per_param / (
-        p.dp if (p.zero1 and p.dp > 1) else 1
-    )
+    per_param = model.static_bytes_per_param(p.dp, p.zero1)
     params = model.tables(p.classes[0], p.tp, p.mbs).params[-1]
     have = sum(model.capacity_bytes(k) for k in p.classes)
     return params * per_param <= have
@@ -266,7 +264,7 @@ class Group:
     mbs: int
     m: int
     pp: int
-    zero1: bool
+    zero1: int  # as Pending.zero1
     caps: tuple[int, ...]
     allowed: tuple[tuple[str, int], ...]
 

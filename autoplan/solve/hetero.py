@@ -37,6 +37,7 @@ import numpy as np
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, LinkSide
+from autoplan.cost.sharding import exposed_ms
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import (
     MAX_CLASSES_PER_STAGE,
@@ -45,6 +46,7 @@ from autoplan.solve.space import (
     class_tp_choices,
     micro_batch_counts,
     recompute_modes,
+    zero_levels,
 )
 from solvers.pipeline_dp import StageCostResult, best_pipelines
 
@@ -62,7 +64,7 @@ Allocation = tuple[tuple[int, int, int], ...]  # ((class, tp, replicas), ...)
 @dataclass(frozen=True)
 class _Core:
     groups: tuple[ReplicaGroup, ...]
-    zero1: bool
+    zero1: int  # the ZeRO level
     work_ms: float
     tail_ms: float
     side: LinkSide
@@ -239,14 +241,22 @@ class HeteroSource:
 
     @functools.cache  # noqa: B019 (one source per search)
     def _mode(
-        self, kind: Kind, x: int, i: int, j: int, flight: int, per_param: float
+        self,
+        kind: Kind,
+        x: int,
+        i: int,
+        j: int,
+        flight: int,
+        per_param: float,
+        replicas: int = 1,
+        level: int = 0,
     ) -> str | None:
         """The fastest recompute mode with which a replica of ``kind`` taking ``x`` samples
-        fits on [i, j), or None."""
+        fits on [i, j) at ZeRO ``level`` over ``replicas``, or None."""
         k, t = kind
         tables = self.model.tables(k, t, x)
         static = (tables.params[j] - tables.params[i]) * per_param
-        usable = self.model.usable_bytes(k)
+        usable = self.model.usable_bytes(k) - self.model.zero_transient_bytes(t, replicas, level)
         for mode in self.modes:
             saved = tables.saved[mode]
             used = static + flight * (saved[j] - saved[i])
@@ -260,7 +270,7 @@ class HeteroSource:
         return work[j] - work[i] + 2 * self.model.pass_overhead_ms(k)
 
     @functools.cache  # noqa: B019 (one source per search)
-    def _split(self, kind: Kind, replicas: int, samples: int, i, j, flight, per_param):
+    def _split(self, kind: Kind, replicas: int, samples: int, i, j, flight, per_param, zero):
         """``samples`` spread evenly over ``replicas`` of ``kind``: its groups (largest share
         first) and time, or None if the largest share does not fit."""
         k, t = kind
@@ -270,20 +280,29 @@ class HeteroSource:
         for x, count in shares:
             if count == 0 or x == 0:
                 continue
-            mode = self._mode(kind, x, i, j, flight, per_param)
+            mode = self._mode(kind, x, i, j, flight, per_param, *zero)
             if mode is None:
                 return None
             groups.append(ReplicaGroup(k, t, count, x, mode))
         top = groups[0]
         return groups, self._work(kind, top.micro_batch_size, top.recompute, i, j)
 
-    def _shares(self, allocation: Allocation, i: int, j: int, flight: int, per_param: float):
-        """Balanced shares (space.py): the groups of the least stage time, or None."""
+    def _shares(
+        self,
+        allocation: Allocation,
+        i: int,
+        j: int,
+        flight: int,
+        per_param: float,
+        zero: tuple[int, int] = (1, 0),
+    ):
+        """Balanced shares (space.py): the groups of the least stage time, or None;
+        ``zero`` = (the stage's replicas, its ZeRO level)."""
         if self.pinned.micro_batch_size is not None:
             x = self.pinned.micro_batch_size
             groups, worst = [], 0.0
             for k, t, n in allocation:
-                mode = self._mode((k, t), x, i, j, flight, per_param)
+                mode = self._mode((k, t), x, i, j, flight, per_param, *zero)
                 if mode is None:
                     return None
                 groups.append(ReplicaGroup(k, t, n, x, mode))
@@ -291,7 +310,7 @@ class HeteroSource:
             return groups, worst
         if len(allocation) == 1:
             ((k, t, n),) = allocation
-            return self._split((k, t), n, self.b, i, j, flight, per_param)
+            return self._split((k, t), n, self.b, i, j, flight, per_param, zero)
         (k1, t1, n1), (k2, t2, n2) = allocation
         # Kind 1 takes S samples: n1 × x samples, or the most it may (b − n2); larger S at the
         # same largest share never hurts, so these S cover every balanced split. Kind 1's time
@@ -302,8 +321,8 @@ class HeteroSource:
 
         def splits(index: int):
             total = candidates[index]
-            first = self._split((k1, t1), n1, total, i, j, flight, per_param)
-            second = self._split((k2, t2), n2, self.b - total, i, j, flight, per_param)
+            first = self._split((k1, t1), n1, total, i, j, flight, per_param, zero)
+            second = self._split((k2, t2), n2, self.b - total, i, j, flight, per_param, zero)
             return first, second
 
         def kind1_slower(index: int) -> bool:
@@ -333,20 +352,46 @@ class HeteroSource:
 
     def stage_groups(
         self, allocation: Allocation, i: int, j: int, flight: int
-    ) -> tuple[tuple[ReplicaGroup, ...], bool, float] | None:
+    ) -> tuple[tuple[ReplicaGroup, ...], int, float] | None:
         """The space's stage on [i, j) with ``allocation`` and ``flight`` micro-batches in
-        flight: (groups with balanced shares and recompute, ZeRO-1, slowest group's time), or
-        None when it does not fit (space.py)."""
+        flight: (groups with balanced shares and recompute, ZeRO level, slowest group's time),
+        or None when it does not fit (space.py). Of the allowed levels (``zero_levels``), the
+        one of least time, the lower on ties."""
         replicas = sum(n for _, _, n in allocation)
         uniform_tp = len({t for _, t, _ in allocation}) == 1
-        if self.pinned.zero1 and replicas > 1 and not uniform_tp:
-            return None
-        zero1 = replicas > 1 and uniform_tp and self.pinned.zero1 is not False
-        per_param = self.model.static_bytes_per_param(replicas, zero1)
-        found = self._shares(allocation, i, j, flight, per_param)
-        if found is None:
-            return None
-        return tuple(sorted(found[0])), zero1, found[1]
+        best = None
+        for level in zero_levels(replicas, uniform_tp, self.pinned):
+            per_param = self.model.static_bytes_per_param(replicas, level)
+            found = self._shares(allocation, i, j, flight, per_param, (replicas, level))
+            if found is None:
+                continue
+            groups = tuple(sorted(found[0]))
+            work = self._zero_work(groups, i, j, level, found[1])
+            if best is None or work < best[2]:
+                best = (groups, level, work)
+            # One kind's shares do not depend on memory: with no recompute left, a higher
+            # level only adds collectives.
+            if len(allocation) == 1 and all(g.recompute == "none" for g in groups):
+                break
+        return best
+
+    def _zero_work(
+        self, groups: tuple[ReplicaGroup, ...], i: int, j: int, level: int, work: float
+    ) -> float:
+        """The slowest group's time with ZeRO-2/3's exposed collectives (``sharding``)."""
+        if level <= 1:
+            return work
+        model = self.model
+        passes, params = [], []
+        for g in groups:
+            tables = model.tables(g.device_class, g.tp, g.micro_batch_size)
+            overhead = model.pass_overhead_ms(g.device_class)
+            total = tables.work[g.recompute][j] - tables.work[g.recompute][i] + 2 * overhead
+            backward = tables.backward[g.recompute][j] - tables.backward[g.recompute][i]
+            passes.append((total - backward - overhead, backward + overhead))
+            params.append(tables.params[j] - tables.params[i])
+        collective = model.zero_collective_ms(groups, tuple(params))
+        return max(f + b + sum(exposed_ms(level, collective, f, b)) for f, b in passes)
 
     def _core(self, option: int, i: int, j: int, flight: int) -> _Core | None:
         key = (option, i, j, flight)
@@ -372,7 +417,7 @@ class HeteroSource:
                     model.optimizer_ms(p, g.device_class, replicas, zero1)
                     + model.step_overhead_ms(g.device_class)
                 )
-            allreduce = model.allreduce_ms(groups, tuple(params))
+            allreduce = model.allreduce_ms(groups, tuple(params)) if zero1 <= 1 else 0.0
             tail = max(0.0, allreduce - min(backward)) + max(steps)
             core = _Core(groups, zero1, work, tail, model.link_side(groups))
         self._cores[key] = core

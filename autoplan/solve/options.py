@@ -27,6 +27,13 @@ class SolveOptions(BaseModel):
     schedule: ScheduleName | None = Field(default=None, description="Pipeline schedule.")
     recompute: Recompute | None = Field(default=None, description="Recompute for every stage.")
     zero1: bool | None = Field(default=None, description="ZeRO-1 optimizer sharding.")
+    zero_stage: int | None = Field(
+        default=None,
+        ge=0,
+        le=3,
+        description="ZeRO level of every stage of several replicas (0 none, 1 optimizer "
+        "states, 2 also gradients, 3 also parameters); None searches 1-3 per stage.",
+    )
     layer_split: list[int] | None = Field(
         default=None, description="Layers per stage (pins pp to its length)."
     )
@@ -54,7 +61,7 @@ class SolveOptions(BaseModel):
     def pinned(self) -> dict[str, str]:
         """The pinned knobs, as strings, for the plan's record."""
         names = ["tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "schedule"]
-        names += ["recompute", "zero1", "layer_split"]
+        names += ["recompute", "zero1", "zero_stage", "layer_split"]
         out = {}
         for name in names:
             value = getattr(self, name)

@@ -72,6 +72,7 @@ __all__ = [
     "tp_limit",
     "unit_gpus",
     "zero1_choices",
+    "zero_levels",
 ]
 
 PIPELINE_DEGREES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -193,6 +194,23 @@ def schedules(pp: int, m: int, num_layers: int, options: SolveOptions) -> list[t
 def recompute_modes(options: SolveOptions) -> tuple[str, ...]:
     """Recompute modes, fastest first."""
     return (options.recompute,) if options.recompute is not None else RECOMPUTE
+
+
+def zero_levels(replicas: int, uniform_tp: bool, options: SolveOptions) -> tuple[int, ...]:
+    """ZeRO levels a stage of ``replicas`` replicas may take, lowest first: one replica has
+    nothing to shard (0); levels 1-3 need every replica of one tp (0 otherwise, none when a
+    level is pinned); unpinned, 1 (free) to 3 (2 and 3 trade collectives for memory, see
+    ``autoplan.cost.sharding``). ``--no-zero1`` pins 0, ``--zero1`` 1."""
+    pinned = options.zero_stage
+    if pinned is None and options.zero1 is not None:
+        pinned = int(options.zero1)
+    if replicas <= 1:
+        return (0,)
+    if not uniform_tp:
+        return () if pinned else (0,)
+    if pinned is not None:
+        return (pinned,)
+    return (1, 2, 3)
 
 
 def zero1_choices(dp: int, options: SolveOptions) -> list[bool]:

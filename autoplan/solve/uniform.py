@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, LinkSide, PlanCost
 from autoplan.cost.schedule import in_flight_chunks
+from autoplan.cost.sharding import exposed_ms
 from autoplan.solve.bounds import (
     MODES,
     Group,
@@ -63,6 +64,7 @@ from autoplan.solve.space import (
     recompute_modes,
     schedules,
     tp_choices,
+    zero_levels,
 )
 from solvers.partition_dp import best_partition, pipeline_objective
 
@@ -96,14 +98,18 @@ class _StageCoster:
     It mirrors ``CostModel.evaluate`` with prefix sums (the oracle tests hold the two to
     the same answers)."""
 
-    def __init__(self, model: CostModel, p: Pending, modes: tuple[str, ...]) -> None:
+    def __init__(
+        self, model: CostModel, p: Pending, modes: tuple[str, ...], levels: tuple[int, ...]
+    ) -> None:
         self.model = model
         self.p = p
         self.modes = modes
+        self.levels = levels
         pp = len(p.classes)
         self.tables = [model.tables(k, p.tp, p.mbs) for k in p.classes]
         self.flight = [in_flight_chunks(p.schedule, pp, s, p.m, p.chunks) for s in range(pp)]  # type: ignore[arg-type]
-        self.static_per_param = model.static_bytes_per_param(p.dp, p.zero1)
+        self.static_per_param = {z: model.static_bytes_per_param(p.dp, z) for z in levels}
+        self.zero_transient = {z: model.zero_transient_bytes(p.tp, p.dp, z) for z in levels}
         self.capacity = [model.usable_bytes(k) for k in p.classes]
         self.group = p.dp * p.tp
         self.overhead = [2 * model.pass_overhead_ms(k) for k in p.classes]
@@ -111,7 +117,9 @@ class _StageCoster:
         # The optimizer step is linear in the stage's parameters; the all-reduce is not
         # (NCCL's ring or tree, whichever is faster for the size), so it is costed per stage.
         self.rank_groups = [rank_groups(p, k, "none") for k in p.classes]
-        self.optimizer = [model.optimizer_ms(1.0, k, p.dp, p.zero1) for k in p.classes]
+        self.optimizer = {
+            z: [model.optimizer_ms(1.0, k, p.dp, z) for k in p.classes] for z in levels
+        }
         self.step_overhead = [model.step_overhead_ms(k) for k in p.classes]
         self.sends: list[list[float]] = []
         for s in range(pp):
@@ -138,12 +146,13 @@ class _StageCoster:
         row = table[level]
         return max(row[i], row[j - (1 << level)])
 
-    def recompute_for(self, s: int, i: int, j: int) -> str | None:
-        """The fastest recompute mode with which stage s on [i, j) fits, or None."""
+    def recompute_for(self, s: int, i: int, j: int, level: int) -> str | None:
+        """The fastest recompute mode with which stage s on [i, j) fits at ZeRO ``level``,
+        or None."""
         t = self.tables[s]
-        static = (t.params[j] - t.params[i]) * self.static_per_param
+        static = (t.params[j] - t.params[i]) * self.static_per_param[level]
         flight = self.flight[s]
-        capacity = self.capacity[s]
+        capacity = self.capacity[s] - self.zero_transient[level]
         for mode in self.modes:
             saved = t.saved[mode]
             used = static + flight * (saved[j] - saved[i])
@@ -151,17 +160,51 @@ class _StageCoster:
                 return mode
         return None
 
-    def __call__(self, s: int, i: int, j: int) -> tuple[float, float, float] | None:
-        mode = self.recompute_for(s, i, j)
-        if mode is None:
-            return None
+    def _work(self, s: int, i: int, j: int, mode: str, level: int) -> tuple[float, float]:
+        """(work, backward) of stage s with ZeRO-2/3's exposed collectives."""
         t = self.tables[s]
         work = t.work[mode][j] - t.work[mode][i] + self.overhead[s]
+        backward = t.backward[mode][j] - t.backward[mode][i] + self.backward_overhead[s]
+        if level <= 1 or self.p.dp <= 1:
+            return work, backward
+        params = t.params[j] - t.params[i]
+        collective = _allreduce_ms(self.model, self.rank_groups[s], params) / 2
+        forward_extra, backward_extra = exposed_ms(level, collective, work - backward, backward)
+        return work + forward_extra + backward_extra, backward + backward_extra
+
+    def choice_for(self, s: int, i: int, j: int) -> tuple[int, str] | None:
+        """(ZeRO level, recompute) of stage s on [i, j): of the levels, the one whose
+        fastest fitting recompute gives the least work, the lower on ties; None if none
+        fits. Once a level fits without recompute a higher one only adds collectives."""
+        best = None
+        for level in self.levels:
+            mode = self.recompute_for(s, i, j, level)
+            if mode is None:
+                continue
+            work = self._work(s, i, j, mode, level)[0]
+            if best is None or work < best[0]:
+                best = (work, level, mode)
+            if mode == self.modes[0]:
+                break
+        return None if best is None else (best[1], best[2])
+
+    def __call__(self, s: int, i: int, j: int) -> tuple[float, float, float] | None:
+        choice = self.choice_for(s, i, j)
+        if choice is None:
+            return None
+        level, mode = choice
+        t = self.tables[s]
+        work, backward = self._work(s, i, j, mode, level)
         send = self.sends[s][j]
         params = t.params[j] - t.params[i]
-        allreduce = _allreduce_ms(self.model, self.rank_groups[s], params) if params > 0 else 0.0
-        backward = t.backward[mode][j] - t.backward[mode][i] + self.backward_overhead[s]
-        tail = max(0.0, allreduce - backward) + self.optimizer[s] * params + self.step_overhead[s]
+        allreduce = 0.0
+        if params > 0 and level <= 1:
+            allreduce = _allreduce_ms(self.model, self.rank_groups[s], params)
+        tail = (
+            max(0.0, allreduce - backward)
+            + self.optimizer[level][s] * params
+            + self.step_overhead[s]
+        )
         return max(work, send), work + 2 * send, tail
 
     def floor(self, s: int, i: int, j: int) -> float:
@@ -223,9 +266,10 @@ def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[Group]:
             if options.dp is not None and dp != options.dp:
                 continue
             caps = tuple(class_caps(model, tp, dp))
-            if not any(caps) or (options.zero1 and dp == 1):
+            if not any(caps) or ((options.zero1 or options.zero_stage) and dp == 1):
                 continue
-            zero1 = dp > 1 and options.zero1 is not False
+            # The most sharded level allowed: the bounds' memory (``Pending.zero1``).
+            zero1 = max(zero_levels(dp, True, options))
             per_param = model.static_bytes_per_param(dp, zero1)
             params = model.tables(next(k for k, c in enumerate(caps) if c), tp, 1).params[-1]
             memories = sorted(
@@ -328,11 +372,12 @@ def _solve_pipeline(
     model: CostModel, p: Pending, options: SolveOptions, bound: float
 ) -> tuple[PlanConfig, float] | None:
     modes = recompute_modes(options)
-    coster = _StageCoster(model, p, modes)
+    levels = zero_levels(p.dp, True, options)
+    coster = _StageCoster(model, p, modes, levels)
     pp = len(p.classes)
     num_layers = model.num_layers
     if p.chunks > 1:
-        return _solve_interleaved(model, p, modes)
+        return _solve_interleaved(model, p, modes, levels)
     split = _fixed_split(options, num_layers, pp)
     if split is not None:
         bounds = [0, *itertools.accumulate(split)]
@@ -358,21 +403,34 @@ def _solve_pipeline(
         bounds, value = list(result.boundaries), result.objective
     stages = []
     for s in range(pp):
-        mode = coster.recompute_for(s, bounds[s], bounds[s + 1])
-        assert mode is not None
+        choice = coster.choice_for(s, bounds[s], bounds[s + 1])
+        assert choice is not None
+        level, mode = choice
         stages.append(
-            StageChoice(bounds[s], bounds[s + 1], rank_groups(p, p.classes[s], mode), int(p.zero1))
+            StageChoice(bounds[s], bounds[s + 1], rank_groups(p, p.classes[s], mode), level)
         )
     config = PlanConfig(p.m, p.schedule, 1, tuple(stages))
     return config, value
 
 
 def _solve_interleaved(
-    model: CostModel, p: Pending, modes: tuple[str, ...]
+    model: CostModel, p: Pending, modes: tuple[str, ...], levels: tuple[int, ...]
 ) -> tuple[PlanConfig, float] | None:
-    pp = len(p.classes)
+    """The fixed interleaved split: the lowest ZeRO level (for all chunks) at which raising
+    the recompute of the ranks that do not fit makes every rank fit."""
     sizes = interleaved_sizes(model, p.classes, p.tp, p.mbs, p.chunks)
     bounds = [0, *itertools.accumulate(sizes)]
+    for level in levels:
+        found = _interleaved_at(model, p, modes, bounds, level)
+        if found is not None:
+            return found
+    return None
+
+
+def _interleaved_at(
+    model: CostModel, p: Pending, modes: tuple[str, ...], bounds: list[int], level: int
+) -> tuple[PlanConfig, float] | None:
+    pp = len(p.classes)
     chosen = [modes[0]] * pp
     for _ in range(len(modes)):
         stages = tuple(
@@ -380,7 +438,7 @@ def _solve_interleaved(
                 bounds[s],
                 bounds[s + 1],
                 rank_groups(p, p.classes[s % pp], chosen[s % pp]),
-                int(p.zero1),
+                level,
             )
             for s in range(pp * p.chunks)
         )
