@@ -117,6 +117,16 @@ def solve_command(
     zero1: Annotated[
         bool | None, typer.Option("--zero1/--no-zero1", help="Pin ZeRO-1 on or off.")
     ] = None,
+    zero: Annotated[
+        int | None,
+        typer.Option(
+            "--zero",
+            min=0,
+            max=3,
+            help="Pin the ZeRO level of stages with several replicas: 0, 1 (optimizer "
+            "states), 2 (+ gradients) or 3 (+ parameters). Default: searched per stage.",
+        ),
+    ] = None,
     layer_split: Annotated[
         str | None, typer.Option("--layer-split", help="Layers per stage, e.g. '10,12,10'.")
     ] = None,
@@ -172,6 +182,7 @@ def solve_command(
         schedule=schedule,  # type: ignore[arg-type]
         recompute=recompute,  # type: ignore[arg-type]
         zero1=zero1,
+        zero_stage=zero,
         layer_split=_layer_split(layer_split),
         strategy=strategy,  # type: ignore[arg-type]
         space=space,  # type: ignore[arg-type]

@@ -523,7 +523,10 @@ class CostModel:
                     optimizer_bytes=opt,
                     activations_bytes=flight * max(groups_cost[c][g].saved_bytes for c in chunks),
                     transient_bytes=max(groups_cost[c][g].transient_bytes for c in chunks)
-                    + self.zero_transient_bytes(group.tp, stage.replicas, stage.zero_stage),
+                    + self.zero_transient_bytes(group.tp, stage.replicas, stage.zero_stage)
+                    + sharding.gathered_bytes(
+                        params[g], stage.replicas, stage.zero_stage, self.dtype_bytes
+                    ),
                     capacity_bytes=self.capacity_bytes(k),
                     reserved_bytes=self.reserved_bytes(k),
                     tensor_parallel_degree=group.tp,

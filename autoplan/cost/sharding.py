@@ -8,9 +8,13 @@ z     weights                gradients   optimizer   what runs (torch 2.13, FSDP
 ====  =====================  ==========  ==========  ======================================
 0     P d                    P d         P o         DDP all-reduce after the last backward
 1     P d                    P d         P o / n     DDP + ZeroRedundancyOptimizer
-2     P d (gathered) + P d/n P d / n     P o / n     fully_shard, reshard_after_forward=False
+2     P d / n (+ P d)        P d / n     P o / n     fully_shard, reshard_after_forward=False
 3     P d / n                P d / n     P o / n     fully_shard, reshard_after_forward=True
 ====  =====================  ==========  ==========  ======================================
+
+At level 2 the stage's gathered parameters (``gathered_bytes``: P d) are held from each
+micro-batch's forward to its backward, which under 1F1B is always: they count with the
+transients (they are not a model state; after the step only the shards remain).
 
 Levels 2 and 3 are FSDP2 ``fully_shard`` per layer and per stage over the stage's replicas.
 The runtime (``autoplan.runtime.zero``) reduce-scatters the gradients in every micro-batch's
@@ -41,6 +45,7 @@ from __future__ import annotations
 __all__ = [
     "ZERO_LEVELS",
     "exposed_ms",
+    "gathered_bytes",
     "static_bytes",
     "static_bytes_per_param",
     "transient_bytes",
@@ -66,16 +71,23 @@ def static_bytes(
     optimizer = params_per_gpu * optimizer_bytes_per_param / n
     if n == 1 or level <= 1:
         return full, full, optimizer
-    if level == 2:
-        return full + full / n, full / n, optimizer
     return full / n, full / n, optimizer
+
+
+def gathered_bytes(params_per_gpu: float, replicas: int, level: int, dtype_bytes: int) -> float:
+    """Level 2's gathered parameters of the stage, held during the step (module docstring)."""
+    if level != 2 or replicas <= 1:
+        return 0.0
+    return params_per_gpu * dtype_bytes
 
 
 def static_bytes_per_param(
     replicas: int, level: int, dtype_bytes: int, optimizer_bytes_per_param: float
 ) -> float:
-    """Weights + gradients + optimizer bytes per parameter held (``static_bytes`` of one)."""
-    return sum(static_bytes(1.0, replicas, level, dtype_bytes, optimizer_bytes_per_param))
+    """Bytes per parameter held for the whole step: ``static_bytes`` and ``gathered_bytes``
+    of one."""
+    static = sum(static_bytes(1.0, replicas, level, dtype_bytes, optimizer_bytes_per_param))
+    return static + gathered_bytes(1.0, replicas, level, dtype_bytes)
 
 
 def transient_bytes(

@@ -172,6 +172,12 @@ def _check_batch_and_schedule(plan: Plan, problems: list[str]) -> None:
                 f"stage {stage.index} has zero1 with a single replica; ZeRO-1 shards optimizer "
                 "states across replicas"
             )
+        tps = sorted({replica.tensor_parallel_degree for replica in stage.replicas})
+        if stage.zero_stage >= 2 and len(tps) > 1:
+            problems.append(
+                f"stage {stage.index} has ZeRO-{stage.zero_stage} over replicas of tp {tps}; "
+                "its shards line up only over replicas of one tp"
+            )
     samples = micro_batch * par.num_micro_batches
     if samples != plan.inputs.global_batch_size:
         problems.append(
@@ -425,9 +431,16 @@ def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
         )
         per_gpu = params / tp
         optimizer = 2 * moment_bytes * per_gpu
-        if stage.zero1 and len(stage.replicas) > 1:
-            optimizer /= len(stage.replicas)
-        total += 2 * per_gpu * profile.dtype_bytes + optimizer
+        n = len(stage.replicas)
+        weights = grads = per_gpu * profile.dtype_bytes
+        if stage.zero1 and n > 1:
+            optimizer /= n
+        if stage.zero_stage >= 2 and n > 1:
+            # ZeRO-2 shards gradients and keeps the gathered parameters beside the shard
+            # through the step; ZeRO-3 shards parameters too.
+            grads /= n
+            weights = weights / n + (weights if stage.zero_stage == 2 else 0.0)
+        total += weights + grads + optimizer
     return int(total)
 
 

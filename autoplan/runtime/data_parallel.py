@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.model_stage import pipeline_layers
+from autoplan.runtime.zero import PerMicroBatchSync
 
 __all__ = ["make_optimizer", "wrap_data_parallel"]
 
@@ -42,22 +43,24 @@ def wrap_data_parallel(
     *,
     shard: bool,
     pipelined: bool,
+    zero_stage: int = 0,
 ) -> nn.Module:
     """The module to hand to the pipeline stage: ``model`` replicated over ``dp_mesh``
-    (DDP), or sharded over it (FSDP2) when ``shard``; ``pipelined`` when the plan has several
-    stages."""
+    (DDP), or sharded over it (FSDP2) when ``shard`` or ZeRO-2/3; ``pipelined`` when the plan
+    has several stages. ZeRO-2/3 reduce-scatter per micro-batch (``autoplan.runtime.zero``)."""
     if dp_mesh.size() == 1:
         return model
-    if shard:
+    if shard or zero_stage >= 2:
+        reshard = zero_stage == 3
         layers = [layer for _, layer in pipeline_layers(model) if layer is not model]
         uses = Counter(id(p) for layer in layers for p in layer.parameters())
         for layer in layers:
             params = list(layer.parameters())
             # A weight two layers share (tied embeddings) is left to the stage-level group.
             if params and all(uses[id(p)] == 1 for p in params):
-                fully_shard(layer, mesh=dp_mesh, reshard_after_forward=False)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=False)
-        return model
+                fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+        return PerMicroBatchSync(model) if zero_stage >= 2 else model
     return DistributedDataParallel(
         model,
         process_group=dp_mesh.get_group(),

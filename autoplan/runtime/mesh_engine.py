@@ -80,7 +80,12 @@ class MeshEngine:
             apply_recompute(model, stage.replicas[entry.dp_index].recompute)
             model.to(device)
             module = wrap_data_parallel(
-                model, mesh["dp"], device, shard=self.tp > 1, pipelined=par.num_stages > 1
+                model,
+                mesh["dp"],
+                device,
+                shard=self.tp > 1,
+                pipelined=par.num_stages > 1,
+                zero_stage=stage.zero_stage,
             )
             pipeline_stages.append(
                 PipelineStage(

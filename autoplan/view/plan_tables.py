@@ -80,11 +80,14 @@ def overview_section(plan: Plan) -> Section:
         if par.virtual_stages_per_rank > 1
         else ""
     )
-    zero1 = sum(stage.zero1 for stage in plan.stages)
+    levels = sorted({stage.zero_stage for stage in plan.stages if stage.zero_stage})
+    zero = ", ".join(
+        f"ZeRO-{z} on {sum(stage.zero_stage == z for stage in plan.stages)} stages" for z in levels
+    )
     section.add(
         "pipeline",
         f"{par.pipeline_degree} ranks{virtual}, {len(plan.stages)} stages, {par.schedule}"
-        + (f", ZeRO-1 on {zero1} stages" if zero1 else ""),
+        + (f", {zero}" if zero else ""),
     )
     section.add(
         "batch",
@@ -115,7 +118,7 @@ def stages_section(plan: Plan) -> Section:
     section = Section(
         title="Stages (times per micro-batch, slowest replica)",
         columns=[
-            *("stage", "rank", "layers", "replicas", "nodes", "recompute", "ZeRO-1"),
+            *("stage", "rank", "layers", "replicas", "nodes", "recompute", "ZeRO"),
             *("fwd", "bwd", "send", "times"),
         ],
         right=frozenset({0, 1, 7, 8, 9}),
@@ -141,7 +144,7 @@ def stages_section(plan: Plan) -> Section:
             replicas_text(stage),
             node_ranges(replica.node for replica in stage.replicas),
             runs_text(replica.recompute for replica in stage.replicas),
-            "yes" if stage.zero1 else "no",
+            str(stage.zero_stage) if stage.zero_stage else "no",
             *times,
             _time_source(count, timing),
         )

@@ -1,0 +1,135 @@
+"""ZeRO-2/3 in the cost model and the search.
+
+- ``sharding``'s bytes per level, and what its collectives expose.
+- Oracle: on small instances whose memory needs ZeRO-2 or ZeRO-3 somewhere, the solver's best
+  (uniform and heterogeneous space) equals brute force over every layer split and, per stage,
+  every ZeRO level and recompute, each configuration costed by ``CostModel.evaluate``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from autoplan.cost import sharding
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.solve import SolveOptions, cost_model, solve_candidates
+from autoplan.solve.space import divisors, micro_batch_choices, pipeline_degrees, schedules
+from solvers.oracle import compositions
+from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
+
+MODES = ("none", "selective", "full")
+
+
+def test_static_bytes_per_level() -> None:
+    # 100 parameters, 2 bytes each, 12 optimizer bytes each, over 4 replicas.
+    assert sharding.static_bytes(100, 4, 0, 2, 12) == (200, 200, 1200)
+    assert sharding.static_bytes(100, 4, 1, 2, 12) == (200, 200, 300)
+    assert sharding.static_bytes(100, 4, 2, 2, 12) == (50, 50, 300)
+    assert sharding.gathered_bytes(100, 4, 2, 2) == 200
+    assert sharding.static_bytes(100, 4, 3, 2, 12) == (50, 50, 300)
+    assert sharding.gathered_bytes(100, 4, 3, 2) == 0
+    # One replica has nothing to shard.
+    assert sharding.static_bytes(100, 1, 3, 2, 12) == (200, 200, 1200)
+    assert sharding.static_bytes_per_param(4, 2, 2, 12) == 2 + 0.5 + 0.5 + 3
+
+
+def test_exposed_collectives() -> None:
+    # Level 2: one all-gather over the forward, one reduce-scatter over the backward.
+    assert sharding.exposed_ms(2, 3.0, 2.0, 4.0) == (1.0, 0.0)
+    # Level 3: the backward gathers again: 2 × 3 - 4 exposed.
+    assert sharding.exposed_ms(3, 3.0, 2.0, 4.0) == (1.0, 2.0)
+    assert sharding.exposed_ms(1, 3.0, 0.0, 0.0) == (0.0, 0.0)
+
+
+def _instance(memory_gib: float, num_layers: int, intra_gb_per_s: float):
+    layers = [
+        layer(i, flops=4 * 10**11, params=50 * 10**6, saved=2 * 10**7, output=10**6)
+        for i in range(num_layers)
+    ]
+    cluster = make_cluster(
+        [("g", gpu("G", tflops=50.0, memory_gib=memory_gib), 4, 1)],
+        intra_gb_per_s=intra_gb_per_s,
+    )
+    return make_profile(layers), cluster
+
+
+def _brute_force(model, batch: int, options: SolveOptions) -> tuple[float, str]:
+    """Every uniform configuration at tp 1 with any ZeRO level and recompute per stage."""
+    best, summary = math.inf, ""
+    n = model.num_layers
+    for dp in divisors(batch):
+        if dp > 4:
+            continue
+        levels = (0, 1, 2, 3) if dp > 1 else (0,)
+        for mbs in micro_batch_choices(batch // dp, options):
+            m = batch // (dp * mbs)
+            for pp in pipeline_degrees(n, options):
+                if pp * dp > 4:
+                    continue
+                for schedule, v in schedules(pp, m, n, options):
+                    if v != 1:
+                        continue
+                    for sizes in compositions(n, pp):
+                        bounds = [0, *itertools.accumulate(sizes)]
+                        per_stage = list(itertools.product(levels, MODES))
+                        for choice in itertools.product(per_stage, repeat=pp):
+                            stages = tuple(
+                                StageChoice(
+                                    bounds[s],
+                                    bounds[s + 1],
+                                    (ReplicaGroup(0, 1, dp, mbs, choice[s][1]),),
+                                    choice[s][0],
+                                )
+                                for s in range(pp)
+                            )
+                            config = PlanConfig(m, schedule, 1, stages)
+                            cost = model.evaluate(config)
+                            if cost.feasible and cost.iteration_ms < best:
+                                best, summary = cost.iteration_ms, config.summary()
+    return best, summary
+
+
+@pytest.mark.parametrize(
+    ("memory_gib", "num_layers", "intra", "pinned"),
+    [
+        # dp 4 of one stage: ZeRO-1's 7 bytes per parameter do not fit, ZeRO-3's do.
+        (1.25, 4, 100.0, {"pp": 1}),
+        # The same, a slow link: the collectives show, the search still needs level 3.
+        (1.25, 4, 2.0, {"pp": 1}),
+        # Free pp: sharding competes with pipelining.
+        (1.25, 4, 100.0, {}),
+        (0.9, 3, 20.0, {}),
+    ],
+)
+def test_solver_equals_brute_force_where_zero_2_or_3_is_needed(
+    memory_gib: float, num_layers: int, intra: float, pinned: dict
+) -> None:
+    profile, cluster = _instance(memory_gib, num_layers, intra)
+    batch = 4
+    options = SolveOptions(top_k=1, tp=1, **pinned)
+    model = cost_model(profile, cluster, options)
+    expected, summary = _brute_force(model, batch, options)
+    assert math.isfinite(expected)
+    for space in ("uniform", "heterogeneous"):
+        found = [
+            c
+            for c in solve_candidates(
+                model, batch, options.model_copy(update={"space": space})
+            ).candidates
+            if c.cost.feasible
+        ]
+        assert found, space
+        assert math.isclose(found[0].iteration_ms, expected, rel_tol=1e-9), (
+            space,
+            found[0].config.summary(),
+            summary,
+        )
+    if pinned:
+        # The instance needs sharding beyond ZeRO-1: no ZeRO-1 plan fits.
+        assert " z2" in summary or " z3" in summary, summary
+        ones = SolveOptions(top_k=1, tp=1, zero_stage=1, **pinned)
+        best = solve_candidates(cost_model(profile, cluster, ones), batch, ones).candidates
+        assert not [c for c in best if c.cost.feasible]
