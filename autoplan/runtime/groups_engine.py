@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, RankEntry, Stage
 from autoplan.runtime import tensor_parallel
 from autoplan.runtime.check import meta_model
@@ -67,6 +68,12 @@ class GroupsEngine:
     def __init__(
         self, plan: Plan, entry: RankEntry, device: torch.device, seed: int, learning_rate: float
     ) -> None:
+        sharded = [stage.index for stage in plan.stages if stage.zero_stage >= 2]
+        if sharded:
+            raise InputError(
+                f"stages {sharded} ask for ZeRO-2/3, which only the mesh executor runs (FSDP2 "
+                "over its dp dimension); the groups executor shards optimizer states at most"
+            )
         self.plan = plan
         self.device = device
         place = rank_place(plan, entry.rank)
