@@ -162,6 +162,12 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
                 f"ZeRO-1 is on for stages {', '.join(on)} and off for stages {', '.join(off)}; "
                 f"{target} sets it for every stage",
             )
+    sharded = [str(s.index) for s in stages if s.zero_stage >= 2 and dp > 1]
+    if sharded:
+        raise NotExpressibleError(
+            target,
+            f"stages {', '.join(sharded)} use ZeRO-2/3; the export writes ZeRO-1 at most",
+        )
     if plan.uniform_shape() != (dp, tp):
         # Every check above passed, so only the numbering is off: the launchers number ranks
         # rank = pipeline_rank * dp * tp + replica * tp + tp_index, and torchrun numbers them
