@@ -274,11 +274,13 @@ def solved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pp 2 × tp 2 pipeline (megatron-1.7b), pure data parallelism, and a heterogeneous plan that
     mixes A100 and V100 replicas with uneven shares in its one stage (gpt2-small)."""
     tmp = tmp_path_factory.mktemp("solved")
+    # The exports write ZeRO-1 at most (ZeRO-2/3 plans are refused): pin it.
+    zero = ("--zero", "1")
     return {
-        "edge": _solve(tmp, "llama2-7b", "a100-v100", 64, "--pp", "2"),
-        "interleaved": _solve(tmp, "megatron-1.7b", "a100x8", 64, "--pp", "2", "--tp", "2"),
-        "data": _solve(tmp, "gpt2-small", "a100x8", 32),
-        "mixed": _solve(tmp, "gpt2-small", "a100-v100", 512),
+        "edge": _solve(tmp, "llama2-7b", "a100-v100", 64, "--pp", "2", *zero),
+        "interleaved": _solve(tmp, "megatron-1.7b", "a100x8", 64, "--pp", "2", "--tp", "2", *zero),
+        "data": _solve(tmp, "gpt2-small", "a100x8", 32, *zero),
+        "mixed": _solve(tmp, "gpt2-small", "a100-v100", 512, *zero),
     }
 
 
