@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 
+from autoplan.cluster.catalog import example_cluster_path, load_cluster
 from autoplan.cost import sharding
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
-from autoplan.solve import SolveOptions, cost_model, solve_candidates
+from autoplan.files import read_json_model
+from autoplan.plan.validate import validate_plan
+from autoplan.profile.schema import Profile
+from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.space import divisors, micro_batch_choices, pipeline_degrees, schedules
 from solvers.oracle import compositions
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
 MODES = ("none", "selective", "full")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_static_bytes_per_level() -> None:
@@ -133,3 +139,20 @@ def test_solver_equals_brute_force_where_zero_2_or_3_is_needed(
         ones = SolveOptions(top_k=1, tp=1, zero_stage=1, **pinned)
         best = solve_candidates(cost_model(profile, cluster, ones), batch, ones).candidates
         assert not [c for c in best if c.cost.feasible]
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_solved_zero_plans_pass_the_validator_with_their_profile(zero: int) -> None:
+    """Megatron 18.4B on 8 A100-80GB: data parallel over 8 GPUs fits only with ZeRO-2/3; the
+    emitted plan says the level, and its memory estimate is above the validator's
+    independent floor (which shards weights and gradients at these levels)."""
+    profile = read_json_model(ROOT / "profiles" / "megatron-18.4b.profile.json", Profile)
+    cluster = load_cluster(example_cluster_path("a100x8"))
+    plan = solve(profile, cluster, 64, SolveOptions(dp=8, zero_stage=zero, time_limit_s=20))
+    assert [stage.zero_stage for stage in plan.stages] == [zero]
+    validate_plan(plan, profile)
+    states = plan.prediction.memory[0]
+    per_gpu = sum(layer.param_count for layer in profile.layers) / 8
+    # bf16 weights and gradients plus 12 bytes of Adam each, all sharded 8 ways.
+    assert states.optimizer_bytes == pytest.approx(12 * per_gpu, rel=1e-6)
+    assert states.gradients_bytes == pytest.approx(2 * per_gpu, rel=1e-6)

@@ -31,8 +31,9 @@ The independent memory floor of one GPU of a replica of tp t on pipeline rank p:
 least its stages' parameters split t ways (a tp group shards at most every parameter), once as
 weights and once as gradients (in the training dtype), and Adam's two moments per parameter in
 fp32 (fp64 when training in fp64), those of a stage further split over the stage's replicas
-under ZeRO-1. Mixed-precision Adam keeps more (fp32 master weights, 16-18 bytes per parameter),
-so this is a floor: a plan's estimate below it has forgotten something, and a floor above the
+under ZeRO-1, and weights and gradients too under ZeRO-2/3 (FSDP2 holds their shards).
+Mixed-precision Adam keeps more (fp32 master weights, 16-18 bytes per parameter), so this is
+a floor: a plan's estimate below it has forgotten something, and a floor above the
 GPU's usable memory means the plan cannot run.
 """
 
@@ -436,10 +437,10 @@ def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
         if stage.zero1 and n > 1:
             optimizer /= n
         if stage.zero_stage >= 2 and n > 1:
-            # ZeRO-2 shards gradients and keeps the gathered parameters beside the shard
-            # through the step; ZeRO-3 shards parameters too.
+            # FSDP2 keeps shards of weights and gradients as model states (ZeRO-2's gathered
+            # parameters during the step are a transient).
             grads /= n
-            weights = weights / n + (weights if stage.zero_stage == 2 else 0.0)
+            weights /= n
         total += weights + grads + optimizer
     return int(total)
 
