@@ -20,7 +20,7 @@ The rules, by family (one ``_check_*`` function each):
   its pipeline rank, and its rank_map entry agrees with that replica (pipeline rank, dp index
   = replica index, tp index = position in the replica, node, GPU type); a replica's tp GPUs sit
   on its one node; the stages of one pipeline rank run on identical replicas (same GPUs, same
-  shares; recompute may differ per stage module);
+  shares; recompute may differ per stage module); offload only with recompute none or full;
 - nodes: in launch order, each holding the contiguous block of ranks torchrun gives it;
 - memory: an estimate for every (pipeline rank, replica kind = GPU type, tp, share), its parts
   adding up, total + reserve within the GPU's memory; with the profile, the independent floor;
@@ -227,6 +227,15 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
         entry_of.setdefault(entry.rank, entry)
     cluster_nodes = {node.name: node for node in plan.inputs.cluster.nodes()}
 
+    for stage in plan.stages:
+        for d, replica in enumerate(stage.replicas):
+            if replica.offload and replica.recompute == "selective":
+                # The runtime's offload works through saved-tensor hooks, which selective
+                # checkpointing bypasses for the tensors it keeps.
+                problems.append(
+                    f"stage {stage.index} replica {d}: offload pairs with recompute none or "
+                    "full, not selective"
+                )
     owner: dict[int, str] = {}
     for p, stages in sorted(_stages_by_rank(plan).items()):
         if not stages:

@@ -31,6 +31,7 @@ from autoplan.runtime.engine import Optimizer
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mesh import build_mesh
 from autoplan.runtime.model_stage import build_stage_models
+from autoplan.runtime.offload import apply_offload
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.tied_weights import TiedGradientSync
 from autoplan.zoo import get_model_spec
@@ -78,6 +79,7 @@ class MeshEngine:
                     model, mesh["tp"], spec.tensor_parallel_divisor
                 )
             apply_recompute(model, stage.replicas[entry.dp_index].recompute)
+            apply_offload(model, stage.replicas[entry.dp_index].offload)
             model.to(device)
             module = wrap_data_parallel(
                 model, mesh["dp"], device, shard=self.tp > 1, pipelined=par.num_stages > 1

@@ -37,6 +37,7 @@ import numpy as np
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, LinkSide
+from autoplan.cost.offload import group_of, mode_key
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import (
     MAX_CLASSES_PER_STAGE,
@@ -247,12 +248,16 @@ class HeteroSource:
         tables = self.model.tables(k, t, x)
         static = (tables.params[j] - tables.params[i]) * per_param
         usable = self.model.usable_bytes(k)
+        best, best_ms = None, 0.0
         for mode in self.modes:
             saved = tables.saved[mode]
             used = static + flight * (saved[j] - saved[i])
             if used <= usable and used + self._transient(k, t, x, mode, i, j) <= usable:
-                return mode
-        return None
+                # The fastest mode that fits (with offload the order is the hardware's).
+                work = tables.work[mode][j] - tables.work[mode][i]
+                if best is None or work < best_ms:
+                    best, best_ms = mode, work
+        return best
 
     def _work(self, kind: Kind, x: int, mode: str, i: int, j: int) -> float:
         k, t = kind
@@ -273,9 +278,10 @@ class HeteroSource:
             mode = self._mode(kind, x, i, j, flight, per_param)
             if mode is None:
                 return None
-            groups.append(ReplicaGroup(k, t, count, x, mode))
+            groups.append(group_of(k, t, count, x, mode))
         top = groups[0]
-        return groups, self._work(kind, top.micro_batch_size, top.recompute, i, j)
+        top_mode = mode_key(top.recompute, top.offload)
+        return groups, self._work(kind, top.micro_batch_size, top_mode, i, j)
 
     def _shares(self, allocation: Allocation, i: int, j: int, flight: int, per_param: float):
         """Balanced shares (space.py): the groups of the least stage time, or None."""
@@ -286,7 +292,7 @@ class HeteroSource:
                 mode = self._mode((k, t), x, i, j, flight, per_param)
                 if mode is None:
                     return None
-                groups.append(ReplicaGroup(k, t, n, x, mode))
+                groups.append(group_of(k, t, n, x, mode))
                 worst = max(worst, self._work((k, t), x, mode, i, j))
             return groups, worst
         if len(allocation) == 1:
@@ -363,9 +369,10 @@ class HeteroSource:
                 tables = model.tables(g.device_class, g.tp, g.micro_batch_size)
                 p = tables.params[j] - tables.params[i]
                 params.append(p)
+                mode = mode_key(g.recompute, g.offload)
                 backward.append(
-                    tables.backward[g.recompute][j]
-                    - tables.backward[g.recompute][i]
+                    tables.backward[mode][j]
+                    - tables.backward[mode][i]
                     + model.pass_overhead_ms(g.device_class)
                 )
                 steps.append(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoplan.plan.schema import Recompute, ScheduleName
 
@@ -27,6 +27,9 @@ class SolveOptions(BaseModel):
     schedule: ScheduleName | None = Field(default=None, description="Pipeline schedule.")
     recompute: Recompute | None = Field(default=None, description="Recompute for every stage.")
     zero1: bool | None = Field(default=None, description="ZeRO-1 optimizer sharding.")
+    offload: bool | None = Field(
+        default=None, description="Activation offload to host memory for every stage."
+    )
     layer_split: list[int] | None = Field(
         default=None, description="Layers per stage (pins pp to its length)."
     )
@@ -51,10 +54,19 @@ class SolveOptions(BaseModel):
         default=16, ge=1, description="Largest micro-batch size searched when not pinned."
     )
 
+    @model_validator(mode="after")
+    def _offload_pairs(self) -> SolveOptions:
+        if self.offload and self.recompute == "selective":
+            raise ValueError(
+                "offload pairs with recompute none or full, not selective (selective "
+                "recompute keeps its saved tensors outside the hooks offload works through)"
+            )
+        return self
+
     def pinned(self) -> dict[str, str]:
         """The pinned knobs, as strings, for the plan's record."""
         names = ["tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "schedule"]
-        names += ["recompute", "zero1", "layer_split"]
+        names += ["recompute", "zero1", "offload", "layer_split"]
         out = {}
         for name in names:
             value = getattr(self, name)

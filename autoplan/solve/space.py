@@ -48,6 +48,7 @@ import math
 
 from autoplan.cost.devices import block_sizes
 from autoplan.cost.model import CostModel
+from autoplan.cost.offload import searched_modes
 from autoplan.solve.options import SolveOptions
 
 __all__ = [
@@ -191,8 +192,11 @@ def schedules(pp: int, m: int, num_layers: int, options: SolveOptions) -> list[t
 
 
 def recompute_modes(options: SolveOptions) -> tuple[str, ...]:
-    """Recompute modes, fastest first."""
-    return (options.recompute,) if options.recompute is not None else RECOMPUTE
+    """The modes (recompute, with or without offload: ``autoplan.cost.offload``) searched.
+    Without offload they run fastest first; with it the order depends on the hardware, so
+    the search takes the fastest that fits, by its time."""
+    base = (options.recompute,) if options.recompute is not None else RECOMPUTE
+    return searched_modes(base, options.offload)
 
 
 def zero1_choices(dp: int, options: SolveOptions) -> list[bool]:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, LinkSide, PlanCost
+from autoplan.cost.offload import group_of
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.solve.bounds import (
     MODES,
@@ -144,12 +145,16 @@ class _StageCoster:
         static = (t.params[j] - t.params[i]) * self.static_per_param
         flight = self.flight[s]
         capacity = self.capacity[s]
+        best, best_ms = None, 0.0
         for mode in self.modes:
             saved = t.saved[mode]
             used = static + flight * (saved[j] - saved[i])
             if used <= capacity and used + self._range_max(s, mode, i, j) <= capacity:
-                return mode
-        return None
+                # The fastest mode that fits (with offload the order is the hardware's).
+                work = t.work[mode][j] - t.work[mode][i]
+                if best is None or work < best_ms:
+                    best, best_ms = mode, work
+        return best
 
     def __call__(self, s: int, i: int, j: int) -> tuple[float, float, float] | None:
         mode = self.recompute_for(s, i, j)
@@ -188,7 +193,7 @@ class _StageCoster:
 
 def rank_groups(p: Pending, device_class: int, recompute: str) -> tuple[ReplicaGroup, ...]:
     """The one replica group of a uniform pipeline rank on ``device_class``."""
-    return (ReplicaGroup(device_class, p.tp, p.dp, p.mbs, recompute),)
+    return (group_of(device_class, p.tp, p.dp, p.mbs, recompute),)
 
 
 @functools.lru_cache(maxsize=1 << 18)

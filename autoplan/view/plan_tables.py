@@ -140,7 +140,10 @@ def stages_section(plan: Plan) -> Section:
             f"{stage.layer_start}–{stage.layer_end - 1} ({count})",
             replicas_text(stage),
             node_ranges(replica.node for replica in stage.replicas),
-            runs_text(replica.recompute for replica in stage.replicas),
+            runs_text(
+                replica.recompute + (" +offload" if replica.offload else "")
+                for replica in stage.replicas
+            ),
             "yes" if stage.zero1 else "no",
             *times,
             _time_source(count, timing),
