@@ -12,8 +12,11 @@ from torch.distributed.pipelining.schedules import (
     _validate_schedule,
 )
 
-from autoplan.errors import InputError
+from autoplan.errors import InputError, PlanInvalidError
+from autoplan.plan.validate import plan_problems, validate_plan
 from autoplan.schedule import Action, InvalidScheduleError, schedule_order, validate_order
+from autoplan.schedule.zero_bubble import zero_bubble_problem
+from tests.plan_factory import make_plan
 from tests.test_schedule import RecordingStage
 
 _COMPUTE = (
@@ -161,3 +164,36 @@ def test_input_gradient_unblocks_the_previous_stage() -> None:
     deadlock = _parse(["0F0 0B0", "1F0 1W0 1I0"])
     with pytest.raises(InvalidScheduleError, match="weight gradient before"):
         validate_order(deadlock, 2, 2, 1)
+
+
+def test_validator_refuses_zero_bubble_plans_torch_cannot_run() -> None:
+    """dp > 1 and selective recompute stop torch 2.13's split backward (see zero_bubble)."""
+    zbv = {"virtual_stages_per_rank": 2, "schedule": "zbv", "num_micro_batches": 4}
+    assert plan_problems(make_plan([2, 1, 1, 2], **zbv)) == []
+    dp2 = plan_problems(make_plan([2, 1, 1, 2], data_parallel=2, **zbv))
+    assert [p for p in dp2 if "zbv" in p] == [
+        "schedule zbv with data parallel 2: torch 2.13's zero-bubble schedules fail under DDP "
+        "with dp > 1; use dp 1 or another schedule"
+    ]
+    selective = plan_problems(make_plan([2, 1, 1, 2], recompute="selective", **zbv))
+    assert any("selective checkpoint refuses the split backward" in p for p in selective)
+    short = plan_problems(
+        make_plan(
+            [1, 1, 1, 1, 1, 1],
+            virtual_stages_per_rank=2,
+            schedule="dualpipev",
+            num_micro_batches=5,
+            micro_batch_size=2,
+        )
+    )
+    assert any(
+        "DualPipeV needs at least as many micro-batches (5) as stages (6)" in p for p in short
+    )
+    with pytest.raises(PlanInvalidError, match="zero-bubble schedules fail under DDP"):
+        validate_plan(make_plan([3, 3], data_parallel=2, schedule="interleaved_zero_bubble"))
+
+
+def test_zero_bubble_problem_passes_other_schedules() -> None:
+    assert zero_bubble_problem("1f1b", 4, 8, 8, ("selective",)) is None
+    assert zero_bubble_problem("interleaved_zero_bubble", 4, 8, 1, ("full", "none")) is None
+    assert "not a multiple of 2" in str(zero_bubble_problem("interleaved_zero_bubble", 4, 9, 1))

@@ -21,9 +21,11 @@ from autoplan.errors import InputError
 from autoplan.schedule.actions import Action, ActionKind, PipelineOrder
 
 __all__ = [
+    "ZERO_BUBBLE_SCHEDULES",
     "dualpipev_order",
     "interleaved_zero_bubble_order",
     "zbv_order",
+    "zero_bubble_problem",
     "zero_bubble_rounds",
 ]
 
@@ -222,3 +224,44 @@ def dualpipev_order(pipeline_degree: int, num_micro_batches: int) -> PipelineOrd
             add_pending_weight()
         order.append(ranked.actions)
     return order
+
+
+ZERO_BUBBLE_SCHEDULES = ("interleaved_zero_bubble", "zbv", "dualpipev")
+
+
+def zero_bubble_problem(
+    schedule: str,
+    pipeline_degree: int,
+    num_micro_batches: int,
+    data_parallel_degree: int,
+    recompute_modes: tuple[str, ...] = (),
+) -> str | None:
+    """Why PyTorch cannot run (or autoplan will not emit) this zero-bubble plan, in one line;
+    None when it can, or when ``schedule`` is not a zero-bubble one.
+
+    The rules are torch's (micro-batch rounds of interleaved zero bubble, m >= 2p for
+    DualPipeV; v = 2 for the V schedules is the plan schema's) and two found by running
+    torch 2.13 on gloo (tests/test_runtime_zero_bubble.py runs what passes): with dp > 1 the
+    split backward under DDP stops at the first W ("gradient which is undefined, but still
+    allreduced by DDP reducer"), and under selective recompute it stops at the W too ("backward
+    an extra time ... selective activation checkpoint"). Full recompute runs and is exact."""
+    if schedule not in ZERO_BUBBLE_SCHEDULES:
+        return None
+    if data_parallel_degree > 1:
+        return (
+            f"schedule {schedule} with data parallel {data_parallel_degree}: torch 2.13's "
+            "zero-bubble schedules fail under DDP with dp > 1; use dp 1 or another schedule"
+        )
+    if "selective" in recompute_modes:
+        return (
+            f"schedule {schedule} with selective recompute: torch 2.13's selective checkpoint "
+            "refuses the split backward; use none or full recompute, or another schedule"
+        )
+    try:
+        if schedule == "interleaved_zero_bubble":
+            zero_bubble_rounds(pipeline_degree, num_micro_batches)
+        elif schedule == "dualpipev":
+            dualpipev_order(pipeline_degree, num_micro_batches)
+    except InputError as error:
+        return str(error)
+    return None
