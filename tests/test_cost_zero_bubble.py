@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
 from autoplan.cost.zero_bubble import (
     peak_in_flight,
@@ -17,6 +18,8 @@ from autoplan.cost.zero_bubble import (
     zb_h1_time_ms,
 )
 from autoplan.schedule import schedule_order
+from autoplan.solve import SolveOptions, cost_model
+from tests.synthetic_profiles import gpu, make_cluster, transformer_profile
 
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (2.0, 1.0, 1.0), (1.0, 2.0, 0.25)]
 CASES = list(itertools.product([1, 2, 4, 5], [6, 12], TIMES))
@@ -79,3 +82,43 @@ def test_backward_split_from_the_profile() -> None:
     # An embedding (no matmul): the count exceeds the backward, all of it is W.
     assert weight_gradient_share(10**6, tokens, 1e3) == 1.0
     assert weight_gradient_share(0, tokens, 0.0) == 0.0
+
+
+def _transformer_model():
+    profile = transformer_profile(8, 1024, 512, vocab=1024, heads=16)
+    cluster = make_cluster([("g", gpu("G", 100.0, 80.0), 4, 1)])
+    return profile, cost_model(profile, cluster, SolveOptions())
+
+
+def _config(schedule: str, bounds: list[int], v: int, m: int = 8) -> PlanConfig:
+    group = (ReplicaGroup(0, 1, 1, 1, "none"),)
+    stages = tuple(
+        StageChoice(bounds[i], bounds[i + 1], group, False) for i in range(len(bounds) - 1)
+    )
+    return PlanConfig(m, schedule, v, stages)
+
+
+def test_cost_model_plays_zero_bubble_schedules() -> None:
+    """Same layers on 4 ranks: ZB-H1 beats 1F1B by the Ws it hides and holds more
+    activations; ZB-V puts stages r and 7 - r on rank r (the V), which the memory follows."""
+    profile, model = _transformer_model()
+    layers = len(profile.layers)  # embedding, 8 blocks, head
+    even = [0, 3, 5, 7, layers]
+    one_f_one_b = model.evaluate(_config("1f1b", even, 1))
+    zb_h1 = model.evaluate(_config("interleaved_zero_bubble", even, 1))
+    assert zb_h1.pipeline_ms < one_f_one_b.pipeline_ms
+    assert zb_h1.iteration_ms < one_f_one_b.iteration_ms
+    # The same per-stage times: work is equal, only the bubble changes.
+    assert [s.work_ms for s in zb_h1.stages] == [s.work_ms for s in one_f_one_b.stages]
+    held_1f1b = [r.activations_bytes for r in one_f_one_b.memory]
+    held_zb = [r.activations_bytes for r in zb_h1.memory]
+    assert held_zb[0] == held_1f1b[0] and held_zb[3] > held_1f1b[3]
+    v_bounds = [0, 2, 3, 4, 5, 6, 7, 8, layers]
+    zbv = model.evaluate(_config("zbv", v_bounds, 2))
+    # Rank 0 holds stages 0 and 7 (embedding + block, and block 8 + head).
+    expected = sum(zbv.stages[s].work_ms for s in (0, 7))
+    ranks = [r.pipeline_rank for r in zbv.memory]
+    assert ranks == [0, 1, 2, 3]
+    assert zbv.pipeline_ms >= 8 * expected - 1e-9
+    interleaved = model.evaluate(_config("interleaved_1f1b", v_bounds, 2))
+    assert zbv.pipeline_ms < interleaved.pipeline_ms

@@ -26,7 +26,14 @@ held at once; I's share freed early is ignored (a bound from above).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from autoplan.schedule.actions import Action, PipelineOrder
+from autoplan.schedule.orders import schedule_order
+
+if TYPE_CHECKING:
+    from autoplan.cost.config import PlanConfig
+    from autoplan.cost.model import CostModel, StageCost
 
 __all__ = [
     "peak_in_flight",
@@ -34,6 +41,7 @@ __all__ = [
     "split_backward_ms",
     "weight_gradient_share",
     "zb_h1_time_ms",
+    "zero_bubble_pipeline",
 ]
 
 
@@ -147,3 +155,35 @@ def zb_h1_time_ms(
     stage per rank when W <= F + I (the deferred Ws fill the cool-down)."""
     per_micro_batch = forward_ms + input_ms + weight_ms
     return m * per_micro_batch + (pipeline_degree - 1) * (forward_ms + input_ms - weight_ms)
+
+
+def zero_bubble_pipeline(
+    model: CostModel, config: PlanConfig, costs: list[StageCost]
+) -> tuple[float, list[int]]:
+    """(pipeline ms, chunk-forwards in flight per rank) of a zero-bubble ``config``: the
+    schedule's action lists played with each stage's slowest group's F, and its backward split
+    into I and W layer by layer (module docstring; a recompute's redone forward stays in I)."""
+    profile = model.profile
+    tokens = profile.seq_len * profile.micro_batch_size
+    shares = [
+        weight_gradient_share(layer.param_count, tokens, layer.backward_flops)
+        for layer in profile.layers
+    ]
+    forward, input_grad, weight = [], [], []
+    for stage, cost in zip(config.stages, costs, strict=True):
+        slowest = max(range(len(stage.groups)), key=lambda g: cost.groups[g].backward_ms)
+        group = stage.groups[slowest]
+        tables = model.tables(group.device_class, group.tp, group.micro_batch_size)
+        layers = range(stage.layer_start, stage.layer_end)
+        w = sum(tables.layers[i].backward_compute_ms * shares[i] for i in layers)
+        forward.append(cost.forward_ms)
+        weight.append(w)
+        input_grad.append(cost.groups[slowest].backward_ms - w)
+    order = schedule_order(
+        config.schedule,  # type: ignore[arg-type]
+        config.pipeline_degree,
+        config.num_micro_batches,
+        config.chunks,
+    )
+    sends = [cost.send_ms for cost in costs]
+    return play_ms(order, forward, input_grad, weight, sends), peak_in_flight(order)
