@@ -109,7 +109,11 @@ def solve_command(
         int | None, typer.Option("--num-micro-batches", help="Pin micro-batches per iteration.")
     ] = None,
     schedule: Annotated[
-        str | None, typer.Option("--schedule", help="gpipe, 1f1b or interleaved_1f1b.")
+        str | None,
+        typer.Option(
+            "--schedule",
+            help="gpipe, 1f1b, interleaved_1f1b, interleaved_zero_bubble, zbv or dualpipev.",
+        ),
     ] = None,
     recompute: Annotated[
         str | None, typer.Option("--recompute", help="none, selective or full (every stage).")

@@ -58,7 +58,10 @@ from autoplan.cost.offload import (
     transit_bytes,
 )
 from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
+from autoplan.cost.zero_bubble import zero_bubble_pipeline
+from autoplan.plan.schema import V_SCHEDULES
 from autoplan.profile.schema import Profile
+from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
 
 __all__ = [
     "CostModel",
@@ -454,8 +457,13 @@ class CostModel:
         back with ``violations`` naming what does not fit."""
         pp, v, m = config.pipeline_degree, config.chunks, config.num_micro_batches
         stages = config.stages
+        v_shape = config.schedule in V_SCHEDULES
+
+        def rank_of(index: int) -> int:  # s % pp, or the V: stages r and 2pp-1-r on rank r
+            return 2 * pp - 1 - index if v_shape and index >= pp else index % pp
+
         for index, stage in enumerate(stages):
-            if stage.groups != stages[index % pp].groups:
+            if stage.groups != stages[rank_of(index)].groups:
                 raise ValueError("all stages of one pipeline rank must have the same groups")
         groups_cost = [tuple(self.group_cost(s, g) for g in s.groups) for s in stages]
         sides = [self.link_side(s.groups) for s in stages]
@@ -473,19 +481,26 @@ class CostModel:
         rank_work = [0.0] * pp
         rank_sends = [0.0] * pp
         for index, cost in enumerate(costs):
-            rank_work[index % pp] += cost.work_ms
-            rank_sends[index % pp] += cost.send_ms
+            rank_work[rank_of(index)] += cost.work_ms
+            rank_sends[rank_of(index)] += cost.send_ms
         steady = [max(c, x) for c, x in zip(rank_work, rank_sends, strict=True)]
         fill = [c + 2 * x for c, x in zip(rank_work, rank_sends, strict=True)]
-        pipeline = pipeline_time_ms(steady, m, v, fill)
+        zero_bubble = config.schedule in ZERO_BUBBLE_SCHEDULES
+        if zero_bubble:  # no closed form: the action lists played (cost.zero_bubble)
+            pipeline, zero_bubble_flight = zero_bubble_pipeline(self, config, costs)
+        else:
+            pipeline = pipeline_time_ms(steady, m, v, fill)
 
         memory: list[RankMemory] = []
         violations: list[str] = []
         tails, allreduces, exposed, optimizer = [], [], [], []
         for r in range(pp):
-            chunks = [index for index in range(len(stages)) if index % pp == r]
+            chunks = [index for index in range(len(stages)) if rank_of(index) == r]
             stage = stages[r]
-            flight = in_flight_chunks(config.schedule, pp, r, m, v)  # type: ignore[arg-type]
+            if zero_bubble:
+                flight = zero_bubble_flight[r]
+            else:
+                flight = in_flight_chunks(config.schedule, pp, r, m, v)  # type: ignore[arg-type]
             params = [
                 sum(groups_cost[c][g].params_per_gpu for c in chunks)
                 for g in range(len(stage.groups))
@@ -535,7 +550,7 @@ class CostModel:
             tails.append(hidden + max(steps))
         tail_rank = max(range(pp), key=lambda r: (tails[r], -r))
         slow = max(range(pp), key=lambda r: (steady[r], -r))
-        slow_parts = [costs[c].slowest() for c in range(len(stages)) if c % pp == slow]
+        slow_parts = [costs[c].slowest() for c in range(len(stages)) if rank_of(c) == slow]
         return PlanCost(
             iteration_ms=pipeline + tails[tail_rank],
             pipeline_ms=pipeline,

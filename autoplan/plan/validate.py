@@ -44,8 +44,16 @@ from collections import Counter, defaultdict
 from autoplan.cluster.catalog import gpu_specs
 from autoplan.cluster.schema import GpuSpec, Node
 from autoplan.errors import PlanInvalidError
-from autoplan.plan.schema import V_SCHEDULES, MemoryEstimate, Plan, Replica, Stage
+from autoplan.plan.schema import (
+    MULTI_STAGE_SCHEDULES,
+    V_SCHEDULES,
+    MemoryEstimate,
+    Plan,
+    Replica,
+    Stage,
+)
 from autoplan.profile.schema import Profile
+from autoplan.schedule.zero_bubble import zero_bubble_problem
 
 __all__ = ["plan_problems", "validate_plan"]
 
@@ -178,6 +186,13 @@ def _check_batch_and_schedule(plan: Plan, problems: list[str]) -> None:
             f"global batch {plan.inputs.global_batch_size} != micro-batch size ({micro_batch}) × "
             f"micro-batches ({par.num_micro_batches}) = {samples}"
         )
+    modes = tuple(replica.recompute for stage in plan.stages for replica in stage.replicas)
+    dp = max((stage.data_parallel_degree for stage in plan.stages), default=1)
+    zero_bubble = zero_bubble_problem(
+        par.schedule, par.pipeline_degree, par.num_micro_batches, dp, modes
+    )
+    if zero_bubble is not None:
+        problems.append(zero_bubble)
     if par.schedule == "interleaved_1f1b":
         if par.num_micro_batches % par.pipeline_degree:
             problems.append(
@@ -190,7 +205,7 @@ def _check_batch_and_schedule(plan: Plan, problems: list[str]) -> None:
                 f"interleaved 1F1B with {num_stages} stages needs at least as many layers "
                 f"({plan.inputs.model.num_layers})"
             )
-    elif par.virtual_stages_per_rank != 1:
+    elif par.virtual_stages_per_rank != 1 and par.schedule not in MULTI_STAGE_SCHEDULES:
         problems.append(
             f"virtual_stages_per_rank {par.virtual_stages_per_rank} needs schedule "
             f"interleaved_1f1b, not {par.schedule}"

@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
-from autoplan.plan.schema import Plan, RankEntry
+from autoplan.plan.schema import MULTI_STAGE_SCHEDULES, Plan, RankEntry
 from autoplan.runtime import tensor_parallel
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
@@ -38,7 +38,15 @@ from autoplan.zoo import get_model_spec
 
 __all__ = ["SCHEDULE_CLASSES", "MeshEngine"]
 
-SCHEDULE_CLASSES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+SCHEDULE_CLASSES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved_1f1b": "Interleaved1F1B",
+    # Zero bubble: the V schedules place stages r and 2pp-1-r on rank r themselves.
+    "interleaved_zero_bubble": "InterleavedZeroBubble",
+    "zbv": "ZBVZeroBubble",
+    "dualpipev": "DualPipeV",
+}
 
 
 class MeshEngine:
@@ -101,7 +109,7 @@ class MeshEngine:
         weight = self.dp * share * par.num_micro_batches / plan.inputs.global_batch_size
         schedule_class = get_schedule_class(SCHEDULE_CLASSES[par.schedule])
         loss_fn = loss_function(spec.loss, weight)
-        if par.schedule == "interleaved_1f1b":
+        if par.schedule in MULTI_STAGE_SCHEDULES:
             self.schedule = schedule_class(pipeline_stages, par.num_micro_batches, loss_fn=loss_fn)
         else:
             self.schedule = schedule_class(

@@ -53,6 +53,11 @@ class SolveOptions(BaseModel):
     max_micro_batch_size: int = Field(
         default=16, ge=1, description="Largest micro-batch size searched when not pinned."
     )
+    zero_bubble: bool = Field(
+        default=True,
+        description="Also try the zero-bubble schedules at the best pipelines found "
+        "(autoplan.solve.zero_bubble); a pinned zero-bubble schedule is tried either way.",
+    )
 
     @model_validator(mode="after")
     def _offload_pairs(self) -> SolveOptions:
