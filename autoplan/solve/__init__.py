@@ -18,6 +18,7 @@ from autoplan.errors import InfeasibleError, InputError
 from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.profile.schema import Profile
+from autoplan.solve.async_pb import async_alternative, best_async
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
 from autoplan.solve.diagnose import diagnose_infeasible, diagnose_megatron_infeasible
 from autoplan.solve.options import SolveOptions
@@ -157,6 +158,10 @@ def solve_outcome(
         raise InfeasibleError(
             f"the {options.strategy} plan cannot be placed: {error}", short="cannot be placed"
         ) from None
+    if options.allow_async:
+        choice = best_async(model, feasible)
+        if choice is not None:
+            plan = async_alternative(model, plan, choice)
     return SolveOutcome(plan, result.timed_out, violation)
 
 
