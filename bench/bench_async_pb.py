@@ -51,13 +51,12 @@ def main() -> None:
         profile = read_json_model(PROFILES / f"{name}.profile.json", Profile)
         cluster = load_cluster(example_cluster_path(cluster_name))
         options = SolveOptions(top_k=8)
-        plan = solve_outcome(profile, cluster, batch, options).plan
-        pred = plan.prediction
-        sync_mem = max(m.total_bytes for m in pred.memory) / GB
         model = cost_model(profile, cluster, options)
-        feasible = [
-            c for c in solve_candidates(model, batch, options).candidates if c.cost.feasible
-        ]
+        found = solve_candidates(model, batch, options).candidates
+        feasible = [c for c in found if c.cost.feasible]
+        best = feasible[0].cost  # the plan ``autoplan solve`` emits reports these figures
+        sync_samples_per_s = batch / best.iteration_ms * 1e3
+        sync_mem = max(m.total_bytes for m in best.memory) / GB
         choice = best_async(model, feasible)
         row = [
             name,
