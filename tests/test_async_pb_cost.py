@@ -7,8 +7,9 @@ import pytest
 
 from autoplan.cost.async_pb import async_pb_cost
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.errors import InputError
 from autoplan.plan.schema import AsyncPB, Parallelism
-from autoplan.runtime.async_pb import async_pb_order
+from autoplan.runtime.async_pb import async_pb_order, check_async_plan, refuse_in_trainer
 from autoplan.solve import SolveOptions, cost_model, solve
 from autoplan.solve.async_pb import ASYNC_MARK, async_line
 from autoplan.view.plan_tables import overview_section
@@ -121,3 +122,23 @@ def test_show_marks_an_async_plan() -> None:
     assert "ASYNCHRONOUS" in rows
     assert "weight prediction off" in rows["ASYNCHRONOUS"]
     assert "spike compensation on" in rows["ASYNCHRONOUS"]
+
+
+def test_runtime_refuses_async_plans_it_cannot_run_in_one_line() -> None:
+    data = make_plan([2, 2], data_parallel=2).parallelism.model_dump()
+    data.update(schedule="async_pb", async_pb={})
+    plan = make_plan([2, 2], data_parallel=2)
+    plan = plan.model_copy(update={"parallelism": Parallelism.model_validate(data)})
+    with pytest.raises(InputError, match="one rank per stage; stage 0 has 2 replica"):
+        check_async_plan(plan)
+    single = make_plan([2, 2])
+    single = single.model_copy(
+        update={
+            "parallelism": Parallelism.model_validate(
+                {**single.parallelism.model_dump(), "schedule": "async_pb", "async_pb": {}}
+            )
+        }
+    )
+    check_async_plan(single)
+    with pytest.raises(InputError, match="not wired into `autoplan run`"):
+        refuse_in_trainer(single)

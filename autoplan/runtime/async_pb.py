@@ -44,6 +44,7 @@ __all__ = [
     "AsyncStageWorker",
     "async_pb_order",
     "check_async_plan",
+    "refuse_in_trainer",
     "run_distributed",
     "run_local",
     "stage_delay",
@@ -241,3 +242,14 @@ def check_async_plan(plan: Plan) -> None:
                 f"schedule async_pb runs one rank per stage; stage {index} has "
                 f"{len(replicas)} replica(s) with tp up to {tp} (dp = tp = 1 is supported)"
             )
+
+
+def refuse_in_trainer(plan: Plan) -> None:
+    """``autoplan run`` of an async_pb plan: one line saying why not (yet) instead of a flush
+    schedule silently training synchronously."""
+    check_async_plan(plan)
+    raise InputError(
+        "schedule async_pb is not wired into `autoplan run` yet: its executor "
+        "(autoplan.runtime.async_pb.run_distributed) runs hand-built stages; the trainer's "
+        "engines flush every iteration"
+    )
