@@ -4,10 +4,14 @@ orders), stashed weight versions in memory, and ``--allow-async`` reporting it."
 from __future__ import annotations
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from autoplan.cli import app
 from autoplan.cost.async_pb import async_pb_cost
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.errors import InputError
+from autoplan.files import write_json_model
 from autoplan.plan.schema import AsyncPB, Parallelism
 from autoplan.runtime.async_pb import async_pb_order, check_async_plan, refuse_in_trainer
 from autoplan.solve import SolveOptions, cost_model, solve
@@ -142,3 +146,18 @@ def test_runtime_refuses_async_plans_it_cannot_run_in_one_line() -> None:
     check_async_plan(single)
     with pytest.raises(InputError, match="not wired into `autoplan run`"):
         refuse_in_trainer(single)
+
+
+def test_cli_allow_async_prints_the_async_line(tmp_path) -> None:
+    profile, cluster, _, _ = _setup()
+    profile_path, cluster_path = tmp_path / "profile.json", tmp_path / "cluster.yaml"
+    write_json_model(profile_path, profile)
+    cluster_path.write_text(yaml.safe_dump(cluster.model_dump(mode="json")))
+    args = ["solve", str(profile_path), "--cluster", str(cluster_path), "--global-batch", "8"]
+    args += ["--tp", "1", "--dp", "1", "--pp", "3", "--num-micro-batches", "8"]
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, [*args, "-o", str(out), "--allow-async"])
+    assert result.exit_code == 0, result.output
+    assert "async_pb (asynchronous Pipelined Backpropagation" in " ".join(result.output.split())
+    plain = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "plain.json")])
+    assert plain.exit_code == 0 and "async_pb" not in plain.output
