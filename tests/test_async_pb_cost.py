@@ -161,3 +161,9 @@ def test_cli_allow_async_prints_the_async_line(tmp_path) -> None:
     assert "async_pb (asynchronous Pipelined Backpropagation" in " ".join(result.output.split())
     plain = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "plain.json")])
     assert plain.exit_code == 0 and "async_pb" not in plain.output
+
+
+def test_pinning_the_async_schedule_is_a_one_line_error() -> None:
+    profile, cluster, _, _ = _setup()
+    with pytest.raises(InputError, match="--allow-async reports"):
+        solve(profile, cluster, 8, SolveOptions(schedule="async_pb"))

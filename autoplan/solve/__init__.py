@@ -57,6 +57,11 @@ def cost_model(profile: Profile, cluster: Cluster, options: SolveOptions) -> Cos
 
 def _check_options(profile: Profile, global_batch_size: int, options: SolveOptions) -> None:
     layers = len(profile.layers)
+    if options.schedule == "async_pb":
+        raise InputError(
+            "--schedule async_pb is not searched as a plan (it changes the optimisation): "
+            "--allow-async reports its predicted throughput beside the synchronous plan"
+        )
     if global_batch_size < 1:
         raise InputError(f"global batch size must be >= 1; got {global_batch_size}")
     if options.layer_split is not None:
