@@ -21,6 +21,7 @@ from autoplan.cluster.catalog import (
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model
 from autoplan.solve import SolveOptions, solve
+from autoplan.solve.async_pb import async_line
 from autoplan.view import print_document, solve_summary
 
 __all__ = ["solve_command"]
@@ -161,6 +162,14 @@ def solve_command(
             "the catalog's (repeatable; later files win).",
         ),
     ] = None,
+    allow_async: Annotated[
+        bool,
+        typer.Option(
+            "--allow-async",
+            help="Also cost async_pb (asynchronous Pipelined Backpropagation, which changes "
+            "the optimisation) and report it beside the best synchronous plan.",
+        ),
+    ] = False,
 ) -> None:
     """Find the fastest executable plan for a profile on a cluster and write it as JSON."""
     _check_sizes(global_batch, tp, pp, dp, micro_batch_size, num_micro_batches, top_k, time_limit)
@@ -188,6 +197,7 @@ def solve_command(
         time_limit_s=time_limit,
         efficiency=_efficiency(efficiency or []),
         reserve_gb=reserve_gb,
+        allow_async=allow_async,
     )
     with Progress(
         TextColumn("searching"),
@@ -223,4 +233,6 @@ def solve_command(
             f"{mem.total_bytes / _GIB:.1f} GiB of {mem.capacity_bytes / _GIB:.1f} GiB on "
             f"{mem.gpu_type}"
         )
+    if allow_async:
+        console.print(async_line(plan))
     console.print(f"wrote {output}")

@@ -50,6 +50,11 @@ class SolveOptions(BaseModel):
         description="Device memory (GB) kept free on every GPU, overriding the catalog's and "
         "the cluster's memory_reserve_gib.",
     )
+    allow_async: bool = Field(
+        default=False,
+        description="Also cost the asynchronous schedule async_pb (Pipelined Backpropagation: "
+        "it changes the optimisation) and report it beside the best synchronous plan.",
+    )
     max_micro_batch_size: int = Field(
         default=16, ge=1, description="Largest micro-batch size searched when not pinned."
     )

@@ -86,6 +86,15 @@ def overview_section(plan: Plan) -> Section:
         f"{par.pipeline_degree} ranks{virtual}, {len(plan.stages)} stages, {par.schedule}"
         + (f", ZeRO-1 on {zero1} stages" if zero1 else ""),
     )
+    if par.async_pb is not None:  # it changes the optimisation, not only the speed
+        settings = par.async_pb
+        section.add(
+            "ASYNCHRONOUS",
+            "Pipelined Backpropagation: no flush, momentum SGD (α "
+            f"{settings.momentum:g}) stepped per micro-batch on stale weights; weight "
+            f"prediction {'on' if settings.weight_prediction else 'off'}, spike compensation "
+            f"{'on' if settings.spike_compensation else 'off'}",
+        )
     section.add(
         "batch",
         f"global {inputs.global_batch_size} = {par.num_micro_batches} micro-batches × "
