@@ -11,6 +11,7 @@ field, its value and the limit.
 from __future__ import annotations
 
 __all__ = [
+    "DEFAULT_HOST_LINK_GB_PER_S",
     "MAX_BANDWIDTH_GB_PER_S",
     "MAX_CLUSTER_GPUS",
     "MAX_CLUSTER_NODES",
@@ -105,6 +106,8 @@ MIN_BANDWIDTH_GB_PER_S = 1e-3
 dividing bytes by a near-zero bandwidth would give infinite times."""
 
 MAX_BANDWIDTH_GB_PER_S = 1e12
+# A GPU type without a host-link figure: PCIe gen4 x16 at its effective ~25 GB/s per direction.
+DEFAULT_HOST_LINK_GB_PER_S = 25.0
 """Fastest link or memory accepted, GB/s: far beyond any hardware (HBM3e is ~5e3), because
 what-if studies and oracle tests model 'free' communication as 1e9 to 1e12 GB/s; any finite
 bound keeps times finite."""

@@ -19,14 +19,21 @@ from autoplan.profile.schema import (
 __all__ = ["gpu", "layer", "make_cluster", "make_profile", "transformer_profile"]
 
 
-def gpu(name: str, tflops: float, memory_gib: float, bandwidth: float = 1000.0) -> GpuSpec:
-    """A made-up GPU type with one bf16 peak."""
+def gpu(
+    name: str,
+    tflops: float,
+    memory_gib: float,
+    bandwidth: float = 1000.0,
+    host_link: float = 25.0,
+) -> GpuSpec:
+    """A made-up GPU type with one bf16 peak (``host_link``: GB/s to host memory)."""
     return GpuSpec(
         name=name,
         memory_gib=memory_gib,
         memory_bandwidth_gb_per_s=bandwidth,
         peak_tflops={"bf16": tflops, "fp32": tflops / 2, "fp16": tflops, "fp64": tflops / 4},
         efficiency=0.5,
+        host_link_bandwidth_gb_per_s=host_link,
         datasheet_url="test fixture",
     )
 

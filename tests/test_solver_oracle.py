@@ -23,7 +23,8 @@ import math
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.config import PlanConfig, StageChoice
+from autoplan.cost.offload import group_of, searched_modes
 from autoplan.plan.validate import validate_plan
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.bounds import interleaved_sizes
@@ -46,8 +47,11 @@ from solvers.pipeline_dp import best_pipelines
 from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
-MODES = ("none", "selective", "full")
-OPTIONS = SolveOptions(top_k=1)
+# Every (recompute, offload) mode of the space (autoplan.cost.offload).
+MODES = searched_modes(("none", "selective", "full"), None)
+# The exact 1F1B-family space; zero bubble (tried at the best pipelines, not exact over
+# partitions) has its own oracle bounds in tests/test_solve_zero_bubble.py.
+OPTIONS = SolveOptions(top_k=1, zero_bubble=False)
 
 
 def _contiguous(seq: tuple[int, ...]) -> bool:
@@ -90,7 +94,7 @@ def brute_force(model, batch: int, options: SolveOptions) -> float:
                                                 bounds[s],
                                                 bounds[s + 1],
                                                 (
-                                                    ReplicaGroup(
+                                                    group_of(
                                                         seq[s % pp], tp, dp, mbs, modes[s % pp]
                                                     ),
                                                 ),
@@ -106,13 +110,13 @@ def brute_force(model, batch: int, options: SolveOptions) -> float:
 
 
 def _fastest_fitting(model, m, tp, subset, replicas, sizes, zero1) -> PlanConfig:
-    """The shared plan with each group's recompute the fastest with which it fits (the space's
-    rule; a group's memory does not depend on the other groups' recompute)."""
+    """The shared plan with each group's mode the fastest (by the group's work) with which it
+    fits (the space's rule; a group's memory does not depend on the other groups' modes)."""
 
     def config(modes) -> PlanConfig:
         groups = tuple(
             sorted(
-                ReplicaGroup(k, tp, r, b, mode)
+                group_of(k, tp, r, b, mode)
                 for k, r, b, mode in zip(subset, replicas, sizes, modes, strict=True)
             )
         )
@@ -120,15 +124,23 @@ def _fastest_fitting(model, m, tp, subset, replicas, sizes, zero1) -> PlanConfig
 
     chosen = []
     for g in range(len(subset)):
+        best = None
         for mode in MODES:
             trial = config([mode] * len(subset))
             memory = {
                 (mem.gpu_type, mem.micro_batch_size): mem for mem in model.evaluate(trial).memory
             }
             name = model.classes[subset[g]].gpu.name
-            if memory[(name, sizes[g])].fits or mode == MODES[-1]:
-                chosen.append(mode)
-                break
+            stage = trial.stages[0]
+            group = next(
+                x
+                for x in stage.groups
+                if (x.device_class, x.micro_batch_size) == (subset[g], sizes[g])
+            )
+            work = model.group_cost(stage, group).work_ms
+            if memory[(name, sizes[g])].fits and (best is None or work < best[0]):
+                best = (work, mode)
+        chosen.append(MODES[-1] if best is None else best[1])
     return config(chosen)
 
 
@@ -235,6 +247,7 @@ def instances(draw):
             tflops=draw(st.sampled_from([10.0, 25.0, 60.0])),
             memory_gib=draw(st.sampled_from([0.3, 0.6, 1.5, 8.0])),
             bandwidth=draw(st.sampled_from([100.0, 1000.0])),
+            host_link=draw(st.sampled_from([2.0, 50.0])),
         )
         groups.append((f"g{index}", spec, draw(st.sampled_from([1, 2])), draw(st.integers(1, 2))))
     cluster = make_cluster(
@@ -436,6 +449,7 @@ def hetero_instances(draw):
             tflops=draw(st.sampled_from([10.0, 25.0, 60.0])),
             memory_gib=draw(st.sampled_from([0.15, 0.3, 0.6, 8.0])),
             bandwidth=draw(st.sampled_from([100.0, 1000.0])),
+            host_link=draw(st.sampled_from([2.0, 50.0])),
         )
         groups.append(
             (f"g{index}", spec, draw(st.sampled_from([1, 2, 4])), draw(st.integers(1, 2)))

@@ -21,6 +21,7 @@ from autoplan.cluster.catalog import (
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model
 from autoplan.solve import SolveOptions, solve
+from autoplan.solve.async_pb import async_line
 from autoplan.view import print_document, solve_summary
 
 __all__ = ["solve_command"]
@@ -109,7 +110,11 @@ def solve_command(
         int | None, typer.Option("--num-micro-batches", help="Pin micro-batches per iteration.")
     ] = None,
     schedule: Annotated[
-        str | None, typer.Option("--schedule", help="gpipe, 1f1b or interleaved_1f1b.")
+        str | None,
+        typer.Option(
+            "--schedule",
+            help="gpipe, 1f1b, interleaved_1f1b, interleaved_zero_bubble, zbv or dualpipev.",
+        ),
     ] = None,
     recompute: Annotated[
         str | None, typer.Option("--recompute", help="none, selective or full (every stage).")
@@ -126,6 +131,10 @@ def solve_command(
             help="Pin the ZeRO level of stages with several replicas: 0, 1 (optimizer "
             "states), 2 (+ gradients) or 3 (+ parameters). Default: searched per stage.",
         ),
+    ] = None,
+    offload: Annotated[
+        bool | None,
+        typer.Option("--offload/--no-offload", help="Pin activation offload on or off."),
     ] = None,
     layer_split: Annotated[
         str | None, typer.Option("--layer-split", help="Layers per stage, e.g. '10,12,10'.")
@@ -163,6 +172,14 @@ def solve_command(
             "the catalog's (repeatable; later files win).",
         ),
     ] = None,
+    allow_async: Annotated[
+        bool,
+        typer.Option(
+            "--allow-async",
+            help="Also cost async_pb (asynchronous Pipelined Backpropagation, which changes "
+            "the optimisation) and report it beside the best synchronous plan.",
+        ),
+    ] = False,
 ) -> None:
     """Find the fastest executable plan for a profile on a cluster and write it as JSON."""
     _check_sizes(global_batch, tp, pp, dp, micro_batch_size, num_micro_batches, top_k, time_limit)
@@ -183,6 +200,7 @@ def solve_command(
         recompute=recompute,  # type: ignore[arg-type]
         zero1=zero1,
         zero_stage=zero,
+        offload=offload,
         layer_split=_layer_split(layer_split),
         strategy=strategy,  # type: ignore[arg-type]
         space=space,  # type: ignore[arg-type]
@@ -190,6 +208,7 @@ def solve_command(
         time_limit_s=time_limit,
         efficiency=_efficiency(efficiency or []),
         reserve_gb=reserve_gb,
+        allow_async=allow_async,
     )
     with Progress(
         TextColumn("searching"),
@@ -225,4 +244,6 @@ def solve_command(
             f"{mem.total_bytes / _GIB:.1f} GiB of {mem.capacity_bytes / _GIB:.1f} GiB on "
             f"{mem.gpu_type}"
         )
+    if allow_async:
+        console.print(async_line(plan))
     console.print(f"wrote {output}")

@@ -116,6 +116,12 @@ class GpuSpec(_Strict):
         "fragmentation.",
     )
 
+    host_link_bandwidth_gb_per_s: Bandwidth = Field(
+        default=limits.DEFAULT_HOST_LINK_GB_PER_S,
+        description="Effective bandwidth of one GPU's link to host memory, GB/s per direction "
+        "(PCIe or NVLink-C2C; full duplex): what activation offload copies over.",
+    )
+
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * 1024**3)
@@ -138,6 +144,11 @@ class NodeGroup(_Strict):
         description="GPU-to-GPU bandwidth inside a node (NVLink or PCIe), GB/s per GPU."
     )
     intra_node_latency_us: Latency = Field(default=5.0, description="Per-message latency.")
+    host_link_bandwidth_gb_per_s: Bandwidth | None = Field(
+        default=None,
+        description="Each GPU's link to host memory, GB/s per direction, overriding the GPU "
+        "type's catalog figure (e.g. a PCIe switch shared by two GPUs halves it).",
+    )
 
 
 class InterNodeLink(_Strict):

@@ -59,6 +59,7 @@ class DeviceClass:
     intra_node_latency_us: float
     inter_node_bandwidth_gb_per_s: float
     inter_node_latency_us: float
+    host_link_bandwidth_gb_per_s: float = 25.0
 
     @property
     def total_gpus(self) -> int:
@@ -81,17 +82,19 @@ class DeviceClass:
 
 def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceClass]:
     """The cluster's device classes, in order of first appearance in the file."""
-    merged: dict[tuple[str, int, float, float], list] = {}
+    merged: dict[tuple[str, int, float, float, float], list] = {}
     for group in cluster.node_groups:
+        host = group.host_link_bandwidth_gb_per_s
         key = (
             group.gpu,
             group.gpus_per_node,
             group.intra_node_bandwidth_gb_per_s,
             group.intra_node_latency_us,
+            specs[group.gpu].host_link_bandwidth_gb_per_s if host is None else host,
         )
         merged.setdefault(key, []).append(group)
     classes = []
-    for index, ((gpu, gpn, bw, lat), groups) in enumerate(merged.items()):
+    for index, ((gpu, gpn, bw, lat, host), groups) in enumerate(merged.items()):
         names = tuple(group.name for group in groups)
         classes.append(
             DeviceClass(
@@ -104,6 +107,7 @@ def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceCl
                 intra_node_latency_us=lat,
                 inter_node_bandwidth_gb_per_s=cluster.inter_node_bandwidth(set(names)),
                 inter_node_latency_us=cluster.inter_node_latency_us,
+                host_link_bandwidth_gb_per_s=host,
             )
         )
     return classes

@@ -47,13 +47,24 @@ from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.devices import DeviceClass, block_sizes, device_classes
 from autoplan.cost.layers import (
-    RECOMPUTE_MODES,
     LayerCost,
     layer_cost,
     optimizer_bytes_per_param,
 )
+from autoplan.cost.offload import (
+    ALL_MODES,
+    mode_backward_ms,
+    mode_forward_ms,
+    mode_key,
+    resident_saved_bytes,
+    split_mode,
+    transit_bytes,
+)
 from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
+from autoplan.cost.zero_bubble import zero_bubble_pipeline
+from autoplan.plan.schema import V_SCHEDULES
 from autoplan.profile.schema import Profile
+from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
 
 __all__ = [
     "CostModel",
@@ -171,7 +182,8 @@ class CostTables:
     """Prefix sums of per-layer figures for one (device class, tp, micro-batch size)."""
 
     layers: list[LayerCost]
-    # by recompute mode: prefix of forward + backward ms, of backward ms, of saved bytes
+    # by mode (recompute, with or without offload: autoplan.cost.offload.ALL_MODES): prefix of
+    # forward + backward ms, of backward ms, of device-resident saved bytes
     work: dict[str, list[float]]
     backward: dict[str, list[float]]
     saved: dict[str, list[float]]
@@ -252,27 +264,30 @@ class CostModel:
                 intra_node_latency_us=dc.intra_node_latency_us,
             )
         layers = [costed[position] for position in self._same_as]
+        host = dc.host_link_bandwidth_gb_per_s
+        forward = {m: [mode_forward_ms(c, m, host) for c in layers] for m in ALL_MODES}
+        backward = {m: [mode_backward_ms(c, m, host) for c in layers] for m in ALL_MODES}
         return CostTables(
             layers=layers,
             work={
-                r: _prefix([c.forward_ms() + c.backward_ms(r) for c in layers])
-                for r in RECOMPUTE_MODES
+                m: _prefix([f + b for f, b in zip(forward[m], backward[m], strict=True)])
+                for m in ALL_MODES
             },
-            backward={r: _prefix([c.backward_ms(r) for c in layers]) for r in RECOMPUTE_MODES},
-            saved={r: _prefix([c.saved_bytes[r] for c in layers]) for r in RECOMPUTE_MODES},
+            backward={m: _prefix(backward[m]) for m in ALL_MODES},
+            saved={m: _prefix([resident_saved_bytes(c, m) for c in layers]) for m in ALL_MODES},
             params=_prefix([c.params_per_gpu for c in layers]),
             forward_compute=_prefix([c.forward_compute_ms for c in layers]),
             forward_tp=_prefix([c.forward_tp_comm_ms for c in layers]),
             backward_compute={
-                r: _prefix(
+                m: _prefix(
                     [
-                        c.backward_ms(r)
+                        b
                         - c.backward_tp_comm_ms
-                        - (c.forward_tp_comm_ms if r == "full" else 0.0)
-                        for c in layers
+                        - (c.forward_tp_comm_ms if split_mode(m)[0] == "full" else 0.0)
+                        for c, b in zip(layers, backward[m], strict=True)
                     ]
                 )
-                for r in RECOMPUTE_MODES
+                for m in ALL_MODES
             },
             backward_tp=_prefix([c.backward_tp_comm_ms for c in layers]),
         )
@@ -314,10 +329,13 @@ class CostModel:
         return self.allreduce_ms(groups, params_per_gpu) / 2
 
     def transient_bytes(self, layer: LayerCost, recompute: str) -> float:
-        """Largest temporary while one layer runs its backward."""
-        if recompute == "none":
-            return 2 * layer.output_bytes
-        return layer.full_activation_bytes
+        """Largest temporary while one layer runs its backward; ``recompute`` is a mode
+        (``autoplan.cost.offload``): an offloading one adds the layers in transit."""
+        base, _ = split_mode(recompute)
+        extra = transit_bytes(layer, recompute)
+        if base == "none":
+            return 2 * layer.output_bytes + extra
+        return layer.full_activation_bytes + extra
 
     def pass_overhead_ms(self, device_class: int) -> float:
         """Fixed time of one forward or backward pass of a stage on this class."""
@@ -435,11 +453,18 @@ class CostModel:
         tables = self.tables(group.device_class, group.tp, group.micro_batch_size)
         layers = tables.layers[stage.layer_start : stage.layer_end]
         r = group.recompute
+        mode = mode_key(r, group.offload)
+        host = self.classes[group.device_class].host_link_bandwidth_gb_per_s
         overhead = self.pass_overhead_ms(group.device_class)
         forward_compute = sum(c.forward_compute_ms for c in layers)
         forward_tp = sum(c.forward_tp_comm_ms for c in layers)
         backward_tp = sum(c.backward_tp_comm_ms for c in layers)
-        backward = sum(c.backward_ms(r) for c in layers)
+        backward = sum(mode_backward_ms(c, mode, host) for c in layers)
+        # Offload's exposed copies count as compute time: they hold the GPU's stream.
+        swap_forward = sum(mode_forward_ms(c, mode, host) for c in layers) - (
+            forward_compute + forward_tp
+        )
+        forward_compute += swap_forward
         recompute_tp = forward_tp if r == "full" else 0.0
         return GroupCost(
             forward_ms=forward_compute + forward_tp + overhead,
@@ -447,8 +472,8 @@ class CostModel:
             compute_ms=forward_compute + backward - backward_tp - recompute_tp + 2 * overhead,
             tp_comm_ms=forward_tp + backward_tp + recompute_tp,
             params_per_gpu=sum(c.params_per_gpu for c in layers),
-            saved_bytes=sum(c.saved_bytes[r] for c in layers),
-            transient_bytes=max(self.transient_bytes(c, r) for c in layers),
+            saved_bytes=sum(resident_saved_bytes(c, mode) for c in layers),
+            transient_bytes=max(self.transient_bytes(c, mode) for c in layers),
         )
 
     def _with_zero(self, stage: StageChoice, costs: tuple[GroupCost, ...]) -> tuple[GroupCost, ...]:
@@ -473,8 +498,13 @@ class CostModel:
         back with ``violations`` naming what does not fit."""
         pp, v, m = config.pipeline_degree, config.chunks, config.num_micro_batches
         stages = config.stages
+        v_shape = config.schedule in V_SCHEDULES
+
+        def rank_of(index: int) -> int:  # s % pp, or the V: stages r and 2pp-1-r on rank r
+            return 2 * pp - 1 - index if v_shape and index >= pp else index % pp
+
         for index, stage in enumerate(stages):
-            if stage.groups != stages[index % pp].groups:
+            if stage.groups != stages[rank_of(index)].groups:
                 raise ValueError("all stages of one pipeline rank must have the same groups")
         groups_cost = [
             self._with_zero(s, tuple(self.group_cost(s, g) for g in s.groups)) for s in stages
@@ -494,19 +524,26 @@ class CostModel:
         rank_work = [0.0] * pp
         rank_sends = [0.0] * pp
         for index, cost in enumerate(costs):
-            rank_work[index % pp] += cost.work_ms
-            rank_sends[index % pp] += cost.send_ms
+            rank_work[rank_of(index)] += cost.work_ms
+            rank_sends[rank_of(index)] += cost.send_ms
         steady = [max(c, x) for c, x in zip(rank_work, rank_sends, strict=True)]
         fill = [c + 2 * x for c, x in zip(rank_work, rank_sends, strict=True)]
-        pipeline = pipeline_time_ms(steady, m, v, fill)
+        zero_bubble = config.schedule in ZERO_BUBBLE_SCHEDULES
+        if zero_bubble:  # no closed form: the action lists played (cost.zero_bubble)
+            pipeline, zero_bubble_flight = zero_bubble_pipeline(self, config, costs)
+        else:
+            pipeline = pipeline_time_ms(steady, m, v, fill)
 
         memory: list[RankMemory] = []
         violations: list[str] = []
         tails, allreduces, exposed, optimizer = [], [], [], []
         for r in range(pp):
-            chunks = [index for index in range(len(stages)) if index % pp == r]
+            chunks = [index for index in range(len(stages)) if rank_of(index) == r]
             stage = stages[r]
-            flight = in_flight_chunks(config.schedule, pp, r, m, v)  # type: ignore[arg-type]
+            if zero_bubble:
+                flight = zero_bubble_flight[r]
+            else:
+                flight = in_flight_chunks(config.schedule, pp, r, m, v)  # type: ignore[arg-type]
             params = [
                 sum(groups_cost[c][g].params_per_gpu for c in chunks)
                 for g in range(len(stage.groups))
@@ -562,7 +599,7 @@ class CostModel:
             tails.append(hidden + max(steps))
         tail_rank = max(range(pp), key=lambda r: (tails[r], -r))
         slow = max(range(pp), key=lambda r: (steady[r], -r))
-        slow_parts = [costs[c].slowest() for c in range(len(stages)) if c % pp == slow]
+        slow_parts = [costs[c].slowest() for c in range(len(stages)) if rank_of(c) == slow]
         return PlanCost(
             iteration_ms=pipeline + tails[tail_rank],
             pipeline_ms=pipeline,

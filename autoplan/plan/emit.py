@@ -136,7 +136,7 @@ def emit_plan(
     stages = []
     timings = []
     for s, (stage, stage_cost) in enumerate(zip(config.stages, cost.stages, strict=True)):
-        p = s % pp
+        p = parallelism.rank_of_stage(s)
         replicas = []
         replica_timings = []
         for g, (group, group_cost) in enumerate(zip(stage.groups, stage_cost.groups, strict=True)):

@@ -39,6 +39,7 @@ __all__ = [
     "PLAN_SCHEMA_VERSION",
     "V_SCHEDULES",
     "Alternative",
+    "AsyncPB",
     "IdleGpus",
     "MemoryEstimate",
     "Parallelism",
@@ -60,7 +61,7 @@ __all__ = [
 PLAN_SCHEMA_VERSION = 2
 
 ScheduleName = Literal[
-    "gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev"
+    "gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev", "async_pb"
 ]
 Recompute = Literal["none", "selective", "full"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -89,6 +90,20 @@ class PlanInputs(_Strict):
     pinned: dict[str, str] = Field(
         default_factory=dict, description="Knobs the user pinned, e.g. {'tp': '2'}."
     )
+
+
+class AsyncPB(_Strict):
+    """Asynchronous Pipelined Backpropagation (Kosson et al., MLSys 2021): no flush, each
+    stage steps momentum SGD once per micro-batch on weights D updates stale. It changes the
+    optimisation (not only the speed): see ``autoplan.runtime.async_pb_optim``."""
+
+    weight_prediction: bool = Field(
+        default=True, description="Linear Weight Prediction: forward at w − η·D·v."
+    )
+    spike_compensation: bool = Field(
+        default=True, description="Spike Compensation: w ← w − η(α^D·v + (1−α^D)/(1−α)·g)."
+    )
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="Momentum α of SGD.")
 
 
 class Parallelism(_Strict):
@@ -120,9 +135,21 @@ class Parallelism(_Strict):
         "sharded along the sequence, all-gather/reduce-scatter in place of all-reduce.",
     )
 
+    async_pb: AsyncPB | None = Field(
+        default=None,
+        description="Settings of the asynchronous schedule async_pb (Pipelined "
+        "Backpropagation); set exactly when schedule is async_pb.",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> Parallelism:
         v = self.virtual_stages_per_rank
+        if (self.schedule == "async_pb") != (self.async_pb is not None):
+            raise ValueError(
+                f"schedule {self.schedule!r} and async_pb settings "
+                f"({'set' if self.async_pb is not None else 'unset'}) disagree: async_pb "
+                "settings are given exactly with schedule 'async_pb'"
+            )
         if self.schedule not in MULTI_STAGE_SCHEDULES and v != 1:
             raise ValueError(
                 f"virtual_stages_per_rank ({v}) > 1 needs a multi-stage schedule "

@@ -20,7 +20,7 @@ The rules, by family (one ``_check_*`` function each):
   its pipeline rank, and its rank_map entry agrees with that replica (pipeline rank, dp index
   = replica index, tp index = position in the replica, node, GPU type); a replica's tp GPUs sit
   on its one node; the stages of one pipeline rank run on identical replicas (same GPUs, same
-  shares; recompute may differ per stage module);
+  shares; recompute may differ per stage module); offload only with recompute none or full;
 - nodes: in launch order, each holding the contiguous block of ranks torchrun gives it;
 - memory: an estimate for every (pipeline rank, replica kind = GPU type, tp, share), its parts
   adding up, total + reserve within the GPU's memory; with the profile, the independent floor;
@@ -45,8 +45,16 @@ from collections import Counter, defaultdict
 from autoplan.cluster.catalog import gpu_specs
 from autoplan.cluster.schema import GpuSpec, Node
 from autoplan.errors import PlanInvalidError
-from autoplan.plan.schema import V_SCHEDULES, MemoryEstimate, Plan, Replica, Stage
+from autoplan.plan.schema import (
+    MULTI_STAGE_SCHEDULES,
+    V_SCHEDULES,
+    MemoryEstimate,
+    Plan,
+    Replica,
+    Stage,
+)
 from autoplan.profile.schema import Profile
+from autoplan.schedule.zero_bubble import zero_bubble_problem
 
 __all__ = ["plan_problems", "validate_plan"]
 
@@ -185,6 +193,13 @@ def _check_batch_and_schedule(plan: Plan, problems: list[str]) -> None:
             f"global batch {plan.inputs.global_batch_size} != micro-batch size ({micro_batch}) × "
             f"micro-batches ({par.num_micro_batches}) = {samples}"
         )
+    modes = tuple(replica.recompute for stage in plan.stages for replica in stage.replicas)
+    dp = max((stage.data_parallel_degree for stage in plan.stages), default=1)
+    zero_bubble = zero_bubble_problem(
+        par.schedule, par.pipeline_degree, par.num_micro_batches, dp, modes
+    )
+    if zero_bubble is not None:
+        problems.append(zero_bubble)
     if par.schedule == "interleaved_1f1b":
         if par.num_micro_batches % par.pipeline_degree:
             problems.append(
@@ -197,7 +212,7 @@ def _check_batch_and_schedule(plan: Plan, problems: list[str]) -> None:
                 f"interleaved 1F1B with {num_stages} stages needs at least as many layers "
                 f"({plan.inputs.model.num_layers})"
             )
-    elif par.virtual_stages_per_rank != 1:
+    elif par.virtual_stages_per_rank != 1 and par.schedule not in MULTI_STAGE_SCHEDULES:
         problems.append(
             f"virtual_stages_per_rank {par.virtual_stages_per_rank} needs schedule "
             f"interleaved_1f1b, not {par.schedule}"
@@ -234,6 +249,15 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
         entry_of.setdefault(entry.rank, entry)
     cluster_nodes = {node.name: node for node in plan.inputs.cluster.nodes()}
 
+    for stage in plan.stages:
+        for d, replica in enumerate(stage.replicas):
+            if replica.offload and replica.recompute == "selective":
+                # The runtime's offload works through saved-tensor hooks, which selective
+                # checkpointing bypasses for the tensors it keeps.
+                problems.append(
+                    f"stage {stage.index} replica {d}: offload pairs with recompute none or "
+                    "full, not selective"
+                )
     owner: dict[int, str] = {}
     for p, stages in sorted(_stages_by_rank(plan).items()):
         if not stages:

@@ -18,6 +18,7 @@ from autoplan.names import is_hf_name
 from autoplan.plan.schema import Plan, Replica, Stage
 from autoplan.runtime.model_stage import pipeline_layers
 from autoplan.runtime.tensor_parallel import vocabulary_shard_rows, vocabulary_sizes
+from autoplan.schedule.zero_bubble import zero_bubble_problem
 from autoplan.zoo import get_model_spec
 
 __all__ = ["check_runnable", "meta_model"]
@@ -53,11 +54,11 @@ def _check_stage_layout(plan: Plan) -> None:
                 f"stages must be non-empty and follow on (it should start at {previous_end})"
             )
         # Both executors place stage s on pipeline rank s % pp (the plan's convention, and
-        # torch's pipelining's).
-        if stage.pipeline_rank != stage.index % par.pipeline_degree:
+        # torch's pipelining's), or in the V of the zbv and dualpipev schedules.
+        if stage.pipeline_rank != par.rank_of_stage(stage.index):
             raise InputError(
                 f"stage {stage.index} is on pipeline rank {stage.pipeline_rank}; with pp = "
-                f"{par.pipeline_degree} it must be on {stage.index % par.pipeline_degree}"
+                f"{par.pipeline_degree} it must be on {par.rank_of_stage(stage.index)}"
             )
         previous_end = stage.layer_end
 
@@ -193,6 +194,11 @@ def _check_zero(plan: Plan) -> None:
 def _check_schedule(plan: Plan) -> None:
     par = plan.parallelism
     m = par.num_micro_batches
+    dp = max(stage.data_parallel_degree for stage in plan.stages)
+    modes = tuple(replica.recompute for stage in plan.stages for replica in stage.replicas)
+    problem = zero_bubble_problem(par.schedule, par.pipeline_degree, m, dp, modes)
+    if problem is not None:
+        raise InputError(problem)
     if par.schedule == "1f1b" and m < par.pipeline_degree:
         raise InputError(f"1F1B needs micro-batches ({m}) >= pipeline stages ({par.num_stages})")
     if par.schedule == "interleaved_1f1b":

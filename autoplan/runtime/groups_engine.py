@@ -32,6 +32,7 @@ from autoplan.runtime.grad_sync import GradientSync, parameter_families
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.model_stage import build_stage_models
+from autoplan.runtime.offload import apply_offload
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.stage_groups import ProcessGroups, rank_place, tp_mesh
 from autoplan.runtime.transfers import Mailbox, boundary_shapes
@@ -93,6 +94,7 @@ class GroupsEngine:
                 mesh = tp_mesh(self.groups, replica, device)
                 tensor_parallel.apply_tensor_parallel(model, mesh, spec.tensor_parallel_divisor)
             apply_recompute(model, replica.recompute)
+            apply_offload(model, replica.offload)
             model.to(device)
             self.modules[stage.index] = model
         self.sync.check_layout(self.modules, replica_of)

@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
-from autoplan.plan.schema import Plan, RankEntry
+from autoplan.plan.schema import MULTI_STAGE_SCHEDULES, Plan, RankEntry
 from autoplan.runtime import tensor_parallel
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
@@ -31,13 +31,22 @@ from autoplan.runtime.engine import Optimizer
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mesh import build_mesh
 from autoplan.runtime.model_stage import build_stage_models
+from autoplan.runtime.offload import apply_offload
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.tied_weights import TiedGradientSync
 from autoplan.zoo import get_model_spec
 
 __all__ = ["SCHEDULE_CLASSES", "MeshEngine"]
 
-SCHEDULE_CLASSES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+SCHEDULE_CLASSES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved_1f1b": "Interleaved1F1B",
+    # Zero bubble: the V schedules place stages r and 2pp-1-r on rank r themselves.
+    "interleaved_zero_bubble": "InterleavedZeroBubble",
+    "zbv": "ZBVZeroBubble",
+    "dualpipev": "DualPipeV",
+}
 
 
 class MeshEngine:
@@ -78,6 +87,7 @@ class MeshEngine:
                     model, mesh["tp"], spec.tensor_parallel_divisor
                 )
             apply_recompute(model, stage.replicas[entry.dp_index].recompute)
+            apply_offload(model, stage.replicas[entry.dp_index].offload)
             model.to(device)
             module = wrap_data_parallel(
                 model,
@@ -104,7 +114,7 @@ class MeshEngine:
         weight = self.dp * share * par.num_micro_batches / plan.inputs.global_batch_size
         schedule_class = get_schedule_class(SCHEDULE_CLASSES[par.schedule])
         loss_fn = loss_function(spec.loss, weight)
-        if par.schedule == "interleaved_1f1b":
+        if par.schedule in MULTI_STAGE_SCHEDULES:
             self.schedule = schedule_class(pipeline_stages, par.num_micro_batches, loss_fn=loss_fn)
         else:
             self.schedule = schedule_class(

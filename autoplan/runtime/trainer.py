@@ -99,6 +99,10 @@ def _engine(
     plan: Plan, env: LaunchEnv, seed: int, learning_rate: float, choice: ExecutorChoice
 ) -> Engine:
     entry = check_launch(plan, env)
+    if plan.parallelism.schedule == "async_pb":
+        from autoplan.runtime.async_pb import refuse_in_trainer
+
+        refuse_in_trainer(plan)
     check_runnable(plan)
     kind = select_executor(plan, choice)
     device = local_device(env)

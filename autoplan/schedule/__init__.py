@@ -15,20 +15,30 @@ from autoplan.schedule.validate import (
     validate_order,
     waits_for,
 )
+from autoplan.schedule.zero_bubble import (
+    dualpipev_order,
+    interleaved_zero_bubble_order,
+    zbv_order,
+    zero_bubble_rounds,
+)
 
 __all__ = [
     "Action",
     "ActionKind",
     "InvalidScheduleError",
     "PipelineOrder",
+    "dualpipev_order",
     "format_grid",
     "format_order",
     "gpipe_order",
     "interleaved_1f1b_order",
     "interleaved_rounds",
+    "interleaved_zero_bubble_order",
     "one_f_one_b_order",
     "schedule_order",
     "unit_step_grid",
     "validate_order",
     "waits_for",
+    "zbv_order",
+    "zero_bubble_rounds",
 ]

@@ -1,5 +1,9 @@
 """One step of a pipeline schedule: run stage ``s`` forward or backward on micro-batch ``mb``.
 
+Zero-bubble schedules split the backward in two: ``I`` (gradient of the stage's input, which
+the previous stage waits for) and ``W`` (gradient of its weights, which nobody waits for and
+which the schedule defers into what would be bubbles). ``B`` is the full backward (I then W).
+
 A schedule is data: ``order[r]`` is the ordered list of actions pipeline rank ``r`` runs. The
 same lists feed the validator, the simulator and the timeline, so what one reads the others read
 too. The text form matches PyTorch's ``_Action`` (``"2F0"`` = stage 2, forward, micro-batch 0),
@@ -16,14 +20,15 @@ from autoplan.errors import InputError
 
 __all__ = ["Action", "ActionKind", "PipelineOrder", "format_order"]
 
-ActionKind = Literal["F", "B"]
+ActionKind = Literal["F", "B", "I", "W"]
 
-_ACTION_TEXT = re.compile(r"^(\d+)([FB])(\d+)$")
+_ACTION_TEXT = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Action:
-    """Stage ``stage`` runs its forward (``F``) or full backward (``B``) of one micro-batch."""
+    """Stage ``stage`` runs its forward (``F``), full backward (``B``), input-gradient half
+    (``I``) or weight-gradient half (``W``) of one micro-batch."""
 
     stage: int
     kind: ActionKind
@@ -42,7 +47,7 @@ class Action:
         """Read PyTorch's compact form ``"2F0"``; anything else is an InputError."""
         match = _ACTION_TEXT.match(text.strip())
         if match is None:
-            raise InputError(f"action {text!r} is not <stage><F|B><micro-batch>, e.g. '2F0'")
+            raise InputError(f"action {text!r} is not <stage><F|B|I|W><micro-batch>, e.g. '2F0'")
         stage, kind, micro_batch = match.groups()
         return cls(int(stage), kind, int(micro_batch))  # type: ignore[arg-type]
 

@@ -14,6 +14,11 @@ from __future__ import annotations
 from autoplan.errors import InputError
 from autoplan.plan.schema import ScheduleName
 from autoplan.schedule.actions import Action, PipelineOrder
+from autoplan.schedule.zero_bubble import (
+    dualpipev_order,
+    interleaved_zero_bubble_order,
+    zbv_order,
+)
 
 __all__ = [
     "gpipe_order",
@@ -135,6 +140,19 @@ def schedule_order(
     virtual_stages_per_rank: int = 1,
 ) -> PipelineOrder:
     """The per-rank action lists of ``schedule`` (the plan's ``parallelism.schedule``)."""
+    if schedule in ("zbv", "dualpipev"):
+        if virtual_stages_per_rank != 2:
+            raise InputError(
+                f"schedule {schedule!r} runs two stages per rank in a V; got "
+                f"{virtual_stages_per_rank} virtual stages per rank"
+            )
+        if schedule == "zbv":
+            return zbv_order(pipeline_degree, num_micro_batches)
+        return dualpipev_order(pipeline_degree, num_micro_batches)
+    if schedule == "interleaved_zero_bubble":
+        return interleaved_zero_bubble_order(
+            pipeline_degree, virtual_stages_per_rank, num_micro_batches
+        )
     if schedule != "interleaved_1f1b" and virtual_stages_per_rank != 1:
         raise InputError(
             f"schedule {schedule!r} runs one stage per rank; got {virtual_stages_per_rank} "
@@ -146,4 +164,7 @@ def schedule_order(
         return one_f_one_b_order(pipeline_degree, num_micro_batches)
     if schedule == "interleaved_1f1b":
         return interleaved_1f1b_order(pipeline_degree, virtual_stages_per_rank, num_micro_batches)
-    raise InputError(f"unknown schedule {schedule!r}; known: gpipe, 1f1b, interleaved_1f1b")
+    raise InputError(
+        f"unknown schedule {schedule!r}; known: gpipe, 1f1b, interleaved_1f1b, "
+        "interleaved_zero_bubble, zbv, dualpipev"
+    )

@@ -65,8 +65,19 @@ def _fail(message: str, grid: Grid, step: int | None) -> InvalidScheduleError:
     return InvalidScheduleError(f"{message}\n\nFull pipeline schedule:\n{format_grid(grid, step)}")
 
 
+def _stage_rank(stage: int, pipeline_degree: int, v_shape: bool) -> int:
+    """The rank that holds ``stage``: ``stage % pp``, or in a V rank r holds r and 2pp-1-r."""
+    if v_shape and stage >= pipeline_degree:
+        return 2 * pipeline_degree - 1 - stage
+    return stage % pipeline_degree
+
+
 def _check_actions(
-    order: PipelineOrder, pipeline_degree: int, num_stages: int, num_micro_batches: int
+    order: PipelineOrder,
+    pipeline_degree: int,
+    num_stages: int,
+    num_micro_batches: int,
+    v_shape: bool = False,
 ) -> None:
     grid = _list_grid(order)
     seen: dict[Action, int] = {}
@@ -84,23 +95,31 @@ def _check_actions(
                     grid,
                     step,
                 )
-            if action.stage % pipeline_degree != rank:
+            holder = _stage_rank(action.stage, pipeline_degree, v_shape)
+            if holder != rank:
+                rule = "the V placement" if v_shape else "stage % pp"
                 raise _fail(
-                    f"{where}: stage {action.stage} runs on rank "
-                    f"{action.stage % pipeline_degree} (stage % pp), not rank {rank}",
+                    f"{where}: stage {action.stage} runs on rank {holder} ({rule}), "
+                    f"not rank {rank}",
                     grid,
                     step,
                 )
             if action in seen:
                 raise _fail(f"{where}: runs twice (first at step {seen[action]})", grid, step)
-            if action.kind == "B" and Action(action.stage, "F", action.micro_batch) not in seen:
+            other_half = {"B": "I", "I": "B"}.get(action.kind)
+            if other_half and Action(action.stage, other_half, action.micro_batch) in seen:
+                raise _fail(f"{where}: backward runs twice (as B and as I)", grid, step)
+            if action.kind in "BI" and Action(action.stage, "F", action.micro_batch) not in seen:
                 raise _fail(f"{where}: backward before its forward", grid, step)
+            if action.kind == "W" and Action(action.stage, "I", action.micro_batch) not in seen:
+                raise _fail(f"{where}: weight gradient before its input gradient", grid, step)
             seen[action] = step
     missing = [
         str(Action(stage, kind, mb))
         for stage in range(num_stages)
         for mb in range(num_micro_batches)
-        for kind in ("F", "B")
+        # A split backward (I then W) stands for B.
+        for kind in (("F", "I", "W") if Action(stage, "I", mb) in seen else ("F", "B"))
         if Action(stage, kind, mb) not in seen
     ]
     if missing:
@@ -111,7 +130,13 @@ def _check_actions(
 
 
 def waits_for(action: Action, num_stages: int) -> Action | None:
-    """The action on another stage that must finish before ``action`` can start, if any."""
+    """The action on another stage that must finish before ``action`` can start, if any.
+
+    A backward (B, or its input half I) waits for the next stage's input gradient, written
+    ``B`` whichever form that stage runs (the unit-step run records an I as its B). A weight
+    half W waits only for its own I on the same rank, which the list order already ensures."""
+    if action.kind == "W":
+        return None
     if action.kind == "F":
         return Action(action.stage - 1, "F", action.micro_batch) if action.stage > 0 else None
     if action.stage < num_stages - 1:
@@ -149,6 +174,8 @@ def _run_unit_steps(
             return grid, step, blocked
         for action in moved:
             done_at[action] = step
+            if action.kind == "I":  # the input gradient is what the previous stage waits for
+                done_at[Action(action.stage, "B", action.micro_batch)] = step
         step += 1
     return grid, None, {}
 
@@ -164,9 +191,15 @@ def unit_step_grid(order: PipelineOrder, num_stages: int) -> tuple[Grid, int | N
 
 
 def validate_order(
-    order: PipelineOrder, pipeline_degree: int, num_stages: int, num_micro_batches: int
+    order: PipelineOrder,
+    pipeline_degree: int,
+    num_stages: int,
+    num_micro_batches: int,
+    v_shape: bool = False,
 ) -> None:
-    """Raise InvalidScheduleError (with the grid) unless ``order`` is a runnable schedule."""
+    """Raise InvalidScheduleError (with the grid) unless ``order`` is a runnable schedule.
+
+    ``v_shape``: stages sit in a V (rank r holds r and 2pp-1-r: zbv, dualpipev)."""
     if len(order) != pipeline_degree:
         raise InvalidScheduleError(
             f"schedule has {len(order)} ranks; the pipeline has {pipeline_degree}"
@@ -175,7 +208,7 @@ def validate_order(
         raise InvalidScheduleError(
             f"{num_stages} stages do not split evenly over {pipeline_degree} pipeline ranks"
         )
-    _check_actions(order, pipeline_degree, num_stages, num_micro_batches)
+    _check_actions(order, pipeline_degree, num_stages, num_micro_batches, v_shape)
     grid, stuck_step, blocked = _run_unit_steps(order, num_stages)
     if stuck_step is not None:
         waits = "; ".join(

@@ -49,6 +49,7 @@ from autoplan.schedule import (
     schedule_order,
     validate_order,
 )
+from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
 from autoplan.simulate.memory import activation_bytes_per_replica, memory_curve
 from autoplan.simulate.regroup import regroup_pairs
 from autoplan.simulate.result import (
@@ -319,6 +320,13 @@ def _allreduce_per_rank(
 def simulate_plan(plan: Plan) -> SimulationResult:
     """Play ``plan``'s schedule with its predicted stage times; see the module docstring."""
     par = plan.parallelism
+    if par.schedule in ZERO_BUBBLE_SCHEDULES:
+        # The event engine plays F and full B on stage % pp; the split I/W and the V are
+        # played by autoplan.cost.zero_bubble.play_ms, which the prediction comes from.
+        raise InputError(
+            f"simulate does not play {par.schedule} yet (split backward); its predicted "
+            "time comes from cost.zero_bubble's play of the same action lists"
+        )
     order = schedule_order(
         par.schedule, par.pipeline_degree, par.num_micro_batches, par.virtual_stages_per_rank
     )

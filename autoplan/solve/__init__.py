@@ -18,6 +18,7 @@ from autoplan.errors import InfeasibleError, InputError
 from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.profile.schema import Profile
+from autoplan.solve.async_pb import async_alternative, best_async
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
 from autoplan.solve.diagnose import diagnose_infeasible, diagnose_megatron_infeasible
 from autoplan.solve.options import SolveOptions
@@ -56,6 +57,11 @@ def cost_model(profile: Profile, cluster: Cluster, options: SolveOptions) -> Cos
 
 def _check_options(profile: Profile, global_batch_size: int, options: SolveOptions) -> None:
     layers = len(profile.layers)
+    if options.schedule == "async_pb":
+        raise InputError(
+            "--schedule async_pb is not searched as a plan (it changes the optimisation): "
+            "--allow-async reports its predicted throughput beside the synchronous plan"
+        )
     if global_batch_size < 1:
         raise InputError(f"global batch size must be >= 1; got {global_batch_size}")
     if options.layer_split is not None:
@@ -157,6 +163,10 @@ def solve_outcome(
         raise InfeasibleError(
             f"the {options.strategy} plan cannot be placed: {error}", short="cannot be placed"
         ) from None
+    if options.allow_async:
+        choice = best_async(model, feasible)
+        if choice is not None:
+            plan = async_alternative(model, plan, choice)
     return SolveOutcome(plan, result.timed_out, violation)
 
 

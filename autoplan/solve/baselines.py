@@ -13,6 +13,7 @@ from autoplan.cluster.catalog import peak_tflops
 from autoplan.cluster.schema import Cluster, GpuSpec, NodeGroup
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel
+from autoplan.cost.offload import group_of
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.shares import share_sizes
 from autoplan.solve.space import divisors, recompute_modes
@@ -101,7 +102,14 @@ def _on_real_nodes(model: CostModel, config: PlanConfig) -> PlanConfig | None:
         rank_groups.append(
             tuple(
                 sorted(
-                    ReplicaGroup(k, tp, n, blind_group.micro_batch_size, blind_group.recompute)
+                    ReplicaGroup(
+                        k,
+                        tp,
+                        n,
+                        blind_group.micro_batch_size,
+                        blind_group.recompute,
+                        blind_group.offload,
+                    )
                     for k, n in counts.items()
                 )
             )
@@ -128,7 +136,7 @@ def equal_share_candidates(model: CostModel, batch: int, options: SolveOptions) 
             sizes = share_sizes(model, 1, total, zero1, c.index, b, modes)
             if b not in sizes:
                 break
-            groups.append(ReplicaGroup(c.index, 1, c.total_gpus, b, sizes[b][2]))
+            groups.append(group_of(c.index, 1, c.total_gpus, b, sizes[b][2]))
         else:
             config = PlanConfig(
                 m, "1f1b", 1, (StageChoice(0, model.num_layers, tuple(sorted(groups)), int(zero1)),)

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from autoplan.cost.model import CostModel
+from autoplan.cost.offload import OFFLOAD_SUFFIX, resident_saved_bytes, split_mode
 from autoplan.cost.schedule import pipeline_time_ms
 from autoplan.solve.space import interleaved_split
 
@@ -32,8 +33,10 @@ __all__ = [
     "static_fits",
 ]
 
-# The bounds consider every recompute mode, so they hold whatever the options pin.
-MODES = ("none", "selective", "full")
+# The bounds consider every recompute mode, so they hold whatever the options pin; offload
+# keeps no saved activations on the device and is never faster than no recompute, so
+# "none+offload" (no saved bytes at no recompute's time) relaxes every offloading mode.
+MODES = ("none", "selective", "full", "none" + OFFLOAD_SUFFIX)
 
 
 @dataclass(frozen=True, order=True)
@@ -100,11 +103,13 @@ def _capacity_steps(
     capacity = model.capacity_bytes(k)
     steps: dict[float, int] = {}
     for mode in modes:
-        saved = [0.0, *itertools.accumulate(sorted(c.saved_bytes[mode] for c in layers))]
+        saved = [0.0, *itertools.accumulate(sorted(resident_saved_bytes(c, mode) for c in layers))]
         fit = max(x for x in range(len(layers) + 1) if params[x] + saved[x] <= capacity)
         times = [
             0.0,
-            *itertools.accumulate(sorted(c.forward_ms() + c.backward_ms(mode) for c in layers)),
+            *itertools.accumulate(
+                sorted(c.forward_ms() + c.backward_ms(split_mode(mode)[0]) for c in layers)
+            ),
         ]
         for x in range(1, fit + 1):
             steps[times[x]] = max(steps.get(times[x], 0), x)

@@ -37,6 +37,7 @@ import numpy as np
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, LinkSide
+from autoplan.cost.offload import group_of, mode_key
 from autoplan.cost.sharding import exposed_ms
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import (
@@ -257,12 +258,16 @@ class HeteroSource:
         tables = self.model.tables(k, t, x)
         static = (tables.params[j] - tables.params[i]) * per_param
         usable = self.model.usable_bytes(k) - self.model.zero_transient_bytes(t, replicas, level)
+        best, best_ms = None, 0.0
         for mode in self.modes:
             saved = tables.saved[mode]
             used = static + flight * (saved[j] - saved[i])
             if used <= usable and used + self._transient(k, t, x, mode, i, j) <= usable:
-                return mode
-        return None
+                # The fastest mode that fits (with offload the order is the hardware's).
+                work = tables.work[mode][j] - tables.work[mode][i]
+                if best is None or work < best_ms:
+                    best, best_ms = mode, work
+        return best
 
     def _work(self, kind: Kind, x: int, mode: str, i: int, j: int) -> float:
         k, t = kind
@@ -283,9 +288,10 @@ class HeteroSource:
             mode = self._mode(kind, x, i, j, flight, per_param, *zero)
             if mode is None:
                 return None
-            groups.append(ReplicaGroup(k, t, count, x, mode))
+            groups.append(group_of(k, t, count, x, mode))
         top = groups[0]
-        return groups, self._work(kind, top.micro_batch_size, top.recompute, i, j)
+        top_mode = mode_key(top.recompute, top.offload)
+        return groups, self._work(kind, top.micro_batch_size, top_mode, i, j)
 
     def _shares(
         self,
@@ -305,7 +311,7 @@ class HeteroSource:
                 mode = self._mode((k, t), x, i, j, flight, per_param, *zero)
                 if mode is None:
                     return None
-                groups.append(ReplicaGroup(k, t, n, x, mode))
+                groups.append(group_of(k, t, n, x, mode))
                 worst = max(worst, self._work((k, t), x, mode, i, j))
             return groups, worst
         if len(allocation) == 1:
@@ -369,10 +375,6 @@ class HeteroSource:
             work = self._zero_work(groups, i, j, level, found[1])
             if best is None or work < best[2]:
                 best = (groups, level, work)
-            # One kind's shares do not depend on memory: with no recompute left, a higher
-            # level only adds collectives.
-            if len(allocation) == 1 and all(g.recompute == "none" for g in groups):
-                break
         return best
 
     def _zero_work(
@@ -386,8 +388,9 @@ class HeteroSource:
         for g in groups:
             tables = model.tables(g.device_class, g.tp, g.micro_batch_size)
             overhead = model.pass_overhead_ms(g.device_class)
-            total = tables.work[g.recompute][j] - tables.work[g.recompute][i] + 2 * overhead
-            backward = tables.backward[g.recompute][j] - tables.backward[g.recompute][i]
+            mode = mode_key(g.recompute, g.offload)
+            total = tables.work[mode][j] - tables.work[mode][i] + 2 * overhead
+            backward = tables.backward[mode][j] - tables.backward[mode][i]
             passes.append((total - backward - overhead, backward + overhead))
             params.append(tables.params[j] - tables.params[i])
         collective = model.zero_collective_ms(groups, tuple(params))
@@ -408,9 +411,10 @@ class HeteroSource:
                 tables = model.tables(g.device_class, g.tp, g.micro_batch_size)
                 p = tables.params[j] - tables.params[i]
                 params.append(p)
+                mode = mode_key(g.recompute, g.offload)
                 backward.append(
-                    tables.backward[g.recompute][j]
-                    - tables.backward[g.recompute][i]
+                    tables.backward[mode][j]
+                    - tables.backward[mode][i]
                     + model.pass_overhead_ms(g.device_class)
                 )
                 steps.append(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoplan.plan.schema import Recompute, ScheduleName
 
@@ -34,6 +34,9 @@ class SolveOptions(BaseModel):
         description="ZeRO level of every stage of several replicas (0 none, 1 optimizer "
         "states, 2 also gradients, 3 also parameters); None searches 1-3 per stage.",
     )
+    offload: bool | None = Field(
+        default=None, description="Activation offload to host memory for every stage."
+    )
     layer_split: list[int] | None = Field(
         default=None, description="Layers per stage (pins pp to its length)."
     )
@@ -54,14 +57,33 @@ class SolveOptions(BaseModel):
         description="Device memory (GB) kept free on every GPU, overriding the catalog's and "
         "the cluster's memory_reserve_gib.",
     )
+    allow_async: bool = Field(
+        default=False,
+        description="Also cost the asynchronous schedule async_pb (Pipelined Backpropagation: "
+        "it changes the optimisation) and report it beside the best synchronous plan.",
+    )
     max_micro_batch_size: int = Field(
         default=16, ge=1, description="Largest micro-batch size searched when not pinned."
     )
+    zero_bubble: bool = Field(
+        default=True,
+        description="Also try the zero-bubble schedules at the best pipelines found "
+        "(autoplan.solve.zero_bubble); a pinned zero-bubble schedule is tried either way.",
+    )
+
+    @model_validator(mode="after")
+    def _offload_pairs(self) -> SolveOptions:
+        if self.offload and self.recompute == "selective":
+            raise ValueError(
+                "offload pairs with recompute none or full, not selective (selective "
+                "recompute keeps its saved tensors outside the hooks offload works through)"
+            )
+        return self
 
     def pinned(self) -> dict[str, str]:
         """The pinned knobs, as strings, for the plan's record."""
         names = ["tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "schedule"]
-        names += ["recompute", "zero1", "zero_stage", "layer_split"]
+        names += ["recompute", "zero1", "zero_stage", "offload", "layer_split"]
         out = {}
         for name in names:
             value = getattr(self, name)

@@ -21,10 +21,12 @@ import time
 from collections.abc import Callable
 
 from autoplan.cost.model import CostModel
+from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve.hetero import hetero_candidates
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.shares import shared_candidates
 from autoplan.solve.uniform import Candidate, SearchResult, config_key, uniform_search
+from autoplan.solve.zero_bubble import zero_bubble_variants
 
 __all__ = ["Candidate", "SearchResult", "search"]
 
@@ -39,6 +41,8 @@ def search(
 ) -> SearchResult:
     """The ``options.top_k + 1`` best distinct configurations, best first (module docstring)."""
     deadline = time.monotonic() + options.time_limit_s
+    if options.schedule in ZERO_BUBBLE_SCHEDULES and options.dp is None:
+        options = options.model_copy(update={"dp": 1})  # torch runs them only at dp 1
     keep = options.top_k + 1
     heterogeneous = options.strategy == "optimal" and options.space == "heterogeneous"
     uniform = uniform_search(
@@ -71,6 +75,13 @@ def search(
         for config in found.configs:
             cost = model.evaluate(config)
             candidates.append(Candidate(cost.iteration_ms, config, cost))
+    # Zero bubble: the best pipelines again under the schedules their layout allows.
+    if options.zero_bubble or options.schedule in ZERO_BUBBLE_SCHEDULES:
+        for config in zero_bubble_variants([c.config for c in candidates], options.schedule):
+            cost = model.evaluate(config)
+            candidates.append(Candidate(cost.iteration_ms, config, cost))
+    if options.schedule in ZERO_BUBBLE_SCHEDULES:  # the 1F1B-family bases were only a means
+        candidates = [c for c in candidates if c.config.schedule == options.schedule]
     unique: dict[tuple, Candidate] = {}
     for candidate in candidates:
         unique.setdefault(config_key(candidate.config), candidate)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import itertools
 
-from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.devices import block_sizes
 from autoplan.cost.model import CostModel
+from autoplan.cost.offload import group_of
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import MAX_SHARE_MICRO_BATCH, divisors, recompute_modes, tp_choices
 from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
@@ -64,10 +65,12 @@ def share_sizes(
         for mode in modes:
             act = t.saved[mode][n]
             transient = max(model.transient_bytes(c, mode) for c in t.layers)
-            if static + act + transient <= model.usable_bytes(k):
+            # The fastest mode that fits (with offload the order is the hardware's).
+            if static + act + transient <= model.usable_bytes(k) and (
+                b not in out or t.work[mode][n] + 2 * overhead < out[b][0]
+            ):
                 out[b] = (t.work[mode][n] + 2 * overhead, t.backward[mode][n] + overhead, mode)
-                break
-        else:
+        if b not in out:
             break  # larger micro-batches need more memory still
     return out
 
@@ -86,9 +89,7 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         if not tables[k]:
             return None
     params = model.tables(subset[0], tp, 1).params[-1]
-    probe = tuple(
-        ReplicaGroup(k, tp, n, 1, modes[0]) for k, n in zip(subset, replicas, strict=True)
-    )
+    probe = tuple(group_of(k, tp, n, 1, modes[0]) for k, n in zip(subset, replicas, strict=True))
     allreduce = model.allreduce_ms(probe, (params,) * len(probe))
     optimizer = max(
         model.optimizer_ms(params, k, total, zero1) + model.step_overhead_ms(k) for k in subset
@@ -108,7 +109,7 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         return None
     groups = tuple(
         sorted(
-            ReplicaGroup(k, tp, n, b, tables[k][b][2])
+            group_of(k, tp, n, b, tables[k][b][2])
             for k, n, b in zip(subset, replicas, solution.sizes, strict=True)
         )
     )

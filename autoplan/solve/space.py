@@ -48,6 +48,7 @@ import math
 
 from autoplan.cost.devices import block_sizes
 from autoplan.cost.model import CostModel
+from autoplan.cost.offload import searched_modes
 from autoplan.solve.options import SolveOptions
 
 __all__ = [
@@ -187,13 +188,26 @@ def schedules(pp: int, m: int, num_layers: int, options: SolveOptions) -> list[t
         if m % pp == 0 and options.layer_split is None:
             found += [("interleaved_1f1b", v) for v in CHUNKS if pp * v <= num_layers]
     if options.schedule is not None:
-        found = [(s, v) for s, v in found if s == options.schedule]
+        found = [(s, v) for s, v in found if _searched_for(s, v, options.schedule)]
     return found
 
 
+def _searched_for(schedule: str, chunks: int, pinned: str) -> bool:
+    """Whether (schedule, chunks) is searched when ``pinned`` is: itself, or the 1F1B-family
+    layout a zero-bubble schedule is tried at (``solve.zero_bubble``)."""
+    if pinned == "interleaved_zero_bubble":
+        return schedule in ("1f1b", "interleaved_1f1b")
+    if pinned in ("zbv", "dualpipev"):
+        return schedule == "interleaved_1f1b" and chunks == 2
+    return schedule == pinned
+
+
 def recompute_modes(options: SolveOptions) -> tuple[str, ...]:
-    """Recompute modes, fastest first."""
-    return (options.recompute,) if options.recompute is not None else RECOMPUTE
+    """The modes (recompute, with or without offload: ``autoplan.cost.offload``) searched.
+    Without offload they run fastest first; with it the order depends on the hardware, so
+    the search takes the fastest that fits, by its time."""
+    base = (options.recompute,) if options.recompute is not None else RECOMPUTE
+    return searched_modes(base, options.offload)
 
 
 def zero_levels(replicas: int, uniform_tp: bool, options: SolveOptions) -> tuple[int, ...]:

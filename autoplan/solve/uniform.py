@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, LinkSide, PlanCost
+from autoplan.cost.offload import group_of
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.sharding import exposed_ms
 from autoplan.solve.bounds import (
@@ -153,12 +154,16 @@ class _StageCoster:
         static = (t.params[j] - t.params[i]) * self.static_per_param[level]
         flight = self.flight[s]
         capacity = self.capacity[s] - self.zero_transient[level]
+        best, best_ms = None, 0.0
         for mode in self.modes:
             saved = t.saved[mode]
             used = static + flight * (saved[j] - saved[i])
             if used <= capacity and used + self._range_max(s, mode, i, j) <= capacity:
-                return mode
-        return None
+                # The fastest mode that fits (with offload the order is the hardware's).
+                work = t.work[mode][j] - t.work[mode][i]
+                if best is None or work < best_ms:
+                    best, best_ms = mode, work
+        return best
 
     def _work(self, s: int, i: int, j: int, mode: str, level: int) -> tuple[float, float]:
         """(work, backward) of stage s with ZeRO-2/3's exposed collectives."""
@@ -175,7 +180,7 @@ class _StageCoster:
     def choice_for(self, s: int, i: int, j: int) -> tuple[int, str] | None:
         """(ZeRO level, recompute) of stage s on [i, j): of the levels, the one whose
         fastest fitting recompute gives the least work, the lower on ties; None if none
-        fits. Once a level fits without recompute a higher one only adds collectives."""
+        fits."""
         best = None
         for level in self.levels:
             mode = self.recompute_for(s, i, j, level)
@@ -184,8 +189,6 @@ class _StageCoster:
             work = self._work(s, i, j, mode, level)[0]
             if best is None or work < best[0]:
                 best = (work, level, mode)
-            if mode == self.modes[0]:
-                break
         return None if best is None else (best[1], best[2])
 
     def __call__(self, s: int, i: int, j: int) -> tuple[float, float, float] | None:
@@ -231,7 +234,7 @@ class _StageCoster:
 
 def rank_groups(p: Pending, device_class: int, recompute: str) -> tuple[ReplicaGroup, ...]:
     """The one replica group of a uniform pipeline rank on ``device_class``."""
-    return (ReplicaGroup(device_class, p.tp, p.dp, p.mbs, recompute),)
+    return (group_of(device_class, p.tp, p.dp, p.mbs, recompute),)
 
 
 @functools.lru_cache(maxsize=1 << 18)

@@ -89,6 +89,15 @@ def overview_section(plan: Plan) -> Section:
         f"{par.pipeline_degree} ranks{virtual}, {len(plan.stages)} stages, {par.schedule}"
         + (f", {zero}" if zero else ""),
     )
+    if par.async_pb is not None:  # it changes the optimisation, not only the speed
+        settings = par.async_pb
+        section.add(
+            "ASYNCHRONOUS",
+            "Pipelined Backpropagation: no flush, momentum SGD (α "
+            f"{settings.momentum:g}) stepped per micro-batch on stale weights; weight "
+            f"prediction {'on' if settings.weight_prediction else 'off'}, spike compensation "
+            f"{'on' if settings.spike_compensation else 'off'}",
+        )
     section.add(
         "batch",
         f"global {inputs.global_batch_size} = {par.num_micro_batches} micro-batches × "
@@ -143,7 +152,10 @@ def stages_section(plan: Plan) -> Section:
             f"{stage.layer_start}–{stage.layer_end - 1} ({count})",
             replicas_text(stage),
             node_ranges(replica.node for replica in stage.replicas),
-            runs_text(replica.recompute for replica in stage.replicas),
+            runs_text(
+                replica.recompute + (" +offload" if replica.offload else "")
+                for replica in stage.replicas
+            ),
             str(stage.zero_stage) if stage.zero_stage else "no",
             *times,
             _time_source(count, timing),

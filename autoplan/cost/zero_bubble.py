@@ -1,0 +1,189 @@
+"""Zero-bubble schedules: the backward split into input and weight gradients, the iteration
+time of a schedule's action lists, and the micro-batches in flight per rank.
+
+Split (from the profile): a layer's weight gradient is one matmul per weight, ``2 × params ×
+tokens`` FLOPs (the same as the forward's matmuls on those weights); the input gradient is the
+rest of the backward (the other matmul per weight, attention's backward, element-wise ops). So
+``W = backward × min(1, 2·params·tokens / backward FLOPs)`` and ``I = backward − W``. An
+embedding's lookup has no matmul: its "weight gradient" by that count exceeds the backward and
+the cap gives W = backward, I = 0, which is right (its input is token ids, with no gradient).
+
+Time: zero-bubble schedules have no closed form in general (their W fills bubbles whose size
+depends on all the stage times), so ``play_ms`` plays the action lists: each rank runs its
+list in order; an action starts when the rank is free and what it waits for has arrived
+(a forward: the previous stage's forward plus the send; a backward or I: the next stage's
+B or I plus the send; a W: only its own I, earlier on the same rank). It is exact for the
+given per-stage times (the event simulator plays the same rule with replicas and links); for
+pp = 1 or uniform stages it reduces to the closed forms tests/test_cost_zero_bubble.py checks,
+e.g. 1F1B's (m − 1)·(F + B) + p·(F + B) and ZB-H1's m·(F + I + W) + (p − 1)·(F + I − W).
+It costs O(actions × pp), fast enough for the solver's few schedules per candidate.
+
+Memory: a stage keeps a micro-batch's saved activations from its F until its W (or B): W
+needs the saved inputs of the matmuls, so deferring W keeps them longer. ``peak_in_flight``
+counts, per rank, the largest number of (stage, micro-batch) forwards whose activations are
+held at once; I's share freed early is ignored (a bound from above).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoplan.schedule.actions import Action, PipelineOrder
+from autoplan.schedule.orders import schedule_order
+
+if TYPE_CHECKING:
+    from autoplan.cost.config import PlanConfig
+    from autoplan.cost.model import CostModel, StageCost
+
+__all__ = [
+    "peak_in_flight",
+    "play_ms",
+    "split_backward_ms",
+    "weight_gradient_share",
+    "zb_h1_time_ms",
+    "zero_bubble_pipeline",
+]
+
+
+def weight_gradient_share(params: int, tokens: int, backward_flops: float) -> float:
+    """Share of a layer's backward that is the weight gradient (module docstring)."""
+    if backward_flops <= 0:
+        return 0.0
+    return min(1.0, 2.0 * params * tokens / backward_flops)
+
+
+def split_backward_ms(backward_ms: float, share: float) -> tuple[float, float]:
+    """(input-gradient ms, weight-gradient ms) of a backward of ``backward_ms``."""
+    weight = backward_ms * share
+    return backward_ms - weight, weight
+
+
+def play_ms(
+    order: PipelineOrder,
+    forward_ms: list[float],
+    input_ms: list[float],
+    weight_ms: list[float],
+    send_ms: list[float] | None = None,
+) -> float:
+    """Iteration time of ``order`` (until the last action ends) with stage s taking
+    ``forward_ms[s]``, ``input_ms[s]`` and ``weight_ms[s]`` (a full B takes I + W) and
+    ``send_ms[s]`` across the boundary of stages s and s+1 (both directions; none when the
+    two stages share a rank, as in the V's turn). The order must be valid (validate_order)."""
+    num_stages = len(forward_ms)
+    sends = send_ms or [0.0] * num_stages
+    rank_of = {action.stage: rank for rank, actions in enumerate(order) for action in actions}
+    ends: dict[tuple[int, str, int], float] = {}  # (stage, "F" | "G" (input gradient), mb)
+    position = [0] * len(order)
+    free = [0.0] * len(order)
+    remaining = sum(len(actions) for actions in order)
+    while remaining:
+        moved = False
+        for rank, actions in enumerate(order):
+            while position[rank] < len(actions):
+                action = actions[position[rank]]
+                ready = _ready_ms(action, ends, rank_of, sends, num_stages)
+                if ready is None:
+                    break
+                start = max(free[rank], ready)
+                s = action.stage
+                duration = {
+                    "F": forward_ms[s],
+                    "I": input_ms[s],
+                    "W": weight_ms[s],
+                    "B": input_ms[s] + weight_ms[s],
+                }[action.kind]
+                free[rank] = start + duration
+                if action.kind == "F":
+                    ends[(s, "F", action.micro_batch)] = free[rank]
+                elif action.kind in "BI":
+                    # The input gradient goes out when the action ends: PyTorch sends after
+                    # a full B, not midway.
+                    ends[(s, "G", action.micro_batch)] = free[rank]
+                position[rank] += 1
+                remaining -= 1
+                moved = True
+        if not moved:
+            raise ValueError("the action lists deadlock; validate them first")
+    return max(free)
+
+
+def _ready_ms(
+    action: Action,
+    ends: dict[tuple[int, str, int], float],
+    rank_of: dict[int, int],
+    sends: list[float],
+    num_stages: int,
+) -> float | None:
+    """When what ``action`` waits for from another stage has arrived; None if not yet run."""
+    s, mb = action.stage, action.micro_batch
+    if action.kind == "W":
+        return 0.0
+    if action.kind == "F":
+        if s == 0:
+            return 0.0
+        key, peer, send = (s - 1, "F", mb), s - 1, sends[s - 1]
+    elif s == num_stages - 1:
+        return 0.0  # the loss's gradient starts on the stage itself
+    else:
+        key, peer, send = (s + 1, "G", mb), s + 1, sends[s]
+    if key not in ends:
+        return None
+    return ends[key] + (0.0 if rank_of[peer] == rank_of[s] else send)
+
+
+def peak_in_flight(order: PipelineOrder) -> list[int]:
+    """Per rank: the most (stage, micro-batch) forwards whose activations it holds at once,
+    each held from its F until its W or B (module docstring)."""
+    peaks = []
+    for actions in order:
+        held = peak = 0
+        for action in actions:
+            if action.kind == "F":
+                held += 1
+                peak = max(peak, held)
+            elif action.kind in "BW":
+                held -= 1
+        peaks.append(peak)
+    return peaks
+
+
+def zb_h1_time_ms(
+    forward_ms: float, input_ms: float, weight_ms: float, pipeline_degree: int, m: int
+) -> float:
+    """ZB-H1 on p equal stages without send time (Qi et al., ICLR'24, §3):
+    m·(F + I + W) + (p − 1)·(F + I − W), exact for PyTorch's interleaved zero bubble with one
+    stage per rank when W <= F + I (the deferred Ws fill the cool-down)."""
+    per_micro_batch = forward_ms + input_ms + weight_ms
+    return m * per_micro_batch + (pipeline_degree - 1) * (forward_ms + input_ms - weight_ms)
+
+
+def zero_bubble_pipeline(
+    model: CostModel, config: PlanConfig, costs: list[StageCost]
+) -> tuple[float, list[int]]:
+    """(pipeline ms, chunk-forwards in flight per rank) of a zero-bubble ``config``: the
+    schedule's action lists played with each stage's slowest group's F, and its backward split
+    into I and W layer by layer (module docstring; a recompute's redone forward stays in I)."""
+    profile = model.profile
+    tokens = profile.seq_len * profile.micro_batch_size
+    shares = [
+        weight_gradient_share(layer.param_count, tokens, layer.backward_flops)
+        for layer in profile.layers
+    ]
+    forward, input_grad, weight = [], [], []
+    for stage, cost in zip(config.stages, costs, strict=True):
+        slowest = max(range(len(stage.groups)), key=lambda g: cost.groups[g].backward_ms)
+        group = stage.groups[slowest]
+        tables = model.tables(group.device_class, group.tp, group.micro_batch_size)
+        layers = range(stage.layer_start, stage.layer_end)
+        w = sum(tables.layers[i].backward_compute_ms * shares[i] for i in layers)
+        forward.append(cost.forward_ms)
+        weight.append(w)
+        input_grad.append(cost.groups[slowest].backward_ms - w)
+    order = schedule_order(
+        config.schedule,  # type: ignore[arg-type]
+        config.pipeline_degree,
+        config.num_micro_batches,
+        config.chunks,
+    )
+    sends = [cost.send_ms for cost in costs]
+    return play_ms(order, forward, input_grad, weight, sends), peak_in_flight(order)

@@ -1,0 +1,169 @@
+"""The async_pb cost: no bubble (checked against an independent play of the executor's own
+orders), stashed weight versions in memory, and ``--allow-async`` reporting it."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from autoplan.cli import app
+from autoplan.cost.async_pb import async_pb_cost
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.errors import InputError
+from autoplan.files import write_json_model
+from autoplan.plan.schema import AsyncPB, Parallelism
+from autoplan.runtime.async_pb import async_pb_order, check_async_plan, refuse_in_trainer
+from autoplan.solve import SolveOptions, cost_model, solve
+from autoplan.solve.async_pb import ASYNC_MARK, async_line
+from autoplan.view.plan_tables import overview_section
+from tests.plan_factory import make_plan
+from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
+
+
+def _setup():
+    # Uneven layers so the stages differ: the bubble of 1F1B is what async_pb removes.
+    flops = [4, 1, 1, 2, 3, 1]
+    layers = [
+        layer(i, flops=f * 10**12, params=10**7, saved=10**7, output=10**3)
+        for i, f in enumerate(flops)
+    ]
+    profile = make_profile(layers)
+    cluster = make_cluster([("g", gpu("G", 100.0, 80.0), 4, 1)])
+    model = cost_model(profile, cluster, SolveOptions())
+    stages = tuple(
+        StageChoice(a, b, (ReplicaGroup(0, 1, 1, 1, "none"),), False)
+        for a, b in ((0, 1), (1, 4), (4, 6))
+    )
+    return profile, cluster, model, stages
+
+
+def _play(durations: list[tuple[float, float]], num_micro_batches: int) -> float:
+    """End time of the executor's async orders (``async_pb_order``) played as events: a stage
+    runs its actions in order, F(i) after stage s − 1's F(i), B(i) after stage s + 1's B(i);
+    transfers cost nothing here (the configuration's sends are negligible)."""
+    p = len(durations)
+    orders = [async_pb_order(p, s, num_micro_batches) for s in range(p)]
+    done: dict[tuple[str, int, int], float] = {}
+    clock, cursor = [0.0] * p, [0] * p
+    while any(cursor[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            if cursor[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][cursor[s]]
+            need = ("F", s - 1, i) if kind == "F" and s > 0 else None
+            if kind == "B" and s < p - 1:
+                need = ("B", s + 1, i)
+            if need is not None and need not in done:
+                continue
+            start = max(clock[s], done[need] if need else 0.0)
+            clock[s] = start + durations[s][0 if kind == "F" else 1]
+            done[(kind, s, i)] = clock[s]
+            cursor[s] += 1
+    return max(clock)
+
+
+def test_async_time_has_no_bubble_against_a_play_of_the_orders() -> None:
+    _, _, model, stages = _setup()
+    m = 8
+    cost = async_pb_cost(model, PlanConfig(m, "1f1b", 1, stages))
+    sync = cost.synchronous
+    assert cost.bubble_ms == 0.0
+    assert sync.bubble_ms > 0
+    # Closed form: m × the slowest rank's per-micro-batch time (work + its own step).
+    assert cost.iteration_ms == pytest.approx(m * max(cost.rank_micro_batch_ms))
+    assert cost.iteration_ms < sync.iteration_ms
+    # The stream's steady state, played: each further m micro-batches take m × the slowest
+    # rank's forward + backward + step (the step counted in the backward).
+    durations = []
+    for r, stage in enumerate(sync.stages):
+        step = cost.rank_micro_batch_ms[r] - stage.work_ms
+        assert stage.send_ms < 1e-3 * stage.work_ms
+        durations.append((stage.forward_ms, stage.backward_ms + step))
+    per_iteration = _play(durations, 5 * m) - _play(durations, 4 * m)
+    assert per_iteration == pytest.approx(cost.iteration_ms, rel=1e-9)
+
+
+def test_async_memory_counts_one_weight_version_per_micro_batch_in_flight() -> None:
+    _, _, model, stages = _setup()
+    cost = async_pb_cost(model, PlanConfig(8, "1f1b", 1, stages))
+    for mem, sync in zip(cost.memory, cost.synchronous.memory, strict=True):
+        r = mem.pipeline_rank
+        assert mem.stash_bytes == (3 - r) * sync.weights_bytes
+        assert mem.total_bytes == sync.total_bytes + mem.stash_bytes
+
+
+def test_allow_async_reports_beside_the_synchronous_plan() -> None:
+    profile, cluster, _, _ = _setup()
+    pinned = {"tp": 1, "dp": 1, "pp": 3, "num_micro_batches": 8}
+    plain = solve(profile, cluster, 8, SolveOptions(**pinned))
+    assert not any(a.summary.startswith(ASYNC_MARK) for a in plain.alternatives)
+    asked = solve(profile, cluster, 8, SolveOptions(**pinned, allow_async=True))
+    assert asked.parallelism.schedule != "async_pb"  # reported, never chosen
+    marked = [a for a in asked.alternatives if a.summary.startswith(ASYNC_MARK)]
+    assert len(marked) == 1
+    assert marked[0].samples_per_s > asked.prediction.samples_per_s  # no bubble
+    assert "changes the optimisation" in async_line(asked)
+
+
+def test_schema_requires_settings_exactly_with_the_async_schedule() -> None:
+    base = {"pipeline_degree": 2, "num_micro_batches": 4, "micro_batch_size": 1}
+    ok = Parallelism(schedule="async_pb", async_pb=AsyncPB(), **base)
+    assert ok.async_pb is not None and ok.async_pb.weight_prediction
+    with pytest.raises(ValueError, match="disagree"):
+        Parallelism(schedule="async_pb", **base)
+    with pytest.raises(ValueError, match="disagree"):
+        Parallelism(schedule="1f1b", async_pb=AsyncPB(), **base)
+
+
+def test_show_marks_an_async_plan() -> None:
+    plan = make_plan([2, 2])
+    assert "ASYNCHRONOUS" not in str(overview_section(plan).rows)
+    data = plan.parallelism.model_dump()
+    data.update(schedule="async_pb", async_pb={"weight_prediction": False})
+    async_plan = plan.model_copy(update={"parallelism": Parallelism.model_validate(data)})
+    rows = {str(row[0]): str(row[1]) for row in overview_section(async_plan).rows}
+    assert "ASYNCHRONOUS" in rows
+    assert "weight prediction off" in rows["ASYNCHRONOUS"]
+    assert "spike compensation on" in rows["ASYNCHRONOUS"]
+
+
+def test_runtime_refuses_async_plans_it_cannot_run_in_one_line() -> None:
+    data = make_plan([2, 2], data_parallel=2).parallelism.model_dump()
+    data.update(schedule="async_pb", async_pb={})
+    plan = make_plan([2, 2], data_parallel=2)
+    plan = plan.model_copy(update={"parallelism": Parallelism.model_validate(data)})
+    with pytest.raises(InputError, match="one rank per stage; stage 0 has 2 replica"):
+        check_async_plan(plan)
+    single = make_plan([2, 2])
+    single = single.model_copy(
+        update={
+            "parallelism": Parallelism.model_validate(
+                {**single.parallelism.model_dump(), "schedule": "async_pb", "async_pb": {}}
+            )
+        }
+    )
+    check_async_plan(single)
+    with pytest.raises(InputError, match="not wired into `autoplan run`"):
+        refuse_in_trainer(single)
+
+
+def test_cli_allow_async_prints_the_async_line(tmp_path) -> None:
+    profile, cluster, _, _ = _setup()
+    profile_path, cluster_path = tmp_path / "profile.json", tmp_path / "cluster.yaml"
+    write_json_model(profile_path, profile)
+    cluster_path.write_text(yaml.safe_dump(cluster.model_dump(mode="json")))
+    args = ["solve", str(profile_path), "--cluster", str(cluster_path), "--global-batch", "8"]
+    args += ["--tp", "1", "--dp", "1", "--pp", "3", "--num-micro-batches", "8"]
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, [*args, "-o", str(out), "--allow-async"])
+    assert result.exit_code == 0, result.output
+    assert "async_pb (asynchronous Pipelined Backpropagation" in " ".join(result.output.split())
+    plain = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "plain.json")])
+    assert plain.exit_code == 0 and "async_pb" not in plain.output
+
+
+def test_pinning_the_async_schedule_is_a_one_line_error() -> None:
+    profile, cluster, _, _ = _setup()
+    with pytest.raises(InputError, match="--allow-async reports"):
+        solve(profile, cluster, 8, SolveOptions(schedule="async_pb"))
