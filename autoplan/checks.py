@@ -56,6 +56,8 @@ ZOO_MODEL_NAMES = frozenset(
         "megatron-310.1b",
         "megatron-529.6b",
         "megatron-1t",
+        "megatron-22b",
+        "megatron-175b",
         "gpt3-175b",
         "llama2-7b",
         "llama2-13b",
