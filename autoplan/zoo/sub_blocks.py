@@ -182,7 +182,8 @@ def keep_units(model: LayeredModel, start: int, end: int) -> LayeredModel:
             continue
         parts = kept[name]
         layer = model.layers[name]
-        if None not in parts and isinstance(layer, SplittableBlock):
-            if len(parts) < len(layer.kept_parts):
-                layer.keep_parts(tuple(part for part in parts if part is not None))
+        cut = isinstance(layer, SplittableBlock) and len(parts) < len(layer.kept_parts)
+        if cut and None not in parts:
+            assert isinstance(layer, SplittableBlock)
+            layer.keep_parts(tuple(part for part in parts if part is not None))
     return model
