@@ -282,6 +282,9 @@ def profile_model(
             num_attention_heads=spec.num_attention_heads,
             vocab_size=spec.vocab_size,
             granularity=granularity,
+            unit_names=(
+                [layer.name for layer in layer_profiles] if granularity == "sub-block" else None
+            ),
         ),
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,

@@ -61,6 +61,21 @@ class ModelRef(_Strict):
         "adds, as two units; the residual stream crosses between them). The runtime builds "
         "stages of these units. Profiles and plans written before the field are 'block'.",
     )
+    unit_names: list[str] | None = Field(
+        default=None,
+        max_length=limits.MAX_LAYERS,
+        description="At sub-block grain: each unit's name in order (the `layers` names, e.g. "
+        "'layers.block_3:attn'), so that a plan, which carries this record, can name the units "
+        "of its stages. None at block grain.",
+    )
+
+    @model_validator(mode="after")
+    def _check_unit_names(self) -> ModelRef:
+        if self.unit_names is not None and len(self.unit_names) != self.num_layers:
+            raise ValueError(
+                f"unit_names lists {len(self.unit_names)} units; num_layers is {self.num_layers}"
+            )
+        return self
 
 
 class TensorParallelProfile(_Strict):
