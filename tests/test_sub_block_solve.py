@@ -5,7 +5,12 @@
   (uniform and heterogeneous), as tests/test_solver_oracle.py proves for block profiles.
 - Finer is never worse: every block split is a sub-block split, so the best plan over the
   parts of a model is never slower than the best over its blocks (random instances, where the
-  block profile is the parts merged, and gpt-tiny profiled for real at both grains).
+  block profile is the parts merged, and gpt-tiny profiled for real at both grains), as long
+  as the cost model prices a block as the sum of its parts. It does where no per-pass floor
+  binds: these GPUs have no launch floor. With the catalog's kernel_launch_us a part alone can
+  be launch-bound while its whole block is not (llama2-7b at micro-batch 1 on H100: the
+  attention part's 52 kernels take 2.6 ms, its GPU time less), so the same split is priced
+  higher at sub-block grain; see the branch report.
 """
 
 from __future__ import annotations
