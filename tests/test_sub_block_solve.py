@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplan.profile.schema import LayerProfile, Profile, TensorParallelProfile
-from autoplan.solve import SolveOptions, cost_model, solve_candidates
+from autoplan.solve import cost_model, solve_candidates
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
-from tests.test_solver_oracle import brute_force, brute_force_hetero
 
-OPTIONS = SolveOptions(top_k=1)
+# The oracle's own options: the space its brute force enumerates (the exact one).
+from tests.test_solver_oracle import OPTIONS, brute_force, brute_force_hetero
 
 
 def _part(index: int, block: int, part: str, draw, residual: int, tp: int | None) -> LayerProfile:
