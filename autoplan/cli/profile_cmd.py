@@ -17,7 +17,7 @@ from autoplan.cli.app import EXIT_BAD_INPUT, command
 from autoplan.cli.inputs import check_bounds
 from autoplan.errors import AutoplanError, InputError
 from autoplan.files import check_outputs, read_json_model, write_json_model
-from autoplan.profile.schema import DType, Profile
+from autoplan.profile.schema import DType, Granularity, Profile
 
 __all__ = ["models", "profile", "profile_import"]
 
@@ -174,6 +174,14 @@ def profile(
             "math (unfused QKᵀ, softmax over s×s, ·V, as Megatron-LM 2021 ran it).",
         ),
     ] = "flash",
+    granularity: Annotated[
+        str,
+        typer.Option(
+            "--granularity",
+            help="Unit of partition: block (whole transformer blocks) or sub-block (each "
+            "block's attention and MLP parts apart, so stages may start or end mid-block).",
+        ),
+    ] = "block",
 ) -> None:
     """Profile a model per layer (FLOPs, bytes, parameters, activations) without allocating it.
 
@@ -193,6 +201,9 @@ def profile(
 
     dtype_name: DType = dtype  # type: ignore[assignment]  # checked by profile_model
     kernel: AttentionKernel = attention  # type: ignore[assignment]  # checked by profile_model
+    if granularity not in ("block", "sub-block"):
+        raise InputError(f"--granularity must be block or sub-block, got {granularity!r}")
+    grain: Granularity = granularity  # type: ignore[assignment]  # checked just above
     result = profile_model(
         model,
         seq,
@@ -201,6 +212,7 @@ def profile(
         measure=measure,
         replicate=not all_layers,
         attention=kernel,
+        granularity=grain,
     )
     if table is not None and not measure:
         raise InputError("--table writes measured times: add --measure")

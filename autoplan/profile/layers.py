@@ -8,6 +8,7 @@ from torch import nn
 
 from autoplan.profile.schema import LayerKind
 from autoplan.zoo.layered import LayeredModel
+from autoplan.zoo.sub_blocks import model_units
 
 __all__ = ["PipelineLayer", "pipeline_layers"]
 
@@ -21,6 +22,10 @@ class PipelineLayer:
     name: str
     kind: LayerKind
     module: nn.Module
+    block_index: int | None = None
+    """At sub-block grain: the block-grain layer this unit is part of."""
+    part: str | None = None
+    """At sub-block grain: 'attn' or 'mlp' for a block's part, None for a whole layer."""
 
 
 def pipeline_layers(model: nn.Module) -> tuple[list[PipelineLayer], str]:
@@ -29,6 +34,26 @@ def pipeline_layers(model: nn.Module) -> tuple[list[PipelineLayer], str]:
     A LayeredModel gives its ``layers``; an ``nn.Sequential`` its children; any other module
     is one layer (a pipeline cannot split it).
     """
+    if isinstance(model, LayeredModel) and model.granularity == "sub-block":
+        # A block's parts keep the kind 'block': the cost model and the search treat them as
+        # the blocks' share of the work they are.
+        layers = [
+            PipelineLayer(
+                unit.name,
+                _KIND_BY_ZOO_NAME.get(
+                    unit.layer_name, "block" if unit.layer_name.startswith("block_") else "other"
+                ),
+                unit.module,
+                block_index=unit.block_index if unit.part is not None else None,
+                part=unit.part,
+            )
+            for unit in model_units(model)
+        ]
+        return layers, (
+            "sub-block grain: each block of the LayeredModel's `layers` is two units, "
+            "'attn' (norm, attention, residual add) and 'mlp' (norm, MLP, residual add), the "
+            "residual stream between them; other entries (and blocks that cannot be cut) whole"
+        )
     if isinstance(model, LayeredModel):
         layers = [
             PipelineLayer(

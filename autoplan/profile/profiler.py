@@ -24,6 +24,7 @@ from autoplan.profile.layers import PipelineLayer, pipeline_layers
 from autoplan.profile.measure import measure_layers
 from autoplan.profile.schema import (
     DType,
+    Granularity,
     LayerProfile,
     MeasuredTimes,
     ModelRef,
@@ -39,6 +40,7 @@ from autoplan.profile.tensor_parallel import (
 from autoplan.profile.tracer import LayerTrace, TensorMeta
 from autoplan.zoo.dtypes import default_dtype, torch_dtype
 from autoplan.zoo.registry import LossKind, ModelSpec, get_model_spec
+from autoplan.zoo.sub_blocks import set_granularity
 
 __all__ = ["profile_model"]
 
@@ -152,6 +154,7 @@ def profile_model(
     attention: AttentionKernel = "flash",
     tensor_parallel_divisor: int | None = None,
     loss: LossKind | None = None,
+    granularity: Granularity = "block",
 ) -> Profile:
     """Profile ``model_name`` (zoo name or 'package.module:factory') per layer.
 
@@ -167,6 +170,10 @@ def profile_model(
     profiler that a factory model's output is token logits (a zoo model's default), so the
     fp32 token cross-entropy is traced with it; 'sum' seeds its backward with ones.
 
+    ``granularity='sub-block'`` lists each block of a zoo model as its two residual parts
+    (:mod:`autoplan.zoo.sub_blocks`), each with its own figures, so that a stage may start or
+    end mid-block.
+
     ``replicate=False`` traces every layer even when identical to an earlier one.
     ``measure=True`` also times the real model on the local device (CUDA if present).
     """
@@ -175,6 +182,8 @@ def profile_model(
             f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}"
         )
     spec = get_model_spec(model_name)
+    if granularity == "sub-block" and measure:
+        raise InputError("--measure times whole layers: profile at --granularity block")
     if tensor_parallel_divisor is not None and tensor_parallel_divisor < 1:
         raise InputError(
             f"tensor-parallel divisor must be at least 1, got {tensor_parallel_divisor}"
@@ -190,6 +199,7 @@ def profile_model(
     with default_dtype(torch_type), fake_mode:
         model, example = spec.build_with_input(micro_batch_size, seq_len)
         _cast_floating_parameters(model, torch_type)
+        set_granularity(model, granularity)
         inputs = _as_fake_inputs(example, fake_mode, torch_type)
         # Checked before tracing, which is the slow part for a big factory model.
         input_note = (
@@ -239,6 +249,8 @@ def profile_model(
                 index=index,
                 name=layer.name or "model",
                 kind=layer.kind,
+                block_index=layer.block_index,
+                part=layer.part,  # type: ignore[arg-type]  # 'attn' | 'mlp' from the zoo
                 forward_flops=trace.forward_flops,
                 backward_flops=trace.backward_flops,
                 forward_bytes_moved=trace.forward_bytes_moved,
@@ -269,6 +281,10 @@ def profile_model(
             hidden_size=spec.hidden_size,
             num_attention_heads=spec.num_attention_heads,
             vocab_size=spec.vocab_size,
+            granularity=granularity,
+            unit_names=(
+                [layer.name for layer in layer_profiles] if granularity == "sub-block" else None
+            ),
         ),
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,

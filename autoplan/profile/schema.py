@@ -16,6 +16,7 @@ from autoplan import limits
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
     "DType",
+    "Granularity",
     "LayerKind",
     "LayerProfile",
     "MeasuredTimes",
@@ -31,6 +32,8 @@ LayerKind = Literal["embedding", "block", "head", "other"]
 # tf32: fp32 storage (4-byte weights, activations and gradients) with matmuls on TF32 tensor
 # cores (torch.backends.cuda.matmul.allow_tf32), costed at the TF32 peak where a GPU has one.
 DType = Literal["fp32", "tf32", "fp16", "bf16", "fp64"]
+# The unit of partition: a whole block, or each block's residual parts (attention, MLP) apart.
+Granularity = Literal["block", "sub-block"]
 
 
 class _Strict(BaseModel):
@@ -51,6 +54,28 @@ class ModelRef(_Strict):
     hidden_size: int | None = Field(default=None, ge=1, description="Hidden size, if known.")
     num_attention_heads: int | None = Field(default=None, ge=1, description="Attention heads.")
     vocab_size: int | None = Field(default=None, ge=1, description="Vocabulary size, if known.")
+    granularity: Granularity = Field(
+        default="block",
+        description="Unit of partition the `layers` are: 'block' (a whole transformer block) or "
+        "'sub-block' (each block's attention and MLP parts, with their norms and residual "
+        "adds, as two units; the residual stream crosses between them). The runtime builds "
+        "stages of these units. Profiles and plans written before the field are 'block'.",
+    )
+    unit_names: list[str] | None = Field(
+        default=None,
+        max_length=limits.MAX_LAYERS,
+        description="At sub-block grain: each unit's name in order (the `layers` names, e.g. "
+        "'layers.block_3:attn'), so that a plan, which carries this record, can name the units "
+        "of its stages. None at block grain.",
+    )
+
+    @model_validator(mode="after")
+    def _check_unit_names(self) -> ModelRef:
+        if self.unit_names is not None and len(self.unit_names) != self.num_layers:
+            raise ValueError(
+                f"unit_names lists {len(self.unit_names)} units; num_layers is {self.num_layers}"
+            )
+        return self
 
 
 class TensorParallelProfile(_Strict):
@@ -201,6 +226,18 @@ class LayerProfile(_Strict):
     )
     tensor_parallel: TensorParallelProfile | None = Field(
         default=None, description="Tensor-parallel behaviour; None if the layer cannot be split."
+    )
+    block_index: int | None = Field(
+        default=None,
+        ge=0,
+        description="At sub-block grain: index of the block-grain layer (the model's `layers` "
+        "entry) this unit is a part of. None at block grain.",
+    )
+    part: Literal["attn", "mlp"] | None = Field(
+        default=None,
+        description="At sub-block grain: which residual part of its block this unit is "
+        "('attn': norm, attention, residual add; 'mlp': norm, MLP, residual add); None for a "
+        "whole layer (embedding, head, a block that cannot be split).",
     )
     replica_of: int | None = Field(
         default=None,

@@ -24,6 +24,7 @@ from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, Stage
 from autoplan.zoo import LayeredModel, get_model_spec, keep_layers
 from autoplan.zoo.dtypes import default_dtype, torch_dtype
+from autoplan.zoo.sub_blocks import keep_units, model_units, set_granularity
 
 __all__ = [
     "TiedWeight",
@@ -35,21 +36,25 @@ __all__ = [
 ]
 
 
-def build_full_model(model_name: str, dtype: str, seed: int) -> nn.Module:
-    """The whole model, initialised from ``seed`` in ``dtype``: the same on every call."""
+def build_full_model(
+    model_name: str, dtype: str, seed: int, granularity: str = "block"
+) -> nn.Module:
+    """The whole model, initialised from ``seed`` in ``dtype``: the same on every call; its
+    pipeline layers are the units of ``granularity`` (the weights are the same at either)."""
     spec = get_model_spec(model_name)
     torch_type = torch_dtype(dtype)
     torch.manual_seed(seed)
     # Building under the default dtype allocates the weights once, in the training dtype.
     with default_dtype(torch_type if torch_type.is_floating_point else torch.float32):
         model = spec.build()
-    return model.to(torch_type)
+    return set_granularity(model.to(torch_type), granularity)
 
 
 def pipeline_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(parameter-name prefix, module) of each pipeline layer, in order."""
+    """(parameter-name prefix, module) of each pipeline layer, in order. At sub-block grain a
+    block's part is a view whose parameters are named as in the block, under its prefix."""
     if isinstance(model, LayeredModel):
-        return [(f"layers.{name}", layer) for name, layer in model.layers.items()]
+        return [(f"layers.{unit.layer_name}", unit.module) for unit in model_units(model)]
     if isinstance(model, nn.Sequential):
         return list(model.named_children())
     return [("", model)]
@@ -58,6 +63,8 @@ def pipeline_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def keep_stage_layers(model: nn.Module, start: int, end: int) -> nn.Module:
     """The module of layers ``[start, end)``, parameter names as in the whole model."""
     if isinstance(model, LayeredModel):
+        if model.granularity == "sub-block":
+            return keep_units(model, start, end)
         return keep_layers(model, start, end)
     if isinstance(model, nn.Sequential):
         return model[start:end]  # a slice keeps the children's original names
@@ -103,7 +110,9 @@ def build_stage_models(
 ) -> tuple[list[nn.Module], list[TiedWeight]]:
     """One module per stage in ``stages``, each holding that stage's layers with their weights,
     and the weights tied across the plan's stages."""
-    full = build_full_model(plan.inputs.model.name, plan.inputs.dtype, seed)
+    full = build_full_model(
+        plan.inputs.model.name, plan.inputs.dtype, seed, plan.inputs.model.granularity
+    )
     num_layers = len(pipeline_layers(full))
     if num_layers != plan.inputs.model.num_layers:
         raise InputError(

@@ -8,6 +8,7 @@ from collections import Counter
 from autoplan.plan.schema import Plan, Stage, StageTiming
 from autoplan.view.document import Document, Section
 from autoplan.view.memory_bars import memory_section
+from autoplan.view.unit_names import stage_units_text
 from autoplan.view.units import (
     count_text,
     duration_text,
@@ -146,10 +147,13 @@ def stages_section(plan: Plan) -> Section:
             else ["-"] * 3
         )
         count = stage.layer_end - stage.layer_start
+        # At sub-block grain: which block parts the stage starts and ends at.
+        units = stage_units_text(plan.inputs.model, stage.layer_start, stage.layer_end)
         section.add(
             str(stage.index),
             str(stage.pipeline_rank),
-            f"{stage.layer_start}–{stage.layer_end - 1} ({count})",
+            f"{stage.layer_start}–{stage.layer_end - 1} ({count})"
+            + (f": {units}" if units else ""),
             replicas_text(stage),
             node_ranges(replica.node for replica in stage.replicas),
             runs_text(

@@ -20,6 +20,7 @@ from torch import nn
 
 from autoplan.zoo.layered import LayeredModel
 from autoplan.zoo.rope import apply_rotary
+from autoplan.zoo.sub_blocks import SplittableBlock
 
 __all__ = ["GPT", "GPTBlock", "GPTConfig", "MLPActivation", "SelfAttention"]
 
@@ -188,9 +189,9 @@ class GPTMLP(nn.Module):
         return f"activation={self.activation}"
 
 
-class GPTBlock(nn.Module):
+class GPTBlock(SplittableBlock):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)); with the
-    parallel residual x + attn(ln1(x)) + mlp(ln2(x))."""
+    parallel residual x + attn(ln1(x)) + mlp(ln2(x)) (which cannot be cut between its parts)."""
 
     def __init__(self, config: GPTConfig, *, local: bool = False) -> None:
         super().__init__()
@@ -208,12 +209,14 @@ class GPTBlock(nn.Module):
         )
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = GPTMLP(config.hidden_size, config.ffn, config.activation)
+        if not self.parallel_residual:
+            self._init_parts({"attn": ("attn_norm", "attn"), "mlp": ("mlp_norm", "mlp")})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.parallel_residual:
             return x + self.attn(self.attn_norm(x)) + self.mlp(self.mlp_norm(x))
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        # x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)), through the part views.
+        return self.forward_parts(x)
 
     def extra_repr(self) -> str:
         return f"parallel_residual={self.parallel_residual}"

@@ -22,6 +22,9 @@ class LayeredModel(nn.Module):
     """
 
     layers: nn.ModuleDict
+    granularity: str = "block"
+    """The unit of partition: 'block' (each ``layers`` entry) or 'sub-block' (each part of a
+    splittable block apart: :mod:`autoplan.zoo.sub_blocks`)."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         hidden = inputs

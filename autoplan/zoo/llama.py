@@ -27,6 +27,7 @@ from torch import nn
 
 from autoplan.zoo.layered import LayeredModel
 from autoplan.zoo.rope import RopeScaling, apply_rotary
+from autoplan.zoo.sub_blocks import SplittableBlock
 
 __all__ = ["GatedActivation", "Llama", "LlamaBlock", "LlamaConfig", "OffsetRMSNorm"]
 
@@ -209,7 +210,7 @@ class SwiGLU(nn.Module):
         return f"activation={self.activation}"
 
 
-class LlamaBlock(nn.Module):
+class LlamaBlock(SplittableBlock):
     """Pre-RMSNorm block: x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms
     x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))."""
 
@@ -226,16 +227,16 @@ class LlamaBlock(nn.Module):
         )
         self.attn_post_norm = _norm(config) if config.sandwich_norms else None
         self.mlp_post_norm = _norm(config) if config.sandwich_norms else None
+        self._init_parts(
+            {
+                "attn": ("attn_norm", "attn", "attn_post_norm"),
+                "mlp": ("mlp_norm", "mlp", "mlp_post_norm"),
+            }
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        attended = self.attn(self.attn_norm(x))
-        if self.attn_post_norm is not None:
-            attended = self.attn_post_norm(attended)
-        x = x + attended
-        transformed = self.mlp(self.mlp_norm(x))
-        if self.mlp_post_norm is not None:
-            transformed = self.mlp_post_norm(transformed)
-        return x + transformed
+        # x + post(attn(norm(x))), then x + post(mlp(norm(x))), through the part views.
+        return self.forward_parts(x)
 
 
 class LlamaEmbedding(nn.Module):
