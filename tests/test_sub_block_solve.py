@@ -10,7 +10,13 @@
   binds: these GPUs have no launch floor. With the catalog's kernel_launch_us a part alone can
   be launch-bound while its whole block is not (llama2-7b at micro-batch 1 on H100: the
   attention part's 52 kernels take 2.6 ms, its GPU time less), so the same split is priced
-  higher at sub-block grain; see the branch report.
+  higher at sub-block grain. Activation offload is the other part that is not additive: a
+  unit's copies to host hide behind that unit's own compute (max(0, copy − compute) per unit),
+  so a light part's copies may show where its whole block would hide them. And the search
+  picks a stage's ZeRO level 1-3 by its least per-micro-batch work, not over the whole plan's
+  tail (the oracle follows the same rule), so a finer split can land on a level that costs the
+  tail more. The never-slower tests therefore pin offload off and ZeRO to 1; the oracle test
+  above keeps both in the space.
 """
 
 from __future__ import annotations
@@ -90,9 +96,11 @@ def clusters(draw, max_types: int = 2):
     )
 
 
-def _best_ms(profile: Profile, cluster, batch: int, space: str = "heterogeneous") -> float:
+def _best_ms(
+    profile: Profile, cluster, batch: int, space: str = "heterogeneous", **pins: object
+) -> float:
     model = cost_model(profile, cluster, OPTIONS)
-    options = OPTIONS.model_copy(update={"space": space})
+    options = OPTIONS.model_copy(update={"space": space, **pins})
     found = [c for c in solve_candidates(model, batch, options).candidates if c.cost.feasible]
     return found[0].iteration_ms if found else math.inf
 
@@ -164,8 +172,8 @@ def _block_profile(sub: Profile) -> Profile:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sub_block_profiles(), clusters(max_types=2), st.sampled_from([2, 4]))
 def test_sub_block_plan_is_never_slower_than_the_block_plan(profile, cluster, batch) -> None:
-    block_ms = _best_ms(_block_profile(profile), cluster, batch)
-    sub_ms = _best_ms(profile, cluster, batch)
+    block_ms = _best_ms(_block_profile(profile), cluster, batch, offload=False, zero_stage=1)
+    sub_ms = _best_ms(profile, cluster, batch, offload=False, zero_stage=1)
     assert sub_ms <= block_ms * (1 + 1e-9), (sub_ms, block_ms)
 
 
@@ -213,6 +221,6 @@ def test_profiled_sub_block_plan_is_never_slower(gpt_tiny_profiles) -> None:
         ],
         inter_gb_per_s=100.0,
     )
-    block_ms = _best_ms(block, cluster, 4)
-    sub_ms = _best_ms(sub, cluster, 4)
+    block_ms = _best_ms(block, cluster, 4, offload=False, zero_stage=1)
+    sub_ms = _best_ms(sub, cluster, 4, offload=False, zero_stage=1)
     assert sub_ms <= block_ms * (1 + 1e-9), (sub_ms, block_ms)
