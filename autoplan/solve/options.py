@@ -27,6 +27,10 @@ class SolveOptions(BaseModel):
     schedule: ScheduleName | None = Field(default=None, description="Pipeline schedule.")
     recompute: Recompute | None = Field(default=None, description="Recompute for every stage.")
     zero1: bool | None = Field(default=None, description="ZeRO-1 optimizer sharding.")
+    sequence_parallel: bool | None = Field(
+        default=None,
+        description="Megatron-style sequence parallelism with tp (None: searched both ways).",
+    )
     layer_split: list[int] | None = Field(
         default=None, description="Layers per stage (pins pp to its length)."
     )
@@ -54,7 +58,7 @@ class SolveOptions(BaseModel):
     def pinned(self) -> dict[str, str]:
         """The pinned knobs, as strings, for the plan's record."""
         names = ["tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "schedule"]
-        names += ["recompute", "zero1", "layer_split"]
+        names += ["recompute", "zero1", "layer_split", "sequence_parallel"]
         out = {}
         for name in names:
             value = getattr(self, name)
