@@ -117,6 +117,10 @@ def solve_command(
     zero1: Annotated[
         bool | None, typer.Option("--zero1/--no-zero1", help="Pin ZeRO-1 on or off.")
     ] = None,
+    sequence_parallel: Annotated[
+        bool | None,
+        typer.Option("--sp/--no-sp", help="Pin sequence parallelism (with tp) on or off."),
+    ] = None,
     layer_split: Annotated[
         str | None, typer.Option("--layer-split", help="Layers per stage, e.g. '10,12,10'.")
     ] = None,
@@ -172,6 +176,7 @@ def solve_command(
         schedule=schedule,  # type: ignore[arg-type]
         recompute=recompute,  # type: ignore[arg-type]
         zero1=zero1,
+        sequence_parallel=sequence_parallel,
         layer_split=_layer_split(layer_split),
         strategy=strategy,  # type: ignore[arg-type]
         space=space,  # type: ignore[arg-type]

@@ -84,7 +84,8 @@ def overview_section(plan: Plan) -> Section:
     section.add(
         "pipeline",
         f"{par.pipeline_degree} ranks{virtual}, {len(plan.stages)} stages, {par.schedule}"
-        + (f", ZeRO-1 on {zero1} stages" if zero1 else ""),
+        + (f", ZeRO-1 on {zero1} stages" if zero1 else "")
+        + (", sequence parallelism (SP) on" if par.sequence_parallel else ""),
     )
     section.add(
         "batch",
