@@ -4,6 +4,7 @@ executor) and heterogeneous ones (the groups executor, a tp-2 stage next to tp-1
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,12 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from autoplan.cost.layers import layer_cost
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
+from autoplan.profile.profiler import profile_model
 from autoplan.runtime.report import RunReport
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
+from tests.synthetic_profiles import gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
@@ -109,10 +113,54 @@ def test_sequence_parallel_training_equals_single_process(runs: Path, name: str)
 
 def test_norms_run_sequence_parallel(runs: Path) -> None:
     """The blocks' norm weights are replicated DTensors (SequenceParallel), not plain."""
-    import json
-
     stages = json.loads((runs / "sp_pp2_tp2" / "rank0_shards.json").read_text())
     norms = {name: entry for stage in stages for name, entry in stage.items() if "norm" in name}
     assert norms
     block_norms = [entry for name, entry in norms.items() if "block" in name]
     assert block_norms and all("Replicate" in entry["placements"] for entry in block_norms)
+
+
+def test_saved_activations_under_sp_match_the_cost_model(tmp_path: Path) -> None:
+    """gpt-tiny's four blocks on one rank of tp 2, fp32: what a real forward holds (MemTracker)
+    is within 10% of the cost model's saved bytes, with and without SP (the re-gather keeps
+    the column-split inputs as their sequence shards)."""
+    batch, seq = 4, 64
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(ROOT / "tests" / "sp_memory_driver.py"),
+            str(tmp_path),
+            str(batch),
+            str(seq),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    profile = profile_model("gpt-tiny", seq, batch, "fp32")
+    spec = gpu("A", 100.0, 80.0)
+    for rank in range(2):
+        held = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for key, sp in (("sp", True), ("tp", False)):
+            predicted = sum(
+                layer_cost(
+                    block,
+                    spec,
+                    100.0,
+                    tp=2,
+                    micro_batch_size=batch,
+                    profile_micro_batch_size=batch,
+                    sequence_parallel=sp,
+                ).saved_bytes["none"]
+                for block in profile.layers[1:-1]
+            )
+            assert predicted == pytest.approx(held[key], rel=0.10), (key, held[key], predicted)
+        assert held["sp"] < held["tp"]

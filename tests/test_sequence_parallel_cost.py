@@ -8,7 +8,10 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from autoplan.cli import app
 from autoplan.cluster.catalog import gpu_specs, load_cluster
 from autoplan.cost.comm import ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
@@ -16,9 +19,13 @@ from autoplan.cost.layers import layer_cost
 from autoplan.cost.model import CostModel
 from autoplan.cost.sequence_parallel import ring_collective_ms, sequence_runs
 from autoplan.errors import InfeasibleError
+from autoplan.files import read_json_model, write_json_model
+from autoplan.plan.schema import Plan
+from autoplan.plan.validate import plan_problems, validate_plan
 from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, solve
+from tests.plan_factory import make_plan
 from tests.synthetic_profiles import gpu, make_cluster, transformer_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,3 +164,36 @@ def test_searched_knob_equals_the_better_pinned_setting() -> None:
         if free.parallelism.sequence_parallel:
             assert any(r.tensor_parallel_degree > 1 for s in free.stages for r in s.replicas)
     assert chosen == {True, False}
+
+
+def test_cli_sp_flag_emits_a_valid_sp_plan_and_show_says_so(tmp_path: Path) -> None:
+    runner = CliRunner()
+    profile_path, cluster_path = tmp_path / "profile.json", tmp_path / "cluster.yaml"
+    write_json_model(profile_path, transformer_profile(4, 1024, 1024, vocab=8192, heads=16))
+    cluster = make_cluster([("n", gpu("G", 100.0, 80.0), 4, 1)])
+    cluster_path.write_text(yaml.safe_dump(cluster.model_dump(mode="json")))
+    args = ["solve", str(profile_path), "--cluster", str(cluster_path), "--global-batch", "8"]
+    for flag, expected in (("--sp", True), ("--no-sp", False)):
+        out = tmp_path / f"plan{flag}.json"
+        result = runner.invoke(app, [*args, flag, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        plan = read_json_model(out, Plan)
+        assert plan.parallelism.sequence_parallel is expected
+        assert plan.inputs.pinned["sequence_parallel"] == str(expected)
+        validate_plan(plan)
+        if expected:
+            assert {r.tensor_parallel_degree for s in plan.stages for r in s.replicas} != {1}
+
+
+def test_validator_rules_and_show(tmp_path: Path) -> None:
+    no_tp = plan_problems(make_plan([2, 4], sequence_parallel=True))
+    assert any("no replica runs tensor parallel" in p for p in no_tp)
+    odd = plan_problems(make_plan([6], tensor_parallel=2, sequence_parallel=True, seq_len=15))
+    assert any("does not divide the sequence length 15" in p for p in odd)
+    good = make_plan([6], tensor_parallel=2, sequence_parallel=True)
+    assert not any("sequence" in p for p in plan_problems(good))
+    path = tmp_path / "plan.json"
+    write_json_model(path, good)
+    result = CliRunner().invoke(app, ["show", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "sequence parallelism (SP) on" in result.output
