@@ -19,6 +19,8 @@ from autoplan.cost.layers import layer_cost
 from autoplan.cost.model import CostModel
 from autoplan.cost.sequence_parallel import ring_collective_ms, sequence_runs
 from autoplan.errors import InfeasibleError
+from autoplan.export import layer_kinds
+from autoplan.export.megatron import megatron_args
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.plan.validate import plan_problems, validate_plan
@@ -197,3 +199,9 @@ def test_validator_rules_and_show(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["show", str(path)])
     assert result.exit_code == 0, result.output
     assert "sequence parallelism (SP) on" in result.output
+
+
+def test_megatron_export_says_sequence_parallel() -> None:
+    for sp in (True, False):
+        plan = make_plan([6], tensor_parallel=2, sequence_parallel=sp, dtype="bf16")
+        assert (["--sequence-parallel"] in megatron_args(plan, layer_kinds(plan, None))) is sp
