@@ -47,7 +47,9 @@ from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
 MODES = ("none", "selective", "full")
-OPTIONS = SolveOptions(top_k=1)
+# The oracle spaces below are without sequence parallelism; test_sequence_parallel_oracle
+# covers the knob.
+OPTIONS = SolveOptions(top_k=1, sequence_parallel=False)
 
 
 def _contiguous(seq: tuple[int, ...]) -> bool:
