@@ -69,11 +69,13 @@ _APPLY_TENSOR_PARALLEL = tensor_parallel.apply_tensor_parallel
 
 def _recording_tensor_parallel(
     path: Path,
-) -> Callable[[torch.nn.Module, DeviceMesh, int | None], None]:
+) -> Callable[..., None]:
     stages: list[dict[str, dict[str, object]]] = []
 
-    def apply(model: torch.nn.Module, tp_mesh: DeviceMesh, divisor: int | None) -> None:
-        _APPLY_TENSOR_PARALLEL(model, tp_mesh, divisor)
+    def apply(
+        model: torch.nn.Module, tp_mesh: DeviceMesh, divisor: int | None, **options: object
+    ) -> None:
+        _APPLY_TENSOR_PARALLEL(model, tp_mesh, divisor, **options)  # type: ignore[arg-type]
         first_name: dict[int, str] = {}
         layout: dict[str, dict[str, object]] = {}
         for name, param in model.named_parameters(remove_duplicate=False):

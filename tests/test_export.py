@@ -60,7 +60,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
     parser.add_argument("--recompute-granularity", choices=["full", "selective"])
     parser.add_argument("--recompute-method", choices=["uniform", "block"])
-    for flag in ("--bf16", "--fp16", "--use-distributed-optimizer"):
+    for flag in ("--bf16", "--fp16", "--use-distributed-optimizer", "--sequence-parallel"):
         parser.add_argument(flag, action="store_true")
     return parser
 
@@ -173,6 +173,7 @@ def check_megatron(plan: Plan, text: str, tmp_path: Path) -> argparse.Namespace:
     assert args.num_layers == plan.inputs.model.num_layers - 2
     assert args.seq_length == plan.inputs.seq_len
     assert args.use_distributed_optimizer == shape["zero1"]
+    assert args.sequence_parallel == (plan.parallelism.sequence_parallel and shape["tp"] > 1)
     assert args.bf16 == (plan.inputs.dtype == "bf16")
     if shape["recompute"] == "full":
         assert (args.recompute_granularity, args.recompute_method) == ("full", "uniform")

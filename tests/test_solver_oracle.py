@@ -49,9 +49,10 @@ from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
 # Every (recompute, offload) mode of the space (autoplan.cost.offload).
 MODES = searched_modes(("none", "selective", "full"), None)
-# The exact 1F1B-family space; zero bubble (tried at the best pipelines, not exact over
-# partitions) has its own oracle bounds in tests/test_solve_zero_bubble.py.
-OPTIONS = SolveOptions(top_k=1, zero_bubble=False)
+# The exact 1F1B-family space without sequence parallelism; zero bubble (tried at the best
+# pipelines, not exact over partitions) has its own oracle bounds in
+# tests/test_solve_zero_bubble.py, sequence parallelism in test_sequence_parallel_oracle.
+OPTIONS = SolveOptions(top_k=1, zero_bubble=False, sequence_parallel=False)
 
 
 def _contiguous(seq: tuple[int, ...]) -> bool:

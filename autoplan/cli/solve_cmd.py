@@ -136,6 +136,10 @@ def solve_command(
         bool | None,
         typer.Option("--offload/--no-offload", help="Pin activation offload on or off."),
     ] = None,
+    sequence_parallel: Annotated[
+        bool | None,
+        typer.Option("--sp/--no-sp", help="Pin sequence parallelism (with tp) on or off."),
+    ] = None,
     layer_split: Annotated[
         str | None, typer.Option("--layer-split", help="Layers per stage, e.g. '10,12,10'.")
     ] = None,
@@ -201,6 +205,7 @@ def solve_command(
         zero1=zero1,
         zero_stage=zero,
         offload=offload,
+        sequence_parallel=sequence_parallel,
         layer_split=_layer_split(layer_split),
         strategy=strategy,  # type: ignore[arg-type]
         space=space,  # type: ignore[arg-type]

@@ -17,7 +17,9 @@ says which source was used.
 Tensor parallelism of degree t divides a splittable layer's FLOPs, bytes and sharded
 parameters/activations by t and adds its all-reduces (alpha-beta ring on the intra-node link,
 ``autoplan.cost.comm``); a layer with no tensor-parallel profile is replicated on every tp
-rank.
+rank. With sequence parallelism (``sequence_parallel=True``, tp > 1) the replicated part
+divides by t as well and the all-reduces become reduce-scatters and all-gathers
+(``autoplan.cost.sequence_parallel``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from autoplan.cost.efficiency import (
     pass_time_ms,
 )
 from autoplan.cost.measured import matches_device, measured_pass
+from autoplan.cost.sequence_parallel import sequence_parallel_comm
 from autoplan.profile.schema import LayerProfile
 
 __all__ = [
@@ -73,6 +76,9 @@ class LayerCost:
     full_activation_bytes: float  # everything one pass materialises (tp-sharded)
     output_bytes: float
     measured: bool = False  # times from the profile's measurements, not the model
+    # Part of backward_tp_comm_ms that re-gathers sequence-sharded inputs (SP); under full
+    # recompute the recomputed forward's all-gathers do it instead.
+    regather_ms: float = 0.0
 
     def forward_ms(self) -> float:
         return self.forward_compute_ms + self.forward_tp_comm_ms
@@ -83,7 +89,7 @@ class LayerCost:
         if recompute == "selective":
             return base + self.selective_extra_ms
         if recompute == "full":
-            return base + self.forward_ms()
+            return base - self.regather_ms + self.forward_ms()
         return base
 
 
@@ -98,18 +104,23 @@ def layer_cost(
     efficiency: float | None = None,
     intra_node_bandwidth_gb_per_s: float | None = None,
     intra_node_latency_us: float = 0.0,
+    sequence_parallel: bool = False,
 ) -> LayerCost:
     """The cost of ``layer`` on one GPU of a tp group (module docstring for the model)."""
     scale = micro_batch_size / profile_micro_batch_size
     tp_profile = layer.tensor_parallel
     split = tp if (tp_profile is not None and tp > 1) else 1
     eff = gpu.efficiency if efficiency is None else efficiency
+    # The runtime shards the sequence in blocks only (``autoplan.runtime.sequence_parallel``).
+    sp = sequence_parallel and split > 1 and layer.kind == "block"
 
     def per_gpu(total: int, sharded: int | None) -> float:
         # The sharded part divides by tp; the rest (norms, residuals) runs on every tp rank.
         # Profiles without the split treat the whole layer as sharded.
         if split == 1:
             return float(total)
+        if sp:  # the replicated part is sharded along the sequence
+            return total / split
         part = total if sharded is None else min(sharded, total)
         return total - part + part / split
 
@@ -117,8 +128,19 @@ def layer_cost(
     forward_flops = per_gpu(layer.forward_flops, tpp.sharded_forward_flops if tpp else None)
     backward_flops = per_gpu(layer.backward_flops, tpp.sharded_backward_flops if tpp else None)
     allreduces = (0, 0)
+    sp_comm = None
     if split > 1 and tpp is not None:
         allreduces = (tpp.forward_allreduce_count, tpp.backward_allreduce_count)
+        if sp:
+            sp_comm = sequence_parallel_comm(
+                tpp.allreduce_payload_bytes * scale,
+                tp,
+                tpp.forward_allreduce_count,
+                tpp.backward_allreduce_count,
+                intra_node_bandwidth_gb_per_s,
+                intra_node_latency_us,
+            )
+            allreduces = (sp_comm.forward_collectives, sp_comm.backward_collectives)
     measured = measured_pass(layer, gpu.name, tp, micro_batch_size, profile_micro_batch_size)
     includes_comm = measured is not None and measured.tensor_parallel_degree == tp
     if measured is not None:
@@ -146,7 +168,7 @@ def layer_cost(
         if (layer.forward_flops)
         else 0.0
     )
-    fwd_comm = bwd_comm = 0.0
+    fwd_comm = bwd_comm = regather = 0.0
     params = float(layer.param_count)
     saved_none = float(layer.saved_activation_bytes)
     saved_selective = float(layer.selective_recompute_saved_bytes)
@@ -160,11 +182,21 @@ def layer_cost(
             )
             fwd_comm = tp_profile.forward_allreduce_count * one
             bwd_comm = tp_profile.backward_allreduce_count * one
+            if sp_comm is not None:
+                fwd_comm, bwd_comm = sp_comm.forward_ms, sp_comm.backward_ms
+                regather = sp_comm.regather_ms
         params -= tp_profile.sharded_param_count * (1 - 1 / tp)
         sharded = tp_profile.sharded_saved_activation_bytes
         kept_fraction = 1 - sharded / saved_none * (1 - 1 / tp) if saved_none else 1.0
         saved_none -= sharded * (1 - 1 / tp)
         saved_selective *= kept_fraction
+    full_saved = float(layer.input_activation_bytes)
+    output = float(layer.output_activation_bytes)
+    if sp:  # every saved tensor is sequence-sharded, the layer's input and output too
+        saved_none = layer.saved_activation_bytes / tp
+        saved_selective = layer.selective_recompute_saved_bytes / tp
+        full_saved /= tp
+        output /= tp
     return LayerCost(
         forward_compute_ms=forward,
         backward_compute_ms=backward,
@@ -175,11 +207,12 @@ def layer_cost(
         saved_bytes={
             "none": saved_none * scale,
             "selective": saved_selective * scale,
-            "full": layer.input_activation_bytes * scale,
+            "full": full_saved * scale,
         },
         full_activation_bytes=saved_none * scale,
-        output_bytes=layer.output_activation_bytes * scale,
+        output_bytes=output * scale,
         measured=measured is not None,
+        regather_ms=regather,
     )
 
 

@@ -34,6 +34,7 @@ independent path the oracle tests compare the search against.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ from autoplan.cost.offload import (
     transit_bytes,
 )
 from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
+from autoplan.cost.sequence_parallel import ring_collective_ms, sequence_runs
 from autoplan.cost.zero_bubble import zero_bubble_pipeline
 from autoplan.plan.schema import V_SCHEDULES
 from autoplan.profile.schema import Profile
@@ -245,11 +247,29 @@ class CostModel:
             )
             for position, layer in enumerate(profile.layers)
         ]
+        # What ``tables`` costs when not told: the search runs on a view of each setting.
+        self.sequence_parallel = False
+
+    def with_sequence_parallel(self, sequence_parallel: bool) -> CostModel:
+        """This model costing sequence parallelism on or off where a caller does not say
+        (the search's view of one setting; ``PlanConfig.sequence_parallel`` rules evaluate)."""
+        view = copy.copy(self)
+        view.sequence_parallel = sequence_parallel
+        return view
 
     # ---- per-layer tables -------------------------------------------------------------
     @functools.lru_cache(maxsize=8192)  # noqa: B019 (the model lives as long as one solve)
-    def tables(self, device_class: int, tp: int, micro_batch_size: int) -> CostTables:
-        """Per-layer costs and their prefix sums for one (class, tp, micro-batch size)."""
+    def tables(
+        self,
+        device_class: int,
+        tp: int,
+        micro_batch_size: int,
+        sequence_parallel: bool | None = None,
+    ) -> CostTables:
+        """Per-layer costs and their prefix sums for one (class, tp, micro-batch size), with
+        sequence parallelism on or off (None: the model's ``sequence_parallel``)."""
+        if sequence_parallel is None:
+            sequence_parallel = self.sequence_parallel
         dc = self.classes[device_class]
         costed: dict[int, LayerCost] = {}
         for position in sorted(set(self._same_as)):
@@ -262,6 +282,7 @@ class CostModel:
                 profile_micro_batch_size=self.profile.micro_batch_size,
                 intra_node_bandwidth_gb_per_s=dc.intra_node_bandwidth_gb_per_s,
                 intra_node_latency_us=dc.intra_node_latency_us,
+                sequence_parallel=sequence_parallel,
             )
         layers = [costed[position] for position in self._same_as]
         host = dc.host_link_bandwidth_gb_per_s
@@ -283,7 +304,11 @@ class CostModel:
                     [
                         b
                         - c.backward_tp_comm_ms
-                        - (c.forward_tp_comm_ms if split_mode(m)[0] == "full" else 0.0)
+                        - (
+                            c.forward_tp_comm_ms - c.regather_ms
+                            if split_mode(m)[0] == "full"
+                            else 0.0
+                        )
                         for c, b in zip(layers, backward[m], strict=True)
                     ]
                 )
@@ -447,10 +472,34 @@ class CostModel:
             across_nodes=True,
         )
 
+    def sequence_edges_ms(
+        self, stage: StageChoice, group: ReplicaGroup, sequence_parallel: bool | None
+    ) -> float:
+        """One pass's all-gathers at the ends of the stage's runs of sequence-sharded blocks
+        (``autoplan.cost.sequence_parallel.sequence_runs``); zero without SP or tp."""
+        sp = self.sequence_parallel if sequence_parallel is None else sequence_parallel
+        if not sp or group.tp <= 1:
+            return 0.0
+        layers = self.profile.layers[stage.layer_start : stage.layer_end]
+        runs = sequence_runs([layer.kind if layer.tensor_parallel else "other" for layer in layers])
+        if not runs:
+            return 0.0
+        dc = self.classes[group.device_class]
+        whole = max(layer.output_activation_bytes for layer in layers if layer.kind == "block")
+        payload = whole * group.micro_batch_size / self.profile.micro_batch_size
+        one = ring_collective_ms(
+            payload, group.tp, dc.intra_node_bandwidth_gb_per_s, dc.intra_node_latency_us
+        )
+        return runs * one
+
     # ---- whole plans ---------------------------------------------------------------------
-    def group_cost(self, stage: StageChoice, group: ReplicaGroup) -> GroupCost:
+    def group_cost(
+        self, stage: StageChoice, group: ReplicaGroup, sequence_parallel: bool | None = None
+    ) -> GroupCost:
         """One group's per-micro-batch figures on the stage's layers, layer by layer."""
-        tables = self.tables(group.device_class, group.tp, group.micro_batch_size)
+        tables = self.tables(
+            group.device_class, group.tp, group.micro_batch_size, sequence_parallel
+        )
         layers = tables.layers[stage.layer_start : stage.layer_end]
         r = group.recompute
         mode = mode_key(r, group.offload)
@@ -465,7 +514,12 @@ class CostModel:
             forward_compute + forward_tp
         )
         forward_compute += swap_forward
-        recompute_tp = forward_tp if r == "full" else 0.0
+        edges = self.sequence_edges_ms(stage, group, sequence_parallel)
+        forward_tp += edges
+        backward_tp += edges
+        backward += edges
+        regather = sum(c.regather_ms for c in layers)
+        recompute_tp = forward_tp - regather if r == "full" else 0.0
         return GroupCost(
             forward_ms=forward_compute + forward_tp + overhead,
             backward_ms=backward + overhead,
@@ -506,8 +560,12 @@ class CostModel:
         for index, stage in enumerate(stages):
             if stage.groups != stages[rank_of(index)].groups:
                 raise ValueError("all stages of one pipeline rank must have the same groups")
+        # A view with sequence parallelism on (``with_sequence_parallel``) costs every config
+        # with it: the solvers build their configs without the flag.
+        sp = config.sequence_parallel or self.sequence_parallel
         groups_cost = [
-            self._with_zero(s, tuple(self.group_cost(s, g) for g in s.groups)) for s in stages
+            self._with_zero(s, tuple(self.group_cost(s, g, sp) for g in s.groups))
+            for s in stages
         ]
         sides = [self.link_side(s.groups) for s in stages]
         costs = []

@@ -18,8 +18,9 @@ string, e.g. ``E|t*16|t*15,L``; 2025 and later), which holds any split.
 Recompute: the plan's ``full`` is Megatron-LM's full recompute of every layer
 (``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``); its
 ``selective`` is Megatron-LM's own selective recompute (attention core recomputed). ZeRO-1 is
-``--use-distributed-optimizer``. Megatron-LM has no GPipe schedule: a GPipe plan runs as
-1F1B, with the same bubble and fewer micro-batches in flight (a note says so).
+``--use-distributed-optimizer``, sequence parallelism ``--sequence-parallel``. Megatron-LM has
+no GPipe schedule: a GPipe plan runs as 1F1B, with the same bubble and fewer micro-batches in
+flight (a note says so).
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ def megatron_args(plan: Plan, kinds: list[LayerKind] | None) -> list[list[str]]:
         args.append(["--recompute-granularity", "selective"])
     if shape.zero1:
         args.append(["--use-distributed-optimizer"])
+    if plan.parallelism.sequence_parallel and shape.tensor_parallel_degree > 1:
+        args.append(["--sequence-parallel"])
     return args
 
 

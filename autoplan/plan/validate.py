@@ -86,12 +86,30 @@ def plan_problems(plan: Plan, profile: Profile | None = None) -> list[str]:
     _check_batch_and_schedule(plan, problems)
     _check_replicas(plan, problems)
     _check_nodes(plan, problems)
+    _check_sequence_parallel(plan, problems)
     if profile is not None:
         _check_against_profile(plan, profile, problems)
     _check_memory(plan, profile, problems)
     _check_prediction(plan, problems)
     _check_idle_gpus(plan, problems)
     return problems
+
+
+def _check_sequence_parallel(plan: Plan, problems: list[str]) -> None:
+    """SP shards the sequence over each tp group: it needs tp > 1 somewhere, and every tp
+    degree must divide the sequence length."""
+    if not plan.parallelism.sequence_parallel:
+        return
+    degrees = sorted({r.tensor_parallel_degree for s in plan.stages for r in s.replicas})
+    if max(degrees) <= 1:
+        problems.append("sequence parallelism is on but no replica runs tensor parallel")
+    seq = plan.inputs.seq_len
+    for degree in degrees:
+        if degree > 1 and seq % degree:
+            problems.append(
+                f"sequence parallelism: tensor parallel degree {degree} does not divide the "
+                f"sequence length {seq}"
+            )
 
 
 def _close(a: float, b: float) -> bool:

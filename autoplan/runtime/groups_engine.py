@@ -92,7 +92,13 @@ class GroupsEngine:
             replica_of[stage.index] = replica
             if replica.tensor_parallel_degree > 1:
                 mesh = tp_mesh(self.groups, replica, device)
-                tensor_parallel.apply_tensor_parallel(model, mesh, spec.tensor_parallel_divisor)
+                tensor_parallel.apply_tensor_parallel(
+                    model,
+                    mesh,
+                    spec.tensor_parallel_divisor,
+                    sequence_parallel=plan.parallelism.sequence_parallel,
+                    recompute=replica.recompute,
+                )
             apply_recompute(model, replica.recompute)
             apply_offload(model, replica.offload)
             model.to(device)

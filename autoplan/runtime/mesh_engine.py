@@ -84,7 +84,11 @@ class MeshEngine:
         for stage, model in zip(my_stages, models, strict=True):
             if self.tp > 1:
                 tensor_parallel.apply_tensor_parallel(
-                    model, mesh["tp"], spec.tensor_parallel_divisor
+                    model,
+                    mesh["tp"],
+                    spec.tensor_parallel_divisor,
+                    sequence_parallel=par.sequence_parallel,
+                    recompute=stage.replicas[entry.dp_index].recompute,
                 )
             apply_recompute(model, stage.replicas[entry.dp_index].recompute)
             apply_offload(model, stage.replicas[entry.dp_index].offload)

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from autoplan.errors import InputError
+from autoplan.runtime import sequence_parallel as sp
 from autoplan.runtime.model_stage import pipeline_layers
 
 __all__ = [
@@ -243,9 +244,18 @@ def _retie(slots: dict[int, list[tuple[nn.Module, str]]]) -> None:
             setattr(module, name, keep)
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, divisor: int | None) -> None:
+def apply_tensor_parallel(
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    divisor: int | None,
+    *,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+) -> None:
     """Split, in place, every block among ``model``'s pipeline layers over the 1-D ``tp_mesh``,
-    and its token embedding and output head by vocabulary.
+    and its token embedding and output head by vocabulary; with ``sequence_parallel``, shard
+    the blocks' sequence too (``autoplan.runtime.sequence_parallel``; ``recompute`` is the
+    stage's, which decides whether the saved inputs need the re-gather hook).
 
     ``divisor`` is what the degree must divide (the zoo's gcd of attention heads, kv heads and
     MLP width; None when unknown): a kv head cannot be split, even where its width could be.
@@ -257,13 +267,22 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, divisor: int | 
             f"MLP width (their gcd is {divisor})"
         )
     slots = _parameter_slots(model)
+    sharded_layers = []
     for layer_name, layer in pipeline_layers(model):
         vocab = _vocab_modules(layer)
         plan = _tp_plan(layer_name or type(layer).__name__, layer, degree, vocab)
+        block = sequence_parallel and bool(plan) and not vocab
+        if block:
+            plan = sp.sequence_parallel_plan(layer, plan, COLUMN_PROJECTIONS)
+        sharded_layers.append((layer, block))
         if plan:
             parallelize_module(layer, tp_mesh, plan)
+        if block and recompute == "none":
+            sp.keep_saved_inputs_sharded(layer, COLUMN_PROJECTIONS)
         for module in vocab.values():
             if isinstance(module, nn.Embedding):
                 # Set on the instance (as recompute does), so parameter names stay unchanged.
                 module.forward = functools.partial(_embedding_forward, module)
     _retie(slots)
+    if sequence_parallel:
+        sp.shard_sequence_between_layers(sharded_layers, tp_mesh)

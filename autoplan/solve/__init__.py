@@ -22,7 +22,8 @@ from autoplan.solve.async_pb import async_alternative, best_async
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
 from autoplan.solve.diagnose import diagnose_infeasible, diagnose_megatron_infeasible
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import Candidate, SearchResult, search
+from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.sequence_parallel import search_with_sequence_parallel
 
 __all__ = [
     "SolveOptions",
@@ -86,7 +87,7 @@ def solve_candidates(
     """The ranked candidates of the options' strategy (best first); no plan is built."""
     if options.strategy == "megatron":
         return megatron_search(model, global_batch_size, options)
-    result = search(model, global_batch_size, options, progress)
+    result = search_with_sequence_parallel(model, global_batch_size, options, progress)
     if options.strategy == "data-parallel":
         extra = equal_share_candidates(model, global_batch_size, options)
         merged = sorted(result.candidates + extra, key=lambda c: c.iteration_ms)

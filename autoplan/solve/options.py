@@ -37,6 +37,10 @@ class SolveOptions(BaseModel):
     offload: bool | None = Field(
         default=None, description="Activation offload to host memory for every stage."
     )
+    sequence_parallel: bool | None = Field(
+        default=None,
+        description="Megatron-style sequence parallelism with tp (None: searched both ways).",
+    )
     layer_split: list[int] | None = Field(
         default=None, description="Layers per stage (pins pp to its length)."
     )
@@ -84,6 +88,7 @@ class SolveOptions(BaseModel):
         """The pinned knobs, as strings, for the plan's record."""
         names = ["tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "schedule"]
         names += ["recompute", "zero1", "zero_stage", "offload", "layer_split"]
+        names += ["sequence_parallel"]
         out = {}
         for name in names:
             value = getattr(self, name)

@@ -88,7 +88,8 @@ def overview_section(plan: Plan) -> Section:
     section.add(
         "pipeline",
         f"{par.pipeline_degree} ranks{virtual}, {len(plan.stages)} stages, {par.schedule}"
-        + (f", {zero}" if zero else ""),
+        + (f", {zero}" if zero else "")
+        + (", sequence parallelism (SP) on" if par.sequence_parallel else ""),
     )
     if par.async_pb is not None:  # it changes the optimisation, not only the speed
         settings = par.async_pb

@@ -1,0 +1,99 @@
+"""Sequence parallelism as a searched per-plan knob.
+
+The model does not let SP be assumed free: it divides the replicated part of every block's
+time and memory by t and turns each all-reduce into a reduce-scatter and an all-gather (the
+same ring volume and latency steps), but it adds the all-gathers that re-make the
+column-split linears' inputs for backward and those at the ends of each stage's run of
+blocks (``autoplan.cost.sequence_parallel``): a plan can be slower with it. So the search is
+run once per setting, on a view of the cost model for each
+(``CostModel.with_sequence_parallel``), and the candidates merged: the best of the two runs
+is the best of the space with the knob in it. A plan without tp > 1 anywhere is the same
+plan either way and is kept with SP off (the validator rejects SP without tp). The second run
+is skipped where it cannot differ: the tp is pinned to 1 or no layer splits. Pinned on, the
+search runs once per tp > 1 the cluster allows, with that tp pinned (so a heterogeneous plan
+mixing tp 1 and tp > 1 stages is not among those it considers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from autoplan.cost.config import PlanConfig
+from autoplan.cost.model import CostModel
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.search import Candidate, SearchResult, search
+from autoplan.solve.space import tp_choices
+from autoplan.solve.uniform import config_key
+
+__all__ = ["has_tensor_parallel", "search_with_sequence_parallel"]
+
+
+def has_tensor_parallel(config: PlanConfig) -> bool:
+    """Whether some group of ``config`` runs tensor parallel (SP means something)."""
+    return any(group.tp > 1 for stage in config.stages for group in stage.groups)
+
+
+def _runs(model: CostModel, options: SolveOptions) -> list[tuple[bool, SolveOptions]]:
+    """The searches to run: (SP setting, options of that run)."""
+    if options.sequence_parallel is False:
+        return [(False, options)]
+    if options.sequence_parallel:
+        # Pinned on: only plans with tp > 1 mean it; one run per such tp.
+        return [
+            (True, options.model_copy(update={"tp": t}))
+            for t in tp_choices(model, options)
+            if t > 1
+        ]
+    splittable = any(layer.tensor_parallel is not None for layer in model.profile.layers)
+    if options.tp == 1 or not splittable:
+        return [(False, options)]
+    return [(False, options), (True, options)]
+
+
+def search_with_sequence_parallel(
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
+    """``search`` over the space with the sequence-parallel knob (module docstring)."""
+    runs = _runs(model, options)
+    deadline = time.monotonic() + options.time_limit_s
+    candidates: dict[tuple, Candidate] = {}
+    considered = solved = 0
+    timed_out = False
+    for position, (setting, run_options) in enumerate(runs):
+        # The time limit is shared: each run gets an equal part of what is left.
+        left = max(deadline - time.monotonic(), 1e-3) / (len(runs) - position)
+        result = search(
+            model.with_sequence_parallel(setting),
+            batch,
+            run_options.model_copy(update={"time_limit_s": left}),
+            progress,
+        )
+        considered += result.configs_considered
+        solved += result.partitions_solved
+        timed_out = timed_out or result.timed_out
+        for candidate in result.candidates:
+            config = candidate.config
+            if setting and not has_tensor_parallel(config):
+                if options.sequence_parallel:
+                    continue  # pinned on: only plans where it means something
+                setting_here = False
+            else:
+                setting_here = setting
+            config = dataclasses.replace(config, sequence_parallel=setting_here)
+            key = (*config_key(config), setting_here)
+            candidates.setdefault(key, Candidate(candidate.iteration_ms, config, candidate.cost))
+    ranked = sorted(
+        candidates.values(),
+        key=lambda c: (
+            not c.cost.feasible,
+            c.iteration_ms,
+            config_key(c.config),
+            c.config.sequence_parallel,
+        ),
+    )
+    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out)
