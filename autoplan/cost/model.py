@@ -564,8 +564,7 @@ class CostModel:
         # with it: the solvers build their configs without the flag.
         sp = config.sequence_parallel or self.sequence_parallel
         groups_cost = [
-            self._with_zero(s, tuple(self.group_cost(s, g, sp) for g in s.groups))
-            for s in stages
+            self._with_zero(s, tuple(self.group_cost(s, g, sp) for g in s.groups)) for s in stages
         ]
         sides = [self.link_side(s.groups) for s in stages]
         costs = []
