@@ -59,9 +59,14 @@ def blind_model(model: CostModel, efficiency: dict[str, float]) -> CostModel:
 
 
 def megatron_search(model: CostModel, batch: int, options: SolveOptions) -> SearchResult:
-    """Search as if homogeneous, then place in file order and cost on the real cluster."""
+    """Search as if homogeneous, then place in file order and cost on the real cluster.
+    Megatron-LM's own recipe has no activation offload: the baseline searches it only when
+    the user pins it on."""
     blind = blind_model(model, options.efficiency)
-    blind_options = options.model_copy(update={"strategy": "even-split", "space": "uniform"})
+    update: dict[str, object] = {"strategy": "even-split", "space": "uniform"}
+    if options.offload is None:
+        update["offload"] = False
+    blind_options = options.model_copy(update=update)
     found = uniform_search(blind, batch, blind_options)
     real = []
     for candidate in found.candidates:
