@@ -35,7 +35,7 @@ def _with_replicated_work(profile: Profile) -> Profile:
 
 
 @settings(
-    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 @given(instances())
 def test_searched_sequence_parallel_equals_brute_force(instance) -> None:

@@ -261,7 +261,7 @@ def instances(draw):
 
 
 @settings(
-    max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", 400)),
+    max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", 200)),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
@@ -288,7 +288,7 @@ def test_solver_best_equals_brute_force(instance) -> None:
         )
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=80, deadline=None, derandomize=True)
 @given(
     st.integers(1, 6),
     st.integers(1, 4),
