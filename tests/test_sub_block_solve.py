@@ -106,7 +106,7 @@ def _best_ms(
 
 
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 @given(sub_block_profiles(), clusters(), st.sampled_from([1, 2, 4]))
 def test_solver_on_sub_block_units_equals_brute_force(profile, cluster, batch) -> None:
@@ -172,7 +172,7 @@ def _block_profile(sub: Profile) -> Profile:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 @given(sub_block_profiles(), clusters(max_types=2), st.sampled_from([2, 4]))
 def test_sub_block_plan_is_never_slower_than_the_block_plan(profile, cluster, batch) -> None:
