@@ -8,9 +8,6 @@ One torchrun launch (8 processes) runs all the distributed plans.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ import torch.nn.functional as F
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
 from autoplan.cost.model import CostModel
 from autoplan.cost.offload import mode_key, resident_saved_bytes
-from autoplan.files import read_json_model, write_json_model
+from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.profile import profile_model
 from autoplan.runtime.model_stage import pipeline_layers
@@ -31,6 +28,7 @@ from autoplan.zoo import get_model_spec
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
+from tests.torchrun_plans import run_plans
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
@@ -68,31 +66,8 @@ def _plans() -> dict[str, Plan]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    plans_dir = tmp_path_factory.mktemp("plans")
-    out_dir = tmp_path_factory.mktemp("runs")
-    for name, plan in _plans().items():
-        assert plan.world_size == 8
-        write_json_model(plans_dir / f"{name}.json", plan)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=8",
-            str(ROOT / "tests" / "distributed_driver.py"),
-            str(plans_dir),
-            str(out_dir),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=400,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return out_dir
+    assert {plan.world_size for plan in _plans().values()} == {8}
+    return run_plans(_plans(), tmp_path_factory.mktemp("runs"))
 
 
 @pytest.mark.distributed

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from autoplan.cost.layers import layer_cost
-from autoplan.files import read_json_model, write_json_model
+from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.profile.profiler import profile_model
 from autoplan.runtime.report import RunReport
@@ -22,6 +22,7 @@ from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
 from tests.synthetic_profiles import gpu
+from tests.torchrun_plans import run_plans
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
@@ -64,31 +65,7 @@ def _plans() -> dict[str, Plan]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    plans_dir = tmp_path_factory.mktemp("plans")
-    out_dir = tmp_path_factory.mktemp("runs")
-    for name, plan in _plans().items():
-        write_json_model(plans_dir / f"{name}.json", plan)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for world_size in sorted({plan.world_size for plan in _plans().values()}):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={world_size}",
-                str(ROOT / "tests" / "distributed_driver.py"),
-                str(plans_dir),
-                str(out_dir),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr[-4000:]
-    return out_dir
+    return run_plans(_plans(), tmp_path_factory.mktemp("runs"), timeout_s=300)
 
 
 @pytest.mark.parametrize("name", list(_plans()))

@@ -12,22 +12,20 @@ interleaved pp 2 × dp 2 with a chunk ending mid-block; pp 3 heterogeneous tp 1 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
-from autoplan.files import read_json_model, write_json_model
+from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.model_stage import build_stage_models
 from autoplan.runtime.report import RunReport
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
+from tests.torchrun_plans import run_plans
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
@@ -98,32 +96,9 @@ def test_a_cut_block_keeps_only_its_parts_under_the_whole_models_names() -> None
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    plans_dir = tmp_path_factory.mktemp("plans")
-    out_dir = tmp_path_factory.mktemp("runs")
     plans = _plans()
     assert {plan.world_size for plan in plans.values()} == {4}
-    for name, plan in plans.items():
-        write_json_model(plans_dir / f"{name}.json", plan)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=4",
-            str(ROOT / "tests" / "distributed_driver.py"),
-            str(plans_dir),
-            str(out_dir),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return out_dir
+    return run_plans(plans, tmp_path_factory.mktemp("runs"), timeout_s=300)
 
 
 @pytest.mark.distributed

@@ -9,15 +9,12 @@ One torchrun launch of 4 processes runs every plan (tests/distributed_driver.py)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from autoplan.files import read_json_model, write_json_model
+from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.profile import profile_model
 from autoplan.runtime.report import RunReport, predicted_memory_of_rank
@@ -25,6 +22,7 @@ from autoplan.solve import SolveOptions, solve
 from tests.distributed_driver import STEPS
 from tests.plan_factory import local_cluster, make_plan
 from tests.single_process_reference import reference_training
+from tests.torchrun_plans import run_plans
 
 pytestmark = pytest.mark.distributed
 
@@ -86,31 +84,8 @@ def plans() -> dict[str, Plan]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Plan]) -> Path:
-    plans_dir = tmp_path_factory.mktemp("plans")
-    out_dir = tmp_path_factory.mktemp("runs")
-    for name, plan in plans.items():
-        assert plan.world_size == WORLD_SIZE
-        write_json_model(plans_dir / f"{name}.json", plan)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={WORLD_SIZE}",
-            str(ROOT / "tests" / "distributed_driver.py"),
-            str(plans_dir),
-            str(out_dir),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return out_dir
+    assert {plan.world_size for plan in plans.values()} == {WORLD_SIZE}
+    return run_plans(plans, tmp_path_factory.mktemp("runs"), timeout_s=300)
 
 
 @pytest.mark.parametrize("name", list(_plans()))
