@@ -32,10 +32,11 @@ from autoplan.schedule.actions import Action, PipelineOrder
 from autoplan.schedule.orders import schedule_order
 
 if TYPE_CHECKING:
-    from autoplan.cost.config import PlanConfig
+    from autoplan.cost.config import PlanConfig, StageChoice
     from autoplan.cost.model import CostModel, StageCost
 
 __all__ = [
+    "group_weight_gradient_ms",
     "peak_in_flight",
     "play_ms",
     "split_backward_ms",
@@ -157,25 +158,33 @@ def zb_h1_time_ms(
     return m * per_micro_batch + (pipeline_degree - 1) * (forward_ms + input_ms - weight_ms)
 
 
+def group_weight_gradient_ms(model: CostModel, stage: StageChoice, group: int) -> float:
+    """The weight-gradient part (W) of one micro-batch's backward of ``stage``'s group
+    ``group``, layer by layer (module docstring); the plan's StageTiming carries it so that the
+    simulator plays the same split."""
+    profile = model.profile
+    tokens = profile.seq_len * profile.micro_batch_size
+    choice = stage.groups[group]
+    tables = model.tables(choice.device_class, choice.tp, choice.micro_batch_size)
+    return sum(
+        tables.layers[i].backward_compute_ms
+        * weight_gradient_share(
+            profile.layers[i].param_count, tokens, profile.layers[i].backward_flops
+        )
+        for i in range(stage.layer_start, stage.layer_end)
+    )
+
+
 def zero_bubble_pipeline(
     model: CostModel, config: PlanConfig, costs: list[StageCost]
 ) -> tuple[float, list[int]]:
     """(pipeline ms, chunk-forwards in flight per rank) of a zero-bubble ``config``: the
     schedule's action lists played with each stage's slowest group's F, and its backward split
     into I and W layer by layer (module docstring; a recompute's redone forward stays in I)."""
-    profile = model.profile
-    tokens = profile.seq_len * profile.micro_batch_size
-    shares = [
-        weight_gradient_share(layer.param_count, tokens, layer.backward_flops)
-        for layer in profile.layers
-    ]
     forward, input_grad, weight = [], [], []
     for stage, cost in zip(config.stages, costs, strict=True):
         slowest = max(range(len(stage.groups)), key=lambda g: cost.groups[g].backward_ms)
-        group = stage.groups[slowest]
-        tables = model.tables(group.device_class, group.tp, group.micro_batch_size)
-        layers = range(stage.layer_start, stage.layer_end)
-        w = sum(tables.layers[i].backward_compute_ms * shares[i] for i in layers)
+        w = group_weight_gradient_ms(model, stage, slowest)
         forward.append(cost.forward_ms)
         weight.append(w)
         input_grad.append(cost.groups[slowest].backward_ms - w)
