@@ -10,6 +10,8 @@ way MemTracker counts, without module hooks: a dispatch mode active only inside
 bytes a forward's storages still hold are summed before and after every F, I (``backward_one_
 chunk``) and W (``backward_weight_one_chunk``) of the step. Storages the stage received into
 (its input) are not counted: PyTorch's receive buffers are allocated outside the forward.
+What a W leaves of its micro-batch's forward is the stage's output (and on the last stage the
+logits), which the schedule keeps until the step ends.
 """
 
 from __future__ import annotations

@@ -231,6 +231,36 @@ def test_w_keeps_activations_until_it_ends() -> None:
                 assert level[t] == static + held * saved + running * transient
 
 
+def test_all_reduce_hides_under_the_last_weight_gradient() -> None:
+    """With replicas (which torch 2.13 cannot run under ZB, but a plan can state), each rank's
+    all-reduce starts with its last W, the weight gradients being what it reduces."""
+    timings = [
+        StageTiming(stage=s, forward_ms=1.0, backward_ms=2.0, weight_gradient_ms=0.8, send_ms=0.1)
+        for s in range(4)
+    ]
+    plan = make_plan(
+        [1] * 4,
+        schedule="zbv",
+        virtual_stages_per_rank=2,
+        num_micro_batches=4,
+        data_parallel=2,
+        stage_timings=timings,
+        dp_allreduce_ms=5.0,
+    )
+    result = simulate_plan(plan)
+    for rank in result.ranks:
+        for replica in rank.replicas:
+            (reduce,) = [e for e in replica.events if e.name == "dp all-reduce"]
+            last_w = max(
+                (e for e in replica.events if e.category == "weight_gradient"),
+                key=lambda e: e.end_ms,
+            )
+            assert reduce.start_ms == pytest.approx(last_w.start_ms)
+            assert reduce.end_ms == pytest.approx(max(last_w.start_ms + 5.0, last_w.end_ms))
+    # The rank whose last W starts last ends the iteration: that start plus the all-reduce.
+    assert result.iteration_time_ms == pytest.approx(result.pipeline_time_ms - 0.8 + 5.0)
+
+
 def test_a_split_action_without_a_weight_time_is_refused_in_one_line() -> None:
     plan = make_plan([1, 1], schedule="interleaved_zero_bubble", num_micro_batches=2)
     with pytest.raises(InputError, match="no weight_gradient_ms"):
