@@ -138,10 +138,16 @@ def test_hand_made_plans_simulate_to_the_played_time_and_above_the_bound(
 
 
 @pytest.mark.parametrize("schedule", ZERO_BUBBLE_SCHEDULES)
-def test_solver_emitted_plans_simulate_to_their_prediction(schedule: str) -> None:
-    """What `autoplan solve` writes for a pinned zero-bubble schedule: the simulated iteration
-    is the plan's predicted one (its stage times rounded to six digits in the file)."""
-    plan = solve(SolveOptions(schedule=schedule))
+@pytest.mark.parametrize(("pp", "m"), [(None, None), (2, 8), (2, 16), (4, 8), (4, 16)])
+def test_solver_emitted_plans_simulate_to_their_prediction(
+    schedule: str, pp: int | None, m: int | None
+) -> None:
+    """What `autoplan solve` writes for a pinned zero-bubble schedule (free, or at pinned pp
+    and m; the solver picks v and uneven splits): the simulated iteration is the plan's
+    predicted one (its stage times rounded to six digits in the file)."""
+    plan = solve(SolveOptions(schedule=schedule, pp=pp, num_micro_batches=m))
+    if pp is not None:
+        assert (plan.parallelism.pipeline_degree, plan.parallelism.num_micro_batches) == (pp, m)
     assert all(t.weight_gradient_ms is not None for t in plan.prediction.stage_timings)
     result = simulate_plan(plan)
     assert result.iteration_time_ms == pytest.approx(plan.prediction.iteration_time_ms, rel=1e-6)
