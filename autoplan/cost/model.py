@@ -497,14 +497,39 @@ class CostModel:
         self, stage: StageChoice, group: ReplicaGroup, sequence_parallel: bool | None = None
     ) -> GroupCost:
         """One group's per-micro-batch figures on the stage's layers, layer by layer."""
-        tables = self.tables(
-            group.device_class, group.tp, group.micro_batch_size, sequence_parallel
+        sp = self.sequence_parallel if sequence_parallel is None else sequence_parallel
+        return self._group_cost(
+            stage.layer_start,
+            stage.layer_end,
+            group.device_class,
+            group.tp,
+            group.micro_batch_size,
+            group.recompute,
+            group.offload,
+            sp,
         )
-        layers = tables.layers[stage.layer_start : stage.layer_end]
-        r = group.recompute
-        mode = mode_key(r, group.offload)
-        host = self.classes[group.device_class].host_link_bandwidth_gb_per_s
-        overhead = self.pass_overhead_ms(group.device_class)
+
+    # The figures depend on none of the group's replicas, the stage's ZeRO level or the rest of
+    # the plan, and the searches and the oracles cost the same (layers, group) in many plans.
+    @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 (the model lives as long as one solve)
+    def _group_cost(
+        self,
+        layer_start: int,
+        layer_end: int,
+        device_class: int,
+        tp: int,
+        micro_batch_size: int,
+        r: str,
+        offload: bool,
+        sequence_parallel: bool,
+    ) -> GroupCost:
+        group = ReplicaGroup(device_class, tp, 1, micro_batch_size, r, offload)
+        stage = StageChoice(layer_start, layer_end, (group,))
+        tables = self.tables(device_class, tp, micro_batch_size, sequence_parallel)
+        layers = tables.layers[layer_start:layer_end]
+        mode = mode_key(r, offload)
+        host = self.classes[device_class].host_link_bandwidth_gb_per_s
+        overhead = self.pass_overhead_ms(device_class)
         forward_compute = sum(c.forward_compute_ms for c in layers)
         forward_tp = sum(c.forward_tp_comm_ms for c in layers)
         backward_tp = sum(c.backward_tp_comm_ms for c in layers)
