@@ -79,6 +79,26 @@ def _plans() -> dict[str, Plan]:
             num_micro_batches=2,
             zero_stage=3,
         ),
+        # A head tied to the embedding across stages: FSDP2 leaves the tied weight whole
+        # (stages 0 and 1 shard over 2 replicas each, shares 3+1 and 2+2) and grad_sync
+        # sums it over all four holders.
+        "hetero_zero3_tied": make_stages_plan(
+            [2, 2],
+            [[ReplicaSpec(1, 3), ReplicaSpec(1, 1)], [ReplicaSpec(1, 2), ReplicaSpec(1, 2)]],
+            model="tests.runtime_models:tied_gpt",
+            schedule="1f1b",
+            num_micro_batches=2,
+            zero_stage=3,
+        ),
+        # The same tie with the head on one replica of tp 2 (vocabulary 33 split 17 + 16).
+        "hetero_zero2_tied_tp2_head": make_stages_plan(
+            [2, 2],
+            [[ReplicaSpec(1, 3), ReplicaSpec(1, 1)], [ReplicaSpec(2, 4)]],
+            model="tests.runtime_models:tied_gpt",
+            schedule="1f1b",
+            num_micro_batches=2,
+            zero_stage=2,
+        ),
         # FSDP2 over the stage's dp group with DTensor tp inside, on the groups executor.
         "dp2_tp2_zero3_gpipe_groups": make_plan(
             [6],
