@@ -177,8 +177,8 @@ def _check_zero1(stage: Stage) -> None:
     degrees = {replica.tensor_parallel_degree for replica in stage.replicas}
     if stage.zero1 and len(degrees) > 1:
         raise InputError(
-            f"stage {stage.index} shards optimizer states (ZeRO-1) over replicas of tp "
-            f"{sorted(degrees)}; the runtime shards them only over replicas of one tp degree "
+            f"stage {stage.index} shards optimizer states (ZeRO-{stage.zero_stage}) over replicas "
+            f"of tp {sorted(degrees)}; the runtime shards them only over replicas of one tp degree "
             "(their shards must line up)"
         )
 
