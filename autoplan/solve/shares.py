@@ -9,6 +9,7 @@ gradients for collectives per micro-batch (``autoplan.cost.sharding``).
 from __future__ import annotations
 
 import itertools
+import time
 
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.devices import block_sizes
@@ -29,9 +30,15 @@ __all__ = ["share_sizes", "shared_candidates"]
 
 
 def shared_candidates(
-    model: CostModel, batch: int, options: SolveOptions, time_limit_s: float
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    time_limit_s: float,
+    deadline: float | None = None,
 ) -> list[PlanConfig]:
-    """Single-stage plans with uneven shares over two or more classes (``share_ilp``)."""
+    """Single-stage plans with uneven shares over two or more classes (``share_ilp``); none
+    more once ``deadline`` (``time.monotonic()``) has passed (the search's own time limit,
+    which the uniform search before it has then hit and reported too)."""
     if options.strategy not in ("optimal",) or options.micro_batch_size is not None:
         return []
     if (options.pp not in (None, 1)) or options.layer_split is not None:
@@ -51,6 +58,8 @@ def shared_candidates(
                 # Every level the runtime runs (the groups executor shards ZeRO-2/3 with
                 # FSDP2), one share program each: the levels trade memory for collectives.
                 for level in zero_levels(dp, True, options):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return found
                     config = _solve_shares_for(
                         model, batch, options, tp, subset, replicas, level, modes, time_limit_s
                     )
