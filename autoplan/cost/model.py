@@ -659,7 +659,8 @@ class CostModel:
         slow_parts = [costs[c].slowest() for c in range(len(stages)) if rank_of(c) == slow]
         # ZeRO-2/3's exposed per-micro-batch collectives (``_with_zero``) are in the passes'
         # times but neither compute nor tp: they are data-parallel communication.
-        zero_ms = m * sum(g.work_ms - g.compute_ms - g.tp_comm_ms for g in slow_parts)
+        # (Clamped: without them the difference is 0 up to rounding.)
+        zero_ms = m * sum(max(0.0, g.work_ms - g.compute_ms - g.tp_comm_ms) for g in slow_parts)
         return PlanCost(
             iteration_ms=pipeline + tails[tail_rank],
             pipeline_ms=pipeline,
