@@ -682,6 +682,10 @@ class CostModel:
         tail_rank = max(range(pp), key=lambda r: (tails[r], -r))
         slow = max(range(pp), key=lambda r: (steady[r], -r))
         slow_parts = [costs[c].slowest() for c in range(len(stages)) if rank_of(c) == slow]
+        # ZeRO-2/3's exposed per-micro-batch collectives (``_with_zero``) are in the passes'
+        # times but neither compute nor tp: they are data-parallel communication.
+        # (Clamped: without them the difference is 0 up to rounding.)
+        zero_ms = m * sum(max(0.0, g.work_ms - g.compute_ms - g.tp_comm_ms) for g in slow_parts)
         return PlanCost(
             iteration_ms=pipeline + tails[tail_rank],
             pipeline_ms=pipeline,
@@ -690,7 +694,7 @@ class CostModel:
             tp_comm_ms=m * sum(g.tp_comm_ms for g in slow_parts),
             pp_comm_ms=m * (steady[slow] - rank_work[slow]),
             bubble_ms=pipeline - m * steady[slow],
-            dp_comm_ms=exposed[tail_rank],
+            dp_comm_ms=exposed[tail_rank] + zero_ms,
             optimizer_ms=optimizer[tail_rank],
             dp_allreduce_ms=max(allreduces),
             rank_allreduce_ms=allreduces,

@@ -360,7 +360,11 @@ class TimeBreakdown(_Strict):
     bubble_ms: float = Field(ge=0)
     tp_comm_ms: float = Field(ge=0)
     pp_comm_ms: float = Field(ge=0)
-    dp_comm_ms: float = Field(ge=0, description="Gradient all-reduce not hidden by backward.")
+    dp_comm_ms: float = Field(
+        ge=0,
+        description="Gradient all-reduce not hidden by backward, and ZeRO-2/3's all-gathers "
+        "and reduce-scatters not hidden by their passes.",
+    )
     optimizer_ms: float = Field(ge=0)
 
 
