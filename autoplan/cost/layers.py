@@ -186,10 +186,13 @@ def layer_cost(
                 fwd_comm, bwd_comm = sp_comm.forward_ms, sp_comm.backward_ms
                 regather = sp_comm.regather_ms
         params -= tp_profile.sharded_param_count * (1 - 1 / tp)
-        sharded = tp_profile.sharded_saved_activation_bytes
-        kept_fraction = 1 - sharded / saved_none * (1 - 1 / tp) if saved_none else 1.0
+        sharded = min(tp_profile.sharded_saved_activation_bytes, saved_none)
+        # What selective recompute drops (the attention core) is tp-sharded: the replicated
+        # part (norms, residuals, the column-split inputs) stays whole under selective too,
+        # so only the rest divides by tp (Korthikanti et al.: sbh(10 + 24/t)).
+        replicated = min(saved_none - sharded, saved_selective)
         saved_none -= sharded * (1 - 1 / tp)
-        saved_selective *= kept_fraction
+        saved_selective = (saved_selective - replicated) / tp + replicated
     full_saved = float(layer.input_activation_bytes)
     output = float(layer.output_activation_bytes)
     if sp:  # every saved tensor is sequence-sharded, the layer's input and output too
