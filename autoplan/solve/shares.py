@@ -64,6 +64,8 @@ def share_sizes(
         static = t.params[n] * per_param
         for mode in modes:
             act = t.saved[mode][n]
+            if t.parked[mode][n] > model.host_budget_bytes(k):
+                continue  # offload parks more than the GPU's share of host memory
             transient = max(model.transient_bytes(c, mode) for c in t.layers)
             # The fastest mode that fits (with offload the order is the hardware's).
             if static + act + transient <= model.usable_bytes(k) and (

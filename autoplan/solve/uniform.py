@@ -112,6 +112,7 @@ class _StageCoster:
         self.static_per_param = {z: model.static_bytes_per_param(p.dp, z) for z in levels}
         self.zero_transient = {z: model.zero_transient_bytes(p.tp, p.dp, z) for z in levels}
         self.capacity = [model.usable_bytes(k) for k in p.classes]
+        self.host_budget = [model.host_budget_bytes(k) for k in p.classes]
         self.group = p.dp * p.tp
         self.overhead = [2 * model.pass_overhead_ms(k) for k in p.classes]
         self.backward_overhead = [model.pass_overhead_ms(k) for k in p.classes]
@@ -158,6 +159,8 @@ class _StageCoster:
         for mode in self.modes:
             saved = t.saved[mode]
             used = static + flight * (saved[j] - saved[i])
+            if flight * (t.parked[mode][j] - t.parked[mode][i]) > self.host_budget[s]:
+                continue  # offload parks more than the GPU's share of host memory
             if used <= capacity and used + self._range_max(s, mode, i, j) <= capacity:
                 # The fastest mode that fits (with offload the order is the hardware's).
                 work = t.work[mode][j] - t.work[mode][i]
