@@ -40,9 +40,7 @@ def _model(saved: list[int], memory_gib: float, host_link: float, host_gib: floa
 
 def _check(model, batch: int) -> list:
     expected = brute_force(model, batch, INTERLEAVED)
-    found = [
-        c for c in solve_candidates(model, batch, INTERLEAVED).candidates if c.cost.feasible
-    ]
+    found = [c for c in solve_candidates(model, batch, INTERLEAVED).candidates if c.cost.feasible]
     if math.isinf(expected):
         assert not found
         return []
