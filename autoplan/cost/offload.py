@@ -16,9 +16,11 @@ The model, per layer l of a stage and one micro-batch, on one GPU whose host lin
   recompute mode makes (full recompute's backward includes its forward again);
 - the directions never contend: D2H and H2D use the two directions of the duplex link, so in
   1F1B's steady state a forward's D2H and another micro-batch's H2D overlap each other too;
-- device memory: no saved activations stay on the device across micro-batches; only those in
-  transit do: the layer being copied out and the one being copied back, at most
-  ``2 × max_l S_l``, counted with the transient of the layer's backward. Host memory holds
+- device memory: no saved activations stay on the device across micro-batches but the
+  loss's (``LayerCost.loss_saved_bytes``: saved outside the last layer's forward, where the
+  hooks are); only those in transit do: the layer being copied out and the one being copied
+  back, at most ``2 × max_l S_l``, counted with the transient of the layer's backward.
+  Host memory holds
   what the device would have: the micro-batches in flight × Σ S_l (``parked_bytes``);
 - host memory: the node's RAM is shared by its GPUs, each parking its own activations, so a
   GPU may park at most its even share of the node's RAM less ``HOST_MEMORY_HEADROOM``
@@ -126,9 +128,10 @@ def mode_backward_ms(layer: LayerCost, mode: str, bandwidth_gb_per_s: float) -> 
 
 
 def resident_saved_bytes(layer: LayerCost, mode: str) -> float:
-    """Saved bytes of one micro-batch that stay on the device until its backward."""
+    """Saved bytes of one micro-batch that stay on the device until its backward: with
+    offload, only what the loss saved outside the layer's forward (its hooks never see it)."""
     recompute, offload = split_mode(mode)
-    return 0.0 if offload else layer.saved_bytes[recompute]
+    return layer.loss_saved_bytes if offload else layer.saved_bytes[recompute]
 
 
 def transit_bytes(layer: LayerCost, mode: str) -> float:
@@ -141,7 +144,7 @@ def parked_bytes(layer: LayerCost, mode: str) -> float:
     """Saved bytes of one micro-batch that an offloading layer keeps in host memory until
     its backward."""
     recompute, offload = split_mode(mode)
-    return layer.saved_bytes[recompute] if offload else 0.0
+    return layer.saved_bytes[recompute] - layer.loss_saved_bytes if offload else 0.0
 
 
 def host_budget_bytes(host_memory_bytes_per_gpu: float) -> float:
