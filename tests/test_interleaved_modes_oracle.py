@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplan.solve import solve_candidates
+from autoplan.solve import cost_model, solve_candidates
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 from tests.test_solver_oracle import OPTIONS, brute_force
 
@@ -33,8 +33,6 @@ def _model(saved: list[int], memory_gib: float, host_link: float, host_gib: floa
         update={"host_memory_gib_per_gpu": host_gib}
     )
     cluster = make_cluster([("g0", spec, per_node, 2 // per_node)])
-    from autoplan.solve import cost_model
-
     return cost_model(make_profile(layers), cluster, INTERLEAVED)
 
 
