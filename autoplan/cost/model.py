@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -54,9 +55,12 @@ from autoplan.cost.layers import (
 )
 from autoplan.cost.offload import (
     ALL_MODES,
+    HOST_MEMORY_HEADROOM,
+    host_budget_bytes,
     mode_backward_ms,
     mode_forward_ms,
     mode_key,
+    parked_bytes,
     resident_saved_bytes,
     split_mode,
     transit_bytes,
@@ -94,6 +98,10 @@ class RankMemory:
     reserved_bytes: int = 0
     tensor_parallel_degree: int = 1
     micro_batch_size: int = 1
+    # Offloaded activations parked in host memory, and what this GPU may park there
+    # (``autoplan.cost.offload``).
+    host_bytes: float = 0.0
+    host_budget_bytes: float = math.inf
 
     @property
     def total_bytes(self) -> float:
@@ -106,8 +114,17 @@ class RankMemory:
         )
 
     @property
-    def fits(self) -> bool:
+    def device_fits(self) -> bool:
         return self.total_bytes + self.reserved_bytes <= self.capacity_bytes
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_bytes <= self.host_budget_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Device memory and the GPU's share of host memory both hold what the plan puts there."""
+        return self.device_fits and self.host_fits
 
 
 @dataclass(frozen=True)
@@ -121,6 +138,7 @@ class GroupCost:
     params_per_gpu: float
     saved_bytes: float
     transient_bytes: float
+    host_bytes: float = 0.0  # offloaded saved bytes parked in host memory
 
     @property
     def work_ms(self) -> float:
@@ -194,6 +212,8 @@ class CostTables:
     forward_tp: list[float]
     backward_compute: dict[str, list[float]]
     backward_tp: list[float]
+    # by mode: prefix of saved bytes parked in host memory (offload modes only)
+    parked: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, order=True)
@@ -249,6 +269,7 @@ class CostModel:
         ]
         # What ``tables`` costs when not told: the search runs on a view of each setting.
         self.sequence_parallel = False
+        self.host_limit = True  # offload's host-memory bound (``without_host_limit``)
 
     def with_sequence_parallel(self, sequence_parallel: bool) -> CostModel:
         """This model costing sequence parallelism on or off where a caller does not say
@@ -315,6 +336,7 @@ class CostModel:
                 for m in ALL_MODES
             },
             backward_tp=_prefix([c.backward_tp_comm_ms for c in layers]),
+            parked={m: _prefix([parked_bytes(c, m) for c in layers]) for m in ALL_MODES},
         )
 
     # ---- pieces shared by the search and the evaluation --------------------------------
@@ -376,6 +398,20 @@ class CostModel:
     def capacity_bytes(self, device_class: int) -> int:
         """Device memory of the class."""
         return self.classes[device_class].gpu.memory_bytes
+
+    def host_budget_bytes(self, device_class: int) -> float:
+        """What one GPU of the class may park in host memory (``autoplan.cost.offload``);
+        unbounded in a ``without_host_limit`` view."""
+        if not self.host_limit:
+            return math.inf
+        return host_budget_bytes(self.classes[device_class].host_memory_bytes_per_gpu)
+
+    def without_host_limit(self) -> CostModel:
+        """This model with host memory unbounded (what the infeasibility diagnosis compares
+        with, to say whether host memory is what binds)."""
+        view = copy.copy(self)
+        view.host_limit = False
+        return view
 
     def usable_bytes(self, device_class: int) -> int:
         """Device memory a plan may fill: capacity less the reserve."""
@@ -553,6 +589,7 @@ class CostModel:
             params_per_gpu=sum(c.params_per_gpu for c in layers),
             saved_bytes=sum(resident_saved_bytes(c, mode) for c in layers),
             transient_bytes=max(self.transient_bytes(c, mode) for c in layers),
+            host_bytes=sum(parked_bytes(c, mode) for c in layers),
         )
 
     def _with_zero(self, stage: StageChoice, costs: tuple[GroupCost, ...]) -> tuple[GroupCost, ...]:
@@ -650,9 +687,20 @@ class CostModel:
                     reserved_bytes=self.reserved_bytes(k),
                     tensor_parallel_degree=group.tp,
                     micro_batch_size=group.micro_batch_size,
+                    host_bytes=flight * max(groups_cost[c][g].host_bytes for c in chunks),
+                    host_budget_bytes=self.host_budget_bytes(k),
                 )
                 memory.append(mem)
-                if not mem.fits:
+                if not mem.host_fits:
+                    share = self.classes[k].host_memory_bytes_per_gpu
+                    violations.append(
+                        f"pipeline rank {r} on {mem.gpu_type} (tp {group.tp}, "
+                        f"{group.micro_batch_size} samples per micro-batch) parks "
+                        f"{mem.host_bytes / 1e9:.2f} GB of offloaded activations in host "
+                        f"memory; its GPU's share of the node's host memory is "
+                        f"{share / 1e9:.2f} GB, of which {HOST_MEMORY_HEADROOM:.0%} is kept free"
+                    )
+                if not mem.device_fits:
                     reserve = (
                         f" (of which {mem.reserved_bytes / 1e9:.2f} GB is reserved)"
                         if mem.reserved_bytes

@@ -25,6 +25,7 @@ from autoplan.solve.diagnose import (
     diagnose_infeasible,
     diagnose_megatron_infeasible,
 )
+from autoplan.solve.host_memory import host_memory_diagnosis
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult
 from autoplan.solve.sequence_parallel import search_with_sequence_parallel
@@ -139,6 +140,10 @@ def solve_outcome(
             diagnose_megatron_infeasible if options.strategy == "megatron" else diagnose_infeasible
         )
         found = diagnose(model, global_batch_size, options)
+        if not found.proven:  # nothing fits in memory: host memory may be what binds
+            found = (
+                host_memory_diagnosis(model, global_batch_size, options, solve_candidates) or found
+            )
         if result.timed_out and not found.proven:
             # Not proof that nothing fits: the search stopped before it found anything.
             raise InfeasibleError(

@@ -94,6 +94,8 @@ def share_sizes(
         best = None
         for mode in modes:
             act = t.saved[mode][n]
+            if t.parked[mode][n] > model.host_budget_bytes(k):
+                continue  # offload parks more than the GPU's share of host memory
             transient = max(model.transient_bytes(c, mode) for c in t.layers)
             # The fastest mode that fits, by its work (with offload the order is the
             # hardware's); the collectives it exposes are added after, as in hetero.
