@@ -240,3 +240,7 @@ def check_runnable(plan: Plan) -> None:
         _check_zero1(stage)
     _check_zero(plan)
     _check_schedule(plan)
+    if plan.parallelism.schedule == "async_pb":
+        from autoplan.runtime.async_pb import check_async_plan
+
+        check_async_plan(plan)
