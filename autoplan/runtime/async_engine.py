@@ -62,7 +62,10 @@ __all__ = ["AsyncEngine", "async_order"]
 def async_order(num_stages: int, num_micro_batches: int, zero_delay: bool) -> PipelineOrder:
     """Every pipeline rank's async order as the action lists the ``Mailbox`` reads."""
     return [
-        [Action(s, kind, i) for kind, i in async_pb_order(num_stages, s, num_micro_batches, zero_delay)]  # type: ignore[arg-type]
+        [
+            Action(s, kind, i)
+            for kind, i in async_pb_order(num_stages, s, num_micro_batches, zero_delay)
+        ]  # type: ignore[arg-type]
         for s in range(num_stages)
     ]
 
