@@ -3,6 +3,8 @@ orders), stashed weight versions in memory, and ``--allow-async`` reporting it."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -12,10 +14,10 @@ from autoplan.cost.async_pb import async_pb_cost
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.errors import InputError
 from autoplan.files import write_json_model
-from autoplan.plan.schema import AsyncPB, Parallelism
-from autoplan.runtime.async_pb import async_pb_order, check_async_plan, refuse_in_trainer
+from autoplan.plan.schema import AsyncPB, Parallelism, Plan
+from autoplan.runtime.async_pb import async_pb_order, check_async_plan
 from autoplan.solve import SolveOptions, cost_model, solve
-from autoplan.solve.async_pb import ASYNC_MARK, async_line
+from autoplan.solve.async_pb import ASYNC_MARK, as_async, async_line, runnable_async
 from autoplan.view.plan_tables import overview_section
 from tests.plan_factory import make_plan
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
@@ -128,24 +130,41 @@ def test_show_marks_an_async_plan() -> None:
     assert "spike compensation on" in rows["ASYNCHRONOUS"]
 
 
-def test_runtime_refuses_async_plans_it_cannot_run_in_one_line() -> None:
-    data = make_plan([2, 2], data_parallel=2).parallelism.model_dump()
+def _as_async(plan: Plan) -> Plan:
+    data = plan.parallelism.model_dump()
     data.update(schedule="async_pb", async_pb={})
-    plan = make_plan([2, 2], data_parallel=2)
-    plan = plan.model_copy(update={"parallelism": Parallelism.model_validate(data)})
-    with pytest.raises(InputError, match="one rank per stage; stage 0 has 2 replica"):
-        check_async_plan(plan)
-    single = make_plan([2, 2])
-    single = single.model_copy(
-        update={
-            "parallelism": Parallelism.model_validate(
-                {**single.parallelism.model_dump(), "schedule": "async_pb", "async_pb": {}}
-            )
-        }
+    return plan.model_copy(update={"parallelism": Parallelism.model_validate(data)})
+
+
+def test_runtime_runs_any_dp_tp_and_refuses_what_it_cannot_in_one_line() -> None:
+    # Replicas of unequal shares and tensor parallelism per stage run (tests of the runtime).
+    check_async_plan(_as_async(make_plan([3, 3], replica_micro_batch_sizes=[1, 3])))
+    check_async_plan(_as_async(make_plan([3, 3], tensor_parallel=2)))
+    with pytest.raises(InputError, match="ZeRO-1"):
+        check_async_plan(_as_async(make_plan([3, 3], data_parallel=2, zero1=True)))
+    with pytest.raises(InputError, match="recompute 'full'"):
+        check_async_plan(_as_async(make_plan([3, 3], recompute="full")))
+    with pytest.raises(InputError, match="offload True"):
+        check_async_plan(_as_async(make_plan([3, 3], offload=True)))
+
+
+def test_async_alternative_is_costed_as_the_executor_runs_it() -> None:
+    _, _, model, stages = _setup()
+    heavy = tuple(
+        dataclasses.replace(
+            s,
+            zero_stage=1,
+            groups=(ReplicaGroup(0, 1, 2, 1, "full"),),
+        )
+        for s in stages
     )
-    check_async_plan(single)
-    with pytest.raises(InputError, match="not wired into `autoplan run`"):
-        refuse_in_trainer(single)
+    config = PlanConfig(8, "1f1b", 1, heavy)
+    assert not runnable_async(config)
+    plain = as_async(config)
+    assert runnable_async(plain)
+    assert all(s.zero_stage == 0 and s.groups[0].recompute == "none" for s in plain.stages)
+    assert [g.replicas for s in plain.stages for g in s.groups] == [2, 2, 2]  # dp kept
+    assert async_pb_cost(model, plain).iteration_ms > 0
 
 
 def test_cli_allow_async_prints_the_async_line(tmp_path) -> None:

@@ -65,6 +65,16 @@ PLAN_CASES: dict[str, tuple[Plan, bool, int]] = {
 MIXED_TOLERANCE = 0.02
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The references here are many tiny ops: one intra-op thread runs them several times
+    faster than torch's default on a machine whose cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out_dir = tmp_path_factory.mktemp("async_pb")

@@ -268,9 +268,12 @@ def check_async_plan(plan: Plan) -> None:
                     f"{replica.offload}, which would recompute at other weights (use none)"
                 )
     from autoplan.runtime.check import meta_model
-    from autoplan.runtime.model_stage import find_tied_weights
+    from autoplan.runtime.model_stage import find_tied_weights, pipeline_layers
 
-    tied = find_tied_weights(meta_model(plan), plan)
+    model = meta_model(plan)
+    if plan.stages[-1].layer_end != len(pipeline_layers(model)):
+        return  # stages that miss layers: check_runnable says so
+    tied = find_tied_weights(model, plan)
     if tied:
         raise InputError(
             f"schedule async_pb cannot run weights tied across stages ({', '.join(tied[0].names)} "
