@@ -15,11 +15,12 @@ from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.errors import InputError
 from autoplan.files import write_json_model
 from autoplan.plan.schema import AsyncPB, Parallelism, Plan
+from autoplan.plan.validate import plan_problems
 from autoplan.runtime.async_pb import async_pb_order, check_async_plan
 from autoplan.solve import SolveOptions, cost_model, solve
 from autoplan.solve.async_pb import ASYNC_MARK, as_async, async_line, runnable_async
 from autoplan.view.plan_tables import overview_section
-from tests.plan_factory import make_plan
+from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
 
@@ -186,3 +187,19 @@ def test_pinning_the_async_schedule_is_a_one_line_error() -> None:
     profile, cluster, _, _ = _setup()
     with pytest.raises(InputError, match="--allow-async reports"):
         solve(profile, cluster, 8, SolveOptions(schedule="async_pb"))
+
+
+def test_validator_accepts_async_plans_of_any_dp_tp_and_flags_what_they_cannot_run() -> None:
+    mixed = make_stages_plan(
+        [3, 3], [[ReplicaSpec(share=1), ReplicaSpec(share=3)], [ReplicaSpec(tp=2, share=4)]]
+    )
+    assert plan_problems(_as_async(mixed)) == []
+    flagged = plan_problems(_as_async(make_plan([3, 3], data_parallel=2, zero1=True)))
+    assert [p for p in flagged if "async_pb" in p] == [
+        "async_pb stage 0 has ZeRO-1; use 0",
+        "async_pb stage 1 has ZeRO-1; use 0",
+    ]
+    flagged = plan_problems(_as_async(make_plan([3, 3], recompute="selective")))
+    assert any("async_pb stage 0 has recompute ['selective']" in p for p in flagged)
+    # The same plans under a synchronous schedule break no async rule.
+    assert not any("async_pb" in p for p in plan_problems(make_plan([3, 3], recompute="full")))
