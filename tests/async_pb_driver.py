@@ -11,7 +11,9 @@ Then, in the same launch, every plan case of ``OUT/plan_cases.json`` (name -> ze
 steps): the plan ``OUT/plans/<name>.json`` (world size 4: stages of several replicas or of tp)
 trained by the plan executor (``autoplan.runtime.async_engine.AsyncEngine``) on the cycle of
 batches of ``tests/async_pb_plans.py``; every rank saves its stage's parameters (full tensors)
-and the per-step losses to ``OUT/<name>/rank<r>.pt``.
+and the per-step losses to ``OUT/<name>/rank<r>.pt``. Cases named ``train_*`` run through
+``autoplan.runtime.trainer.train`` instead (its own data and learning rate), and rank 0 saves
+the run report to ``OUT/<name>/report.json``.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from autoplan.files import read_json_model
+from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.async_engine import AsyncEngine
 from autoplan.runtime.async_pb import run_distributed
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
+from autoplan.runtime.trainer import train
 from tests import async_pb_plans as plans
 from tests import async_pb_task as task
 
@@ -78,6 +81,13 @@ def _plan_cases(out_dir: Path, rank: int) -> None:
     cases = json.loads(listing.read_text()) if listing.exists() else {}
     for name, case in cases.items():
         plan = read_json_model(out_dir / "plans" / f"{name}.json", Plan)
+        if name.startswith("train_"):  # the runtime's entry point, as `autoplan run` calls it
+            report = train(plan, case["steps"])
+            if rank == 0:
+                (out_dir / name).mkdir(parents=True, exist_ok=True)
+                write_json_model(out_dir / name / "report.json", report)
+            dist.barrier()
+            continue
         entry = check_launch(plan, LaunchEnv.from_environ().in_plan(plan))
         engine = AsyncEngine(
             plan, entry, torch.device("cpu"), 0, plans.LR, zero_delay=case["zero_delay"]

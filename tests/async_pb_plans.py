@@ -57,16 +57,18 @@ def eval_loss(plan: Plan, params: dict[str, torch.Tensor]) -> float:
     return sum(values) / len(values)
 
 
-def synchronous_reference(plan: Plan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def synchronous_reference(
+    plan: Plan, steps: int, lr: float = LR, data: list[Batch] | None = None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     """``torch.optim.SGD`` (momentum, no dampening) on the whole model, one step per
-    micro-batch in the plan's order; per step the mean of its micro-batches' losses, and the
-    final parameters by name."""
+    micro-batch in the plan's order, on ``data`` (default ``batches``); per step the mean of
+    its micro-batches' losses, and the final parameters by name."""
     model = build_full_model(plan.inputs.model.name, plan.inputs.dtype, 0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
     loss_fn = loss_function("cross_entropy")
     m, size = plan.parallelism.num_micro_batches, plan.parallelism.micro_batch_size
     losses = []
-    for (inputs,), targets in batches(plan, steps):
+    for (inputs,), targets in data if data is not None else batches(plan, steps):
         total = 0.0
         for j in range(m):
             rows = sample_rows(plan, j, 0, size)

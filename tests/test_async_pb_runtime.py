@@ -59,6 +59,14 @@ PLAN_CASES: dict[str, tuple[Plan, bool, int]] = {
     ),
     "mixed_lwpsc": (plans.async_plan([2, 2, 2], _MIXED), False, 10),
     "mixed_plain": (plans.async_plan([2, 2, 2], _MIXED, False, False), False, 10),
+    # Through ``train`` (the runtime's entry point), its default data and learning rate.
+    "train_mixed": (
+        plans.async_plan(
+            [3, 3], [[ReplicaSpec(share=1), ReplicaSpec(share=3)], [ReplicaSpec(tp=2, share=4)]]
+        ),
+        False,
+        3,
+    ),
 }
 # The mixed plan's loss over its data after 10 steps, relative to synchronous SGD's (3.00):
 # with prediction and compensation within 2% (it ends 0.8% above; without, 1.6% above).
@@ -226,3 +234,25 @@ def test_mixed_plan_trains_within_tolerance(runs: Path) -> None:
     # Staleness costs on this plan too, and prediction with compensation removes part of it.
     assert plain > synchronous
     assert plain > compensated
+
+
+def test_train_dispatches_an_async_plan_and_reports_its_loss_per_step(runs: Path) -> None:
+    """``train`` (what ``autoplan run`` runs on every rank) sends an async_pb plan of a dp 2
+    stage (unequal shares) and a tp 2 stage to the async executor, on its own synthetic data:
+    at its learning rate (1e-3) staleness barely moves the loss from synchronous SGD's."""
+    from itertools import islice
+
+    from autoplan.files import read_json_model
+    from autoplan.runtime.data import training_batches
+    from autoplan.runtime.report import RunReport
+
+    plan, _, steps = PLAN_CASES["train_mixed"]
+    report = read_json_model(runs / "train_mixed" / "report.json", RunReport)
+    assert report.executor == "async" and report.world_size == 4 and len(report.steps) == steps
+    assert report.plan_summary.startswith("pp=2 ") and "async_pb" in report.plan_summary
+    losses = [step.loss for step in report.steps]
+    data = list(islice(training_batches(plan, 1), steps))  # train()'s own data (seed + 1)
+    reference, _ = plans.synchronous_reference(plan, steps, lr=1e-3, data=data)
+    assert losses[0] == pytest.approx(reference[0], abs=1e-3)
+    assert losses == pytest.approx(reference, abs=5e-3)
+    assert losses != reference  # but it is asynchronous: stale weights in steps after the first
