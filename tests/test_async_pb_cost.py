@@ -203,3 +203,23 @@ def test_validator_accepts_async_plans_of_any_dp_tp_and_flags_what_they_cannot_r
     assert any("async_pb stage 0 has recompute ['selective']" in p for p in flagged)
     # The same plans under a synchronous schedule break no async rule.
     assert not any("async_pb" in p for p in plan_problems(make_plan([3, 3], recompute="full")))
+
+
+def test_simulate_plays_the_async_stream_and_finds_no_bubble_in_its_steady_state() -> None:
+    from autoplan.plan.schema import StageTiming
+    from autoplan.simulate import simulate_plan
+
+    timings = [
+        StageTiming(stage=s, forward_ms=f, backward_ms=2 * f, send_ms=0.0)
+        for s, f in enumerate([1.0, 3.0, 2.0])
+    ]
+    plan = make_plan([2, 2, 2], num_micro_batches=6, stage_timings=timings)
+    synchronous = simulate_plan(plan)
+    result = simulate_plan(_as_async(plan))
+    # The slowest stage (3 + 6 ms per micro-batch) sets the pace of every micro-batch.
+    assert result.iteration_time_ms == pytest.approx(6 * 9.0)
+    assert synchronous.iteration_time_ms > result.iteration_time_ms
+    assert any(note.startswith("async_pb: 3 iterations") for note in result.notes)
+    # The timeline is the whole stream: 3 iterations of 6 micro-batches on every stage.
+    backwards = [e for e in result.ranks[0].replicas[0].events if e.category == "backward"]
+    assert sorted(e.micro_batch for e in backwards) == list(range(18))

@@ -6,7 +6,7 @@ Per rank it
 1. builds its stage from the plan (``build_stage_models``, the same seeded model every
    executor builds), with DTensor tensor parallelism on its replica's tp group as the groups
    executor applies it (``tensor_parallel.apply_tensor_parallel``);
-2. plays its stage's async order (``async_pb.async_pb_order``: 1F1B over the whole stream of
+2. plays its stage's async order (``autoplan.schedule.async_pb``: 1F1B over the whole stream of
    steps × m micro-batches, never flushing) through an ``AsyncStageWorker``: each forward at
    its own weight version (stashed, or predicted under Linear Weight Prediction), each
    backward followed at once by the stage's momentum-SGD step (with Spike Compensation when
@@ -41,7 +41,7 @@ from torch import nn
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, RankEntry
 from autoplan.runtime import tensor_parallel
-from autoplan.runtime.async_pb import AsyncStageWorker, async_pb_order
+from autoplan.runtime.async_pb import AsyncStageWorker
 from autoplan.runtime.async_pb_optim import PipelinedMomentumSGD
 from autoplan.runtime.check import meta_model
 from autoplan.runtime.data import Batch, sample_rows
@@ -53,21 +53,10 @@ from autoplan.runtime.model_stage import build_stage_models
 from autoplan.runtime.report import StepRecord
 from autoplan.runtime.stage_groups import ProcessGroups, rank_place, share_ranges, tp_mesh
 from autoplan.runtime.transfers import Mailbox, boundary_shapes
-from autoplan.schedule import Action, PipelineOrder
+from autoplan.schedule.async_pb import async_stream_order
 from autoplan.zoo import get_model_spec
 
-__all__ = ["AsyncEngine", "async_order"]
-
-
-def async_order(num_stages: int, num_micro_batches: int, zero_delay: bool) -> PipelineOrder:
-    """Every pipeline rank's async order as the action lists the ``Mailbox`` reads."""
-    return [
-        [
-            Action(s, kind, i)
-            for kind, i in async_pb_order(num_stages, s, num_micro_batches, zero_delay)
-        ]  # type: ignore[arg-type]
-        for s in range(num_stages)
-    ]
+__all__ = ["AsyncEngine"]
 
 
 class _TimedSGD(PipelinedMomentumSGD):
@@ -186,7 +175,7 @@ class AsyncEngine:
             reduce_gradients=self._reduce,
         )
         self.worker = worker
-        order = async_order(p, n, self.zero_delay)
+        order = async_stream_order(p, n, self.zero_delay)
         mailbox = Mailbox(self.plan, order, self.place.rank, self.groups, self.device)
         mailbox.set_shapes(boundary_shapes(self.plan, batches[0][0]))
         marks: list[float] = []

@@ -42,6 +42,7 @@ from torch.func import functional_call
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan
 from autoplan.runtime.async_pb_optim import PipelinedMomentumSGD
+from autoplan.schedule.async_pb import async_pb_order
 
 __all__ = [
     "AsyncStageWorker",
@@ -61,21 +62,6 @@ def stage_delay(num_stages: int, stage: int, micro_batch: int, zero_delay: bool 
     if zero_delay:
         return 0
     return min(micro_batch, num_stages - 1 - stage)
-
-
-def async_pb_order(
-    num_stages: int, stage: int, num_micro_batches: int, zero_delay: bool = False
-) -> list[Action]:
-    """The stage's actions, ("F", i) and ("B", i), over the whole stream of micro-batches."""
-    n = num_micro_batches
-    if zero_delay:
-        return [a for i in range(n) for a in (("F", i), ("B", i))]
-    warmup = min(n, num_stages - 1 - stage)
-    order: list[Action] = [("F", i) for i in range(warmup)]
-    for j in range(warmup, n):
-        order += [("F", j), ("B", j - warmup)]
-    order += [("B", i) for i in range(n - warmup, n)]
-    return order
 
 
 @dataclass

@@ -49,7 +49,9 @@ from autoplan.schedule import (
     schedule_order,
     validate_order,
 )
+from autoplan.schedule.async_pb import async_stream_order
 from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
+from autoplan.simulate.async_pb import ASYNC_ITERATIONS, ASYNC_NOTE, steady_iteration_ms
 from autoplan.simulate.memory import activation_bytes_per_replica, memory_curve
 from autoplan.simulate.regroup import regroup_pairs
 from autoplan.simulate.result import (
@@ -327,10 +329,17 @@ def simulate_plan(plan: Plan) -> SimulationResult:
             f"simulate does not play {par.schedule} yet (split backward); its predicted "
             "time comes from cost.zero_bubble's play of the same action lists"
         )
-    order = schedule_order(
-        par.schedule, par.pipeline_degree, par.num_micro_batches, par.virtual_stages_per_rank
-    )
-    validate_order(order, par.pipeline_degree, par.num_stages, par.num_micro_batches)
+    asynchronous = par.schedule == "async_pb"
+    if asynchronous:  # a stream of iterations without flush (autoplan.simulate.async_pb)
+        order = async_stream_order(par.pipeline_degree, ASYNC_ITERATIONS * par.num_micro_batches)
+        validate_order(
+            order, par.pipeline_degree, par.num_stages, ASYNC_ITERATIONS * par.num_micro_batches
+        )
+    else:
+        order = schedule_order(
+            par.schedule, par.pipeline_degree, par.num_micro_batches, par.virtual_stages_per_rank
+        )
+        validate_order(order, par.pipeline_degree, par.num_stages, par.num_micro_batches)
     timings = plan.prediction.stage_timings
     replicas = _replicas_of_ranks(plan)
     shares = [[replica.micro_batch_size for replica in rank] for rank in replicas]
@@ -338,12 +347,14 @@ def simulate_plan(plan: Plan) -> SimulationResult:
         [_estimate_of(plan, p, replica) for replica in rank] for p, rank in enumerate(replicas)
     ]
     allreduce_ms, allreduce_note = _allreduce_per_rank(plan, replicas, memory)
+    if asynchronous:  # per micro-batch in async_pb: the prediction counts them, not the play
+        allreduce_ms, allreduce_note = [0.0] * par.pipeline_degree, ""
     events = simulate_replicas(
         order,
         shares,
         timings,
         allreduce_ms=allreduce_ms,
-        optimizer_ms=plan.prediction.breakdown.optimizer_ms,
+        optimizer_ms=0.0 if asynchronous else plan.prediction.breakdown.optimizer_ms,
     )
     activation_bytes, source = activation_bytes_per_replica(order, timings, memory)
     notes = [note for note in [allreduce_note] if note]
@@ -356,6 +367,9 @@ def simulate_plan(plan: Plan) -> SimulationResult:
 
     all_events = [e for rank in events for replica in rank for e in replica]
     iteration_ms = max((e.end_ms for e in all_events), default=0.0)
+    if asynchronous:
+        iteration_ms = steady_iteration_ms(all_events, par.num_micro_batches)
+        notes.append(ASYNC_NOTE)
     pass_events = [e for e in all_events if e.category in ("forward", "backward")]
     pipeline_ms = max((e.end_ms for e in pass_events), default=0.0)
     pass_time = sum(e.duration_ms for e in pass_events)
