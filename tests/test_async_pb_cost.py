@@ -181,6 +181,43 @@ def test_cli_allow_async_prints_the_async_line(tmp_path) -> None:
     assert "async_pb (asynchronous Pipelined Backpropagation" in " ".join(result.output.split())
     plain = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "plain.json")])
     assert plain.exit_code == 0 and "async_pb" not in plain.output
+    lone = CliRunner().invoke(app, [*args, "-o", str(out), "--async-output", str(tmp_path / "a")])
+    assert lone.exit_code == 2 and "--async-output needs --allow-async" in lone.output
+
+
+def test_solve_writes_the_async_alternative_as_a_plan_the_validator_and_simulator_read(
+    tmp_path,
+) -> None:
+    from autoplan.files import read_json_model
+    from autoplan.simulate import simulate_plan
+
+    profile, cluster, _, _ = _setup()
+    profile_path, cluster_path = tmp_path / "profile.json", tmp_path / "cluster.yaml"
+    write_json_model(profile_path, profile)
+    cluster_path.write_text(yaml.safe_dump(cluster.model_dump(mode="json")))
+    out, async_out = tmp_path / "plan.json", tmp_path / "async.json"
+    args = ["solve", str(profile_path), "--cluster", str(cluster_path), "--global-batch", "8"]
+    args += ["--pp", "3", "--num-micro-batches", "8", "-o", str(out)]
+    result = CliRunner().invoke(app, [*args, "--allow-async", "--async-output", str(async_out)])
+    assert result.exit_code == 0, result.output
+    plan, asynchronous = read_json_model(out, Plan), read_json_model(async_out, Plan)
+    assert plan.parallelism.schedule != "async_pb"
+    assert asynchronous.parallelism.schedule == "async_pb"
+    assert plan_problems(asynchronous, profile) == []
+    (alternative,) = [a for a in plan.alternatives if a.summary.startswith(ASYNC_MARK)]
+    assert asynchronous.prediction.iteration_time_ms == pytest.approx(alternative.iteration_time_ms)
+    assert asynchronous.prediction.breakdown.bubble_ms == 0
+    # The stashed weight versions: (p − r) copies of the rank's weights on top of 1F1B's.
+    pp = asynchronous.parallelism.pipeline_degree
+    for estimate in asynchronous.prediction.memory:
+        assert estimate.total_bytes >= (pp - estimate.pipeline_rank) * estimate.weights_bytes
+    # Its simulated steady state is the work alone (no bubble): the prediction adds the
+    # per-micro-batch optimizer steps, so it is no faster than the prediction.
+    simulated = simulate_plan(asynchronous).iteration_time_ms
+    m = asynchronous.parallelism.num_micro_batches
+    slowest = max(t.forward_ms + t.backward_ms for t in asynchronous.prediction.stage_timings)
+    assert simulated == pytest.approx(m * slowest, rel=1e-6)
+    assert simulated <= asynchronous.prediction.iteration_time_ms
 
 
 def test_pinning_the_async_schedule_is_a_one_line_error() -> None:
