@@ -315,6 +315,12 @@ class ReplicaTiming(_Strict):
         description="Of the stage's layers, how many are timed from measurements on this GPU "
         "type (profile --measure or profile import); the others are modelled.",
     )
+    weight_gradient_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="Of backward_ms, the weight-gradient half (W) a zero-bubble schedule runs "
+        "apart from the input gradient (I = backward_ms - W); None: the backward is not split.",
+    )
 
 
 class StageTiming(_Strict):
@@ -333,6 +339,12 @@ class StageTiming(_Strict):
         ge=0,
         description="The largest saved activations one micro-batch leaves on one GPU of this "
         "stage (over its replicas); the simulator's memory curve uses it.",
+    )
+    weight_gradient_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="Of backward_ms, the weight-gradient half (W) of the slowest replica, which "
+        "a zero-bubble schedule defers (I = backward_ms - W); None: the backward is not split.",
     )
     replicas: list[ReplicaTiming] = Field(
         default_factory=list,

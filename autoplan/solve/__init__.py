@@ -21,7 +21,11 @@ from autoplan.profile.schema import Profile
 from autoplan.solve.async_pb import async_alternative, best_async
 from autoplan.solve.async_plan import emit_async_plan
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
-from autoplan.solve.diagnose import diagnose_infeasible, diagnose_megatron_infeasible
+from autoplan.solve.diagnose import (
+    diagnose_before_search,
+    diagnose_infeasible,
+    diagnose_megatron_infeasible,
+)
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult
 from autoplan.solve.sequence_parallel import search_with_sequence_parallel
@@ -127,6 +131,9 @@ def solve_outcome(
     """
     _check_options(profile, global_batch_size, options)
     model = cost_model(profile, cluster, options)
+    # Said before a search that cannot succeed runs to its time limit.
+    if options.strategy != "megatron" and (early := diagnose_before_search(model, options)):
+        raise InfeasibleError(early.message, short=early.short)
     result = solve_candidates(model, global_batch_size, options, progress)
     feasible: list[Candidate] = [c for c in result.candidates if c.cost.feasible]
     if not result.candidates:
