@@ -9,6 +9,7 @@ One torchrun launch (4 processes) runs every case (``tests/async_pb_driver.py``)
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -85,8 +86,22 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out_dir = tmp_path_factory.mktemp("async_pb")
-    (out_dir / "plans").mkdir()
+    # Under pytest-xdist the module's tests may land on several workers, each of which would
+    # set this fixture up: the first launches, the others wait on a lock in the session's
+    # shared folder and read the same results (one launch per session, not per worker).
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.getbasetemp()
+    out_dir = root / "async_pb_runs"
+    with open(root / "async_pb_runs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out_dir / "done").exists():
+            _launch(out_dir)
+            (out_dir / "done").touch()
+    return out_dir
+
+
+def _launch(out_dir: Path) -> None:
+    (out_dir / "plans").mkdir(parents=True)
     listing = {}
     for name, (plan, zero_delay, steps) in PLAN_CASES.items():
         write_json_model(out_dir / "plans" / f"{name}.json", plan)
@@ -111,7 +126,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    return out_dir
 
 
 def _stages(runs: Path, name: str, pp: int) -> list[torch.nn.Module]:
