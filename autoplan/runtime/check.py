@@ -229,3 +229,7 @@ def check_runnable(plan: Plan) -> None:
     for stage in plan.stages:
         _check_zero1(stage)
     _check_schedule(plan)
+    if plan.parallelism.schedule == "async_pb":
+        from autoplan.runtime.async_pb import check_async_plan
+
+        check_async_plan(plan)

@@ -59,6 +59,8 @@ from autoplan.schedule import (
     schedule_order,
     validate_order,
 )
+from autoplan.schedule.async_pb import async_stream_order
+from autoplan.simulate.async_pb import ASYNC_ITERATIONS, ASYNC_NOTE, steady_iteration_ms
 from autoplan.simulate.memory import activation_bytes_per_replica, memory_curve
 from autoplan.simulate.regroup import regroup_pairs
 from autoplan.simulate.result import (
@@ -397,15 +399,20 @@ def _allreduce_per_rank(
 def simulate_plan(plan: Plan) -> SimulationResult:
     """Play ``plan``'s schedule with its predicted stage times; see the module docstring."""
     par = plan.parallelism
-    order = schedule_order(
-        par.schedule, par.pipeline_degree, par.num_micro_batches, par.virtual_stages_per_rank
-    )
+    asynchronous = par.schedule == "async_pb"
+    if asynchronous:  # a stream of iterations without flush (autoplan.simulate.async_pb)
+        stream = ASYNC_ITERATIONS * par.num_micro_batches
+        order = async_stream_order(par.pipeline_degree, stream)
+    else:
+        order = schedule_order(
+            par.schedule, par.pipeline_degree, par.num_micro_batches, par.virtual_stages_per_rank
+        )
     stage_rank = [par.rank_of_stage(s) for s in range(par.num_stages)]
     validate_order(
         order,
         par.pipeline_degree,
         par.num_stages,
-        par.num_micro_batches,
+        stream if asynchronous else par.num_micro_batches,
         v_shape=par.schedule in V_SCHEDULES,
     )
     timings = plan.prediction.stage_timings
@@ -415,12 +422,14 @@ def simulate_plan(plan: Plan) -> SimulationResult:
         [_estimate_of(plan, p, replica) for replica in rank] for p, rank in enumerate(replicas)
     ]
     allreduce_ms, allreduce_note = _allreduce_per_rank(plan, replicas, memory)
+    if asynchronous:  # per micro-batch in async_pb: the prediction counts them, not the play
+        allreduce_ms, allreduce_note = [0.0] * par.pipeline_degree, ""
     events = simulate_replicas(
         order,
         shares,
         timings,
         allreduce_ms=allreduce_ms,
-        optimizer_ms=plan.prediction.breakdown.optimizer_ms,
+        optimizer_ms=0.0 if asynchronous else plan.prediction.breakdown.optimizer_ms,
         stage_rank=stage_rank,
     )
     activation_bytes, source = activation_bytes_per_replica(order, timings, memory)
@@ -434,6 +443,9 @@ def simulate_plan(plan: Plan) -> SimulationResult:
 
     all_events = [e for rank in events for replica in rank for e in replica]
     iteration_ms = max((e.end_ms for e in all_events), default=0.0)
+    if asynchronous:
+        iteration_ms = steady_iteration_ms(all_events, par.num_micro_batches)
+        notes.append(ASYNC_NOTE)
     pass_events = [e for e in all_events if e.category in PASS_CATEGORIES]
     pipeline_ms = max((e.end_ms for e in pass_events), default=0.0)
     pass_time = sum(e.duration_ms for e in pass_events)

@@ -19,6 +19,7 @@ from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.profile.schema import Profile
 from autoplan.solve.async_pb import async_alternative, best_async
+from autoplan.solve.async_plan import emit_async_plan
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
 from autoplan.solve.diagnose import (
     diagnose_before_search,
@@ -112,6 +113,7 @@ class SolveOutcome:
     plan: Plan
     timed_out: bool  # the time limit stopped the search: the best found, not proven optimal
     violation: str | None  # why the plan does not fit (a baseline's best may not), else None
+    async_plan: Plan | None = None  # with allow_async: the async alternative as a plan
 
 
 def solve_outcome(
@@ -176,11 +178,13 @@ def solve_outcome(
         raise InfeasibleError(
             f"the {options.strategy} plan cannot be placed: {error}", short="cannot be placed"
         ) from None
+    async_plan = None
     if options.allow_async:
         choice = best_async(model, feasible)
         if choice is not None:
             plan = async_alternative(model, plan, choice)
-    return SolveOutcome(plan, result.timed_out, violation)
+            async_plan = emit_async_plan(model, choice, inputs)
+    return SolveOutcome(plan, result.timed_out, violation, async_plan)
 
 
 def solve(
