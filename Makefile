@@ -22,10 +22,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO_DIR)
 
-# One pytest worker per core (pytest-xdist); worksteal keeps both busy to the end, since a few
-# tests (the solver oracles, the README run, torchrun launches) take most of the time.
+# One pytest worker per core (pytest-xdist). loadgroup keeps each file marked with an
+# xdist_group (a module-scoped torchrun launch) on one worker, so no launch runs twice.
 test: $(STAMP)
-	$(PY) -m pytest -n auto --dist worksteal
+	$(PY) -m pytest -n auto --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -9,7 +9,6 @@ One torchrun launch (4 processes) runs every case (``tests/async_pb_driver.py``)
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -26,6 +25,10 @@ from autoplan.runtime.async_pb_optim import spike_coefficients
 from tests import async_pb_plans as plans
 from tests import async_pb_task as task
 from tests.plan_factory import ReplicaSpec
+
+# One worker runs this file's tests: its module-scoped fixture is a launch (or real solves)
+# that every worker given one of them would otherwise repeat (make test's --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("test_async_pb_runtime")
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_MICRO_BATCHES = 160
@@ -86,17 +89,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Under pytest-xdist the module's tests may land on several workers, each of which would
-    # set this fixture up: the first launches, the others wait on a lock in the session's
-    # shared folder and read the same results (one launch per session, not per worker).
-    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
-    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.getbasetemp()
-    out_dir = root / "async_pb_runs"
-    with open(root / "async_pb_runs.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out_dir / "done").exists():
-            _launch(out_dir)
-            (out_dir / "done").touch()
+    out_dir = tmp_path_factory.mktemp("async_pb_runs")
+    _launch(out_dir)
     return out_dir
 
 
