@@ -77,7 +77,7 @@ def test_a_block_plan_costs_the_same_at_either_grain(profile, cluster, batch) ->
     block = block_profile(profile)
     assert len(block.layers) == len(profile.layers) - len(block_pairs(profile))
     sub_model = cost_model(profile, cluster, FREE)
-    block_model, found = _best(block, cluster, batch, FREE.model_copy(update={"top_k": 8}))
+    _, found = _best(block, cluster, batch, FREE)
     boundaries = unit_boundaries(profile)
     for candidate in found:
         lifted = sub_model.evaluate(lift(candidate.config, boundaries))

@@ -110,9 +110,7 @@ def _merge_tp(
 def merge_parts(attn: LayerProfile, mlp: LayerProfile, index: int) -> LayerProfile:
     """The block that the two parts make: figures summed, the attention part's input, the MLP
     part's output, the block's name (the units' name less ':attn'), no measurements."""
-    update: dict[str, object] = {
-        name: getattr(attn, name) + getattr(mlp, name) for name in _SUMMED
-    }
+    update: dict[str, object] = {name: getattr(attn, name) + getattr(mlp, name) for name in _SUMMED}
     for name in _OPTIONAL:
         update[name] = _add(getattr(attn, name), getattr(mlp, name))
     update.update(
@@ -186,26 +184,45 @@ def whole_block_passes(
     units = list(alone)
     start_work = {mode: [0.0] * (len(alone) + 1) for mode in forward}
     start_backward = {mode: [0.0] * (len(alone) + 1) for mode in forward}
+    # (mlp forward, mlp backward, mlp start_work, mlp start_backward) per mode, per distinct
+    # (block, attn, mlp) costs: a model's repeated blocks share them.
+    done: dict[tuple[int, int, int], tuple[dict[str, tuple[float, ...]], LayerCost]] = {}
     for p, block in blocks.items():
         attn, mlp = alone[p], alone[p + 1]
-        for mode in forward:
-            block_f, block_b = pass_ms(block, mode)
-            forward[mode][p + 1] = block_f - forward[mode][p]
-            extra_b = backward[mode][p] + backward[mode][p + 1] - block_b
-            backward[mode][p + 1] = block_b - backward[mode][p]
-            start_backward[mode][p + 1] = extra_b
-            start_work[mode][p + 1] = pass_ms(mlp, mode)[0] + pass_ms(attn, mode)[0] - block_f
-            start_work[mode][p + 1] += extra_b
-        units[p + 1] = dataclasses.replace(
-            mlp,
-            forward_compute_ms=block.forward_compute_ms - attn.forward_compute_ms,
-            backward_compute_ms=block.backward_compute_ms - attn.backward_compute_ms,
-            forward_tp_comm_ms=block.forward_tp_comm_ms - attn.forward_tp_comm_ms,
-            backward_tp_comm_ms=block.backward_tp_comm_ms - attn.backward_tp_comm_ms,
-            selective_extra_ms=block.selective_extra_ms - attn.selective_extra_ms,
-            regather_ms=block.regather_ms - attn.regather_ms,
-        )
+        key = (id(block), id(attn), id(mlp))
+        if key not in done:
+            values = {}
+            for mode in forward:
+                block_f, block_b = pass_ms(block, mode)
+                attn_f, attn_b = pass_ms(attn, mode)
+                mlp_f, mlp_b = pass_ms(mlp, mode)
+                extra_b = attn_b + mlp_b - block_b
+                values[mode] = (
+                    block_f - attn_f,
+                    block_b - attn_b,
+                    attn_f + mlp_f - block_f + extra_b,
+                    extra_b,
+                )
+            done[key] = (values, _marginal(block, attn, mlp))
+        values, marginal = done[key]
+        for mode, (f, b, extra_w, extra_b) in values.items():
+            forward[mode][p + 1], backward[mode][p + 1] = f, b
+            start_work[mode][p + 1], start_backward[mode][p + 1] = extra_w, extra_b
+        units[p + 1] = marginal
     return units, start_work, start_backward
+
+
+def _marginal(block: LayerCost, attn: LayerCost, mlp: LayerCost) -> LayerCost:
+    """The MLP part's cost with its times the block's less the attention part's."""
+    return dataclasses.replace(
+        mlp,
+        forward_compute_ms=block.forward_compute_ms - attn.forward_compute_ms,
+        backward_compute_ms=block.backward_compute_ms - attn.backward_compute_ms,
+        forward_tp_comm_ms=block.forward_tp_comm_ms - attn.forward_tp_comm_ms,
+        backward_tp_comm_ms=block.backward_tp_comm_ms - attn.backward_tp_comm_ms,
+        selective_extra_ms=block.selective_extra_ms - attn.selective_extra_ms,
+        regather_ms=block.regather_ms - attn.regather_ms,
+    )
 
 
 def block_cost(block: LayerCost, attn: LayerCost, mlp: LayerCost) -> LayerCost:

@@ -43,8 +43,13 @@ from itertools import accumulate
 from autoplan.cluster.catalog import peak_tflops, spec_for_dtype
 from autoplan.cluster.schema import Cluster, GpuSpec
 from autoplan.cost import sharding
-from autoplan.cost.block_parts import block_cost, block_pairs, merge_parts, stage_pieces
-from autoplan.cost.block_parts import whole_block_passes
+from autoplan.cost.block_parts import (
+    block_cost,
+    block_pairs,
+    merge_parts,
+    stage_pieces,
+    whole_block_passes,
+)
 from autoplan.cost.comm import allreduce_ms as nccl_allreduce_ms
 from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
@@ -262,7 +267,8 @@ class CostModel:
         first: dict[str, int] = {}
         self._same_as = [
             first.setdefault(
-                layer.model_dump_json(exclude={"index", "name", "replica_of"}), position
+                layer.model_dump_json(exclude={"index", "name", "replica_of", "block_index"}),
+                position,
             )
             for position, layer in enumerate(profile.layers)
         ]
@@ -310,8 +316,15 @@ class CostModel:
             )
         layers = [costed[position] for position in self._same_as]
         host = dc.host_link_bandwidth_gb_per_s
-        forward = {m: [mode_forward_ms(c, m, host) for c in layers] for m in ALL_MODES}
-        backward = {m: [mode_backward_ms(c, m, host) for c in layers] for m in ALL_MODES}
+        # Per distinct layer, then spread: a model's repeated blocks cost the same.
+        forward = {
+            m: {x: mode_forward_ms(c, m, host) for x, c in costed.items()} for m in ALL_MODES
+        }
+        backward = {
+            m: {x: mode_backward_ms(c, m, host) for x, c in costed.items()} for m in ALL_MODES
+        }
+        forward = {m: [values[x] for x in self._same_as] for m, values in forward.items()}
+        backward = {m: [values[x] for x in self._same_as] for m, values in backward.items()}
         alone, blocks, whole = layers, {}, {}
         if self._blocks:
             # A stage holding both parts of a block runs the block (block_parts).

@@ -21,9 +21,9 @@ from autoplan.profile.schema import Profile
 from autoplan.solve.async_pb import async_alternative, best_async
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
 from autoplan.solve.diagnose import diagnose_infeasible, diagnose_megatron_infeasible
+from autoplan.solve.granularity import block_seed_profile, seeded_search
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult
-from autoplan.solve.granularity import block_seed_profile, seeded_search
 
 __all__ = [
     "SolveOptions",

@@ -10,8 +10,11 @@ the incumbent the sub-block search starts from (``search(..., incumbent_ms=...)`
 explores what can beat it, and what it returns is never slower than the block plan. The two
 sets of candidates are merged and ranked as ``search`` ranks them.
 
-The time limit is shared: the block search gets ``BLOCK_SHARE`` of it, the sub-block search
-what is left. A pinned ``layer_split`` counts units, so it is searched at sub-block grain only.
+The time limit is shared: the block search may take all of it (it is the smaller problem,
+and its plan is what the finer one must not fall below), the sub-block search gets what is
+left; stopped early, it returns the best found, at worst the block plan. A pinned
+``layer_split`` counts units, so it is searched at sub-block grain only; so are the baseline
+strategies (their rule, e.g. an even split, is over the units).
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from autoplan.solve.uniform import config_key
 
 __all__ = ["BLOCK_SHARE", "block_seed_profile", "lift", "seeded_search"]
 
-BLOCK_SHARE = 0.4
-"""Part of the time limit the block-grain search may take (it is the smaller problem)."""
+BLOCK_SHARE = 1.0
+"""Part of the time limit the block-grain search may take (module docstring)."""
 
 
 def block_seed_profile(profile: Profile, options: SolveOptions) -> Profile | None:
@@ -110,5 +113,6 @@ def seeded_search(
         ranked[: options.top_k + 1],
         coarse.configs_considered + fine.configs_considered,
         coarse.partitions_solved + fine.partitions_solved,
-        coarse.timed_out or fine.timed_out,
+        # The finer search prunes only against plans it holds: exact unless it stopped.
+        fine.timed_out,
     )
