@@ -16,6 +16,7 @@ block-grain plan seeds the finer search (``autoplan.cost.block_parts``,
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -114,3 +115,21 @@ def test_launch_bound_sub_block_search_equals_brute_force(profile, cluster, batc
         assert math.isinf(got)
     else:
         assert math.isclose(got, expected, rel_tol=1e-9), (got, expected)
+
+
+def test_shipped_sub_block_profiles_merge_into_the_shipped_block_profiles() -> None:
+    """The parts merged (``block_profile``) are the block the profiler traced whole: every
+    figure of every layer, tensor-parallel ones included (what the seeding and the per-block
+    cost rely on)."""
+    from autoplan.files import read_json_model
+
+    folder = Path(__file__).resolve().parents[1] / "profiles"
+    for name in ("llama2-7b", "gpt3-175b"):
+        sub = read_json_model(folder / f"{name}.sub-block.profile.json", Profile)
+        whole = read_json_model(folder / f"{name}.profile.json", Profile)
+        merged = block_profile(sub)
+        assert unit_boundaries(sub)[-1] == len(sub.layers)
+        assert len(merged.layers) == len(whole.layers) == len(unit_boundaries(sub)) - 1
+        skip = {"index", "replica_of", "measured"}
+        for mine, theirs in zip(merged.layers, whole.layers, strict=True):
+            assert mine.model_dump(exclude=skip) == theirs.model_dump(exclude=skip), mine.name
