@@ -28,6 +28,7 @@ from autoplan.cluster.catalog import example_cluster_path, load_cluster
 from autoplan.files import read_json_model
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
+from autoplan.cost.async_pb import async_pb_cost
 from autoplan.solve.async_pb import best_async, runnable_async
 
 __all__ = ["main"]
@@ -71,7 +72,7 @@ def _finer(name: str, cluster, batch: int, options: SolveOptions, sync: float) -
 
 def main() -> None:
     logging.getLogger("autoplan").setLevel(logging.ERROR)
-    console = Console(width=200)
+    console = Console(width=320)
     table = Table(title="synchronous vs finer-grain vs async_pb (predicted)")
     columns = ["model", "cluster", "batch", "sync samples/s", "sync bubble", "sync GB/stage"]
     columns += ["sync solve s", "finer samples/s", "finer ×", "finer bubble", "finer GB/stage"]
@@ -103,7 +104,9 @@ def main() -> None:
             *_finer(name, cluster, batch, options, sync_samples_per_s),
         ]
         if choice is None:
-            row += ["n/a", "", "", "", "none fits with its stashed weights"]
+            # What the best synchronous plan would need with its stashed weight versions.
+            need = async_pb_cost(model, feasible[0].config)
+            row += ["n/a", "", "", "", "none fits: " + (need.violations or ["?"])[0]]
         else:
             cost = choice.cost
             row += [

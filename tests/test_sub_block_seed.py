@@ -10,7 +10,8 @@ block-grain plan seeds the finer search (``autoplan.cost.block_parts``,
   best is never slower than the block-grain best (it holds the lifted block plan).
 - Still exact: with the floors binding, the solver's best at sub-block grain equals brute
   force over the whole space (the search's prefix sums plus the start correction against
-  ``CostModel.evaluate``'s stage-by-stage pieces).
+  ``CostModel.evaluate``'s stage-by-stage pieces), and so does the search given an incumbent
+  just above the optimum (what the seeding passes: it prunes, never loses the optimum).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from autoplan.cost.block_parts import block_pairs, block_profile, unit_boundarie
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
 from autoplan.solve.granularity import lift
+from autoplan.solve.sequence_parallel import search_with_sequence_parallel
 from tests.synthetic_profiles import gpu, make_cluster
 from tests.test_solver_oracle import OPTIONS, brute_force, brute_force_hetero
 from tests.test_sub_block_solve import sub_block_profiles
@@ -113,8 +115,12 @@ def test_launch_bound_sub_block_search_equals_brute_force(profile, cluster, batc
     got = found[0].iteration_ms if found else math.inf
     if math.isinf(expected):
         assert math.isinf(got)
-    else:
-        assert math.isclose(got, expected, rel_tol=1e-9), (got, expected)
+        return
+    assert math.isclose(got, expected, rel_tol=1e-9), (got, expected)
+    # An incumbent just above the optimum prunes everything else and still finds it.
+    seeded = search_with_sequence_parallel(model, batch, OPTIONS, incumbent_ms=expected * 1.001)
+    best = min(c.iteration_ms for c in seeded.candidates if c.cost.feasible)
+    assert math.isclose(best, expected, rel_tol=1e-9), (best, expected)
 
 
 def test_shipped_sub_block_profiles_merge_into_the_shipped_block_profiles() -> None:

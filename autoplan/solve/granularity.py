@@ -20,6 +20,7 @@ strategies (their rule, e.g. an even split, is over the units).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -33,10 +34,16 @@ from autoplan.solve.search import Candidate, SearchResult
 from autoplan.solve.sequence_parallel import search_with_sequence_parallel
 from autoplan.solve.uniform import config_key
 
-__all__ = ["BLOCK_SHARE", "block_seed_profile", "lift", "seeded_search"]
+__all__ = ["BLOCK_SHARE", "MIN_FINE_SHARE", "block_seed_profile", "lift", "seeded_search"]
 
 BLOCK_SHARE = 1.0
 """Part of the time limit the block-grain search may take (module docstring)."""
+
+MIN_FINE_SHARE = 0.05
+"""Below this part of the limit left, the units are not searched (the search's set-up alone
+would overrun the limit); the block plans are returned, marked as stopped by the limit."""
+
+logger = logging.getLogger(__name__)
 
 
 def block_seed_profile(profile: Profile, options: SolveOptions) -> Profile | None:
@@ -88,14 +95,22 @@ def seeded_search(
         cost = model.evaluate(config)
         seeds.append(Candidate(cost.iteration_ms, config, cost))
     incumbent = min((c.iteration_ms for c in seeds if c.cost.feasible), default=math.inf)
-    left = max(options.time_limit_s - (time.monotonic() - start), 1e-3)
-    fine = search_with_sequence_parallel(
-        model,
-        batch,
-        options.model_copy(update={"time_limit_s": left}),
-        progress,
-        incumbent_ms=incumbent,
-    )
+    left = options.time_limit_s - (time.monotonic() - start)
+    if left < MIN_FINE_SHARE * options.time_limit_s:
+        # No time left to search the units: the block plans, not proven best at this grain.
+        logger.warning(
+            "time limit reached at block grain: the plan is the best block plan, the "
+            "sub-block units were not searched"
+        )
+        fine = SearchResult([], 0, 0, True)
+    else:
+        fine = search_with_sequence_parallel(
+            model,
+            batch,
+            options.model_copy(update={"time_limit_s": left}),
+            progress,
+            incumbent_ms=incumbent,
+        )
     unique: dict[tuple, Candidate] = {}
     for candidate in fine.candidates + seeds:
         key = (*config_key(candidate.config), candidate.config.sequence_parallel)
