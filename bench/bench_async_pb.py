@@ -25,10 +25,10 @@ from rich.console import Console
 from rich.table import Table
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
+from autoplan.cost.async_pb import async_pb_cost
 from autoplan.files import read_json_model
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
-from autoplan.cost.async_pb import async_pb_cost
 from autoplan.solve.async_pb import best_async, runnable_async
 
 __all__ = ["main"]
