@@ -5,7 +5,8 @@ block-grain plan seeds the finer search (``autoplan.cost.block_parts``,
 - The same plan at either grain costs the same: every candidate of the block-grain search,
   lifted to units, has the block-grain iteration time on the sub-block model, with launch
   floors that bind for a part alone (the kernels of each part take longer to launch than
-  its GPU time at small micro-batches) and activation offload in the space.
+  its GPU time at small micro-batches), activation offload and the zero-bubble schedules in
+  the space.
 - Never slower, with offload and every ZeRO level searched: the seeded sub-block search's
   best is never slower than the block-grain best (it holds the lifted block plan).
 - Still exact: with the floors binding, the solver's best at sub-block grain equals brute
@@ -80,7 +81,8 @@ def test_a_block_plan_costs_the_same_at_either_grain(profile, cluster, batch) ->
     block = block_profile(profile)
     assert len(block.layers) == len(profile.layers) - len(block_pairs(profile))
     sub_model = cost_model(profile, cluster, FREE)
-    _, found = _best(block, cluster, batch, FREE)
+    # Zero-bubble schedules too: their backward splits into I and W by block at either grain.
+    _, found = _best(block, cluster, batch, FREE.model_copy(update={"zero_bubble": True}))
     boundaries = unit_boundaries(profile)
     for candidate in found:
         lifted = sub_model.evaluate(lift(candidate.config, boundaries))

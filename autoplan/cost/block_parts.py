@@ -39,6 +39,7 @@ __all__ = [
     "block_pairs",
     "block_profile",
     "merge_parts",
+    "piece_spans",
     "stage_pieces",
     "unit_boundaries",
     "whole_block_passes",
@@ -242,13 +243,19 @@ def stage_pieces(
 ) -> list[LayerCost]:
     """What runs in a stage on units [start, end): each block whose two parts are both in it
     as the block (``blocks``, keyed by the attention part's position), other units alone."""
-    pieces = []
+    return [
+        blocks[position] if span == 2 else units[position]
+        for position, span in piece_spans(blocks, start, end)
+    ]
+
+
+def piece_spans(blocks: dict[int, object], start: int, end: int) -> list[tuple[int, int]]:
+    """(position, units) of each piece of a stage on units [start, end): 2 for a block whose
+    two parts are both in it (``blocks`` keyed by the attention part's position), else 1."""
+    spans = []
     position = start
     while position < end:
-        if position in blocks and position + 1 < end:
-            pieces.append(blocks[position])
-            position += 2
-        else:
-            pieces.append(units[position])
-            position += 1
-    return pieces
+        span = 2 if position in blocks and position + 1 < end else 1
+        spans.append((position, span))
+        position += span
+    return spans

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoplan.cost.block_parts import piece_spans
 from autoplan.schedule.actions import Action, PipelineOrder
 from autoplan.schedule.orders import schedule_order
 
@@ -174,8 +175,18 @@ def zero_bubble_pipeline(
         slowest = max(range(len(stage.groups)), key=lambda g: cost.groups[g].backward_ms)
         group = stage.groups[slowest]
         tables = model.tables(group.device_class, group.tp, group.micro_batch_size)
-        layers = range(stage.layer_start, stage.layer_end)
-        w = sum(tables.layers[i].backward_compute_ms * shares[i] for i in layers)
+        w = 0.0
+        for i, span in piece_spans(tables.blocks, stage.layer_start, stage.layer_end):
+            if span == 1:
+                w += tables.alone[i].backward_compute_ms * shares[i]
+            else:  # a whole block at sub-block grain (block_parts): its share as a block
+                attn, mlp = profile.layers[i], profile.layers[i + 1]
+                share = weight_gradient_share(
+                    attn.param_count + mlp.param_count,
+                    tokens,
+                    attn.backward_flops + mlp.backward_flops,
+                )
+                w += tables.blocks[i].backward_compute_ms * share
         forward.append(cost.forward_ms)
         weight.append(w)
         input_grad.append(cost.groups[slowest].backward_ms - w)
