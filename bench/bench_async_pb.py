@@ -7,9 +7,12 @@ gradient all-reduce per micro-batch; one stashed weight version per micro-batch 
 predicted throughput, bubble share of the iteration, memory per stage (the largest rank's
 peak, GB). The finer-grain plan is the same search over the model's sub-block units (each
 block's attention and MLP parts: ``profiles/*.sub-block.profile.json``), seeded with the
-block plan (``autoplan.solve.granularity``), so it is never slower; "seeded" says whether its
-best is the block plan itself (no cut inside a block pays) and the wall time of each search is
-shown. Async plans the executor cannot run yet (dp or tp > 1 on a stage) are marked: the
+block plan (``autoplan.solve.granularity``), so it is never slower; "cuts in blocks" counts
+its stage boundaries that fall between a block's attention and MLP parts (0: the block plan
+itself is best, or the units were not searched) and the wall time of each search is shown,
+"(limit)" where the 60 s limit stopped it (the block search may take all of it, and then the
+units are not searched: the finer column is the block plan). Async plans the executor cannot
+run yet (dp or tp > 1 on a stage) are marked: the
 figure is the cost model's.
 
 Shipped profiles (``profiles/*.profile.json``) are read, not re-profiled.
