@@ -12,8 +12,8 @@ its stage boundaries that fall between a block's attention and MLP parts (0: the
 itself is best, or the units were not searched) and the wall time of each search is shown,
 "(limit)" where the 60 s limit stopped it (the block search may take all of it, and then the
 units are not searched: the finer column is the block plan). Async plans the executor cannot
-run yet (dp or tp > 1 on a stage) are marked: the
-figure is the cost model's.
+run yet (dp or tp > 1 on a stage) are marked: the figure is the cost model's; where none fits,
+the cell says what the best synchronous plan would need with its stashed weight versions.
 
 Shipped profiles (``profiles/*.profile.json``) are read, not re-profiled.
 """
