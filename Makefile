@@ -22,8 +22,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO_DIR)
 
+# One pytest worker per core (pytest-xdist); worksteal keeps both busy to the end, since a few
+# tests (the solver oracles, the README run, torchrun launches) take most of the time.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist worksteal
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 __all__ = [
     "DEFAULT_HOST_LINK_GB_PER_S",
+    "DEFAULT_HOST_MEMORY_GIB_PER_GPU",
     "MAX_BANDWIDTH_GB_PER_S",
     "MAX_CLUSTER_GPUS",
     "MAX_CLUSTER_NODES",
@@ -108,6 +109,9 @@ dividing bytes by a near-zero bandwidth would give infinite times."""
 MAX_BANDWIDTH_GB_PER_S = 1e12
 # A GPU type without a host-link figure: PCIe gen4 x16 at its effective ~25 GB/s per direction.
 DEFAULT_HOST_LINK_GB_PER_S = 25.0
+# A GPU type without a host-memory figure: 512 GB over 8 GPUs (a DGX-1's share, the smallest
+# of the 8-GPU servers in the catalog's sources).
+DEFAULT_HOST_MEMORY_GIB_PER_GPU = 64.0
 """Fastest link or memory accepted, GB/s: far beyond any hardware (HBM3e is ~5e3), because
 what-if studies and oracle tests model 'free' communication as 1e9 to 1e12 GB/s; any finite
 bound keeps times finite."""

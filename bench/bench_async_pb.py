@@ -32,7 +32,7 @@ from autoplan.cost.async_pb import async_pb_cost
 from autoplan.files import read_json_model
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
-from autoplan.solve.async_pb import best_async, runnable_async
+from autoplan.solve.async_pb import best_async
 
 __all__ = ["main"]
 
@@ -117,8 +117,13 @@ def main() -> None:
                 f"{cost.samples_per_s / sync_samples_per_s:.2f}",
                 f"{cost.bubble_ms / cost.iteration_ms:.1%}",
                 f"{max(m.total_bytes for m in cost.memory) / GB:.1f}",
-                f"pp={choice.config.pipeline_degree} m={choice.config.num_micro_batches}"
-                + ("" if runnable_async(choice.config) else " (dp/tp>1: cost only)"),
+                f"pp={choice.config.pipeline_degree} m={choice.config.num_micro_batches} "
+                + "stages=["
+                + " | ".join(
+                    "+".join(f"{g.replicas}×tp{g.tp}" for g in stage.groups)
+                    for stage in choice.config.stages
+                )
+                + "]",
             ]
         table.add_row(*row)
     console.print(table)

@@ -9,7 +9,8 @@ so that the run matches the reference only if the loader's data was used. Plans 
 in ``_masterweights`` train with ``MasterWeightAdamW`` (ZeRO-1 sharded over dp when the plan
 says ZeRO-1) although float64, so that its sharding and broadcasts are checked exactly. Plans
 whose name ends in ``_groups`` run through the groups executor although uniform
-(``train(..., executor="groups")``).
+(``train(..., executor="groups")``). Plans whose name ends in ``_memory`` also record what each
+pipeline action holds (``tests.split_backward_memory``) to ``OUT/<plan>/rank<r>_memory.json``.
 Plans of several nodes run in the one launch too: each rank is given the torchrun variables
 its node would have (``GROUP_RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` from the plan's rank
 map), as if each plan node were its own torchrun agent on this machine. Every rank
@@ -20,6 +21,7 @@ training.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -40,6 +42,7 @@ from autoplan.runtime.data_parallel import make_optimizer
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.trainer import train
+from tests.split_backward_memory import recording_split_backward_memory
 
 STEPS = 2
 LOADER_DATA_SEED = 123  # train()'s own synthetic data uses seed + 1 = 1
@@ -146,14 +149,20 @@ def main(plans_dir: Path, out_dir: Path) -> None:
             target / f"rank{rank}_shards.json"
         )
         executor = "groups" if path.stem.endswith("_groups") else "auto"
-        report = train(
-            plan,
-            STEPS,
-            batches,
-            on_gradients=save,
-            environ=_node_environ(plan, rank),
-            executor=executor,
-        )
+        memory = target / f"rank{rank}_memory.json"
+        with (
+            recording_split_backward_memory(memory)
+            if path.stem.endswith("_memory")
+            else contextlib.nullcontext()
+        ):
+            report = train(
+                plan,
+                STEPS,
+                batches,
+                on_gradients=save,
+                environ=_node_environ(plan, rank),
+                executor=executor,
+            )
         if rank == 0:
             write_json_model(target / "report.json", report)
         dist.barrier()

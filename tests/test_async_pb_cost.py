@@ -3,6 +3,8 @@ orders), stashed weight versions in memory, and ``--allow-async`` reporting it."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -12,12 +14,13 @@ from autoplan.cost.async_pb import async_pb_cost
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.errors import InputError
 from autoplan.files import write_json_model
-from autoplan.plan.schema import AsyncPB, Parallelism
-from autoplan.runtime.async_pb import async_pb_order, check_async_plan, refuse_in_trainer
+from autoplan.plan.schema import AsyncPB, Parallelism, Plan
+from autoplan.plan.validate import plan_problems
+from autoplan.runtime.async_pb import async_pb_order, check_async_plan
 from autoplan.solve import SolveOptions, cost_model, solve
-from autoplan.solve.async_pb import ASYNC_MARK, async_line
+from autoplan.solve.async_pb import ASYNC_MARK, as_async, async_line, runnable_async
 from autoplan.view.plan_tables import overview_section
-from tests.plan_factory import make_plan
+from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
 
@@ -128,24 +131,41 @@ def test_show_marks_an_async_plan() -> None:
     assert "spike compensation on" in rows["ASYNCHRONOUS"]
 
 
-def test_runtime_refuses_async_plans_it_cannot_run_in_one_line() -> None:
-    data = make_plan([2, 2], data_parallel=2).parallelism.model_dump()
+def _as_async(plan: Plan) -> Plan:
+    data = plan.parallelism.model_dump()
     data.update(schedule="async_pb", async_pb={})
-    plan = make_plan([2, 2], data_parallel=2)
-    plan = plan.model_copy(update={"parallelism": Parallelism.model_validate(data)})
-    with pytest.raises(InputError, match="one rank per stage; stage 0 has 2 replica"):
-        check_async_plan(plan)
-    single = make_plan([2, 2])
-    single = single.model_copy(
-        update={
-            "parallelism": Parallelism.model_validate(
-                {**single.parallelism.model_dump(), "schedule": "async_pb", "async_pb": {}}
-            )
-        }
+    return plan.model_copy(update={"parallelism": Parallelism.model_validate(data)})
+
+
+def test_runtime_runs_any_dp_tp_and_refuses_what_it_cannot_in_one_line() -> None:
+    # Replicas of unequal shares and tensor parallelism per stage run (tests of the runtime).
+    check_async_plan(_as_async(make_plan([3, 3], replica_micro_batch_sizes=[1, 3])))
+    check_async_plan(_as_async(make_plan([3, 3], tensor_parallel=2)))
+    with pytest.raises(InputError, match="ZeRO-1"):
+        check_async_plan(_as_async(make_plan([3, 3], data_parallel=2, zero1=True)))
+    with pytest.raises(InputError, match="recompute 'full'"):
+        check_async_plan(_as_async(make_plan([3, 3], recompute="full")))
+    with pytest.raises(InputError, match="offload True"):
+        check_async_plan(_as_async(make_plan([3, 3], offload=True)))
+
+
+def test_async_alternative_is_costed_as_the_executor_runs_it() -> None:
+    _, _, model, stages = _setup()
+    heavy = tuple(
+        dataclasses.replace(
+            s,
+            zero_stage=1,
+            groups=(ReplicaGroup(0, 1, 2, 1, "full"),),
+        )
+        for s in stages
     )
-    check_async_plan(single)
-    with pytest.raises(InputError, match="not wired into `autoplan run`"):
-        refuse_in_trainer(single)
+    config = PlanConfig(8, "1f1b", 1, heavy)
+    assert not runnable_async(config)
+    plain = as_async(config)
+    assert runnable_async(plain)
+    assert all(s.zero_stage == 0 and s.groups[0].recompute == "none" for s in plain.stages)
+    assert [g.replicas for s in plain.stages for g in s.groups] == [2, 2, 2]  # dp kept
+    assert async_pb_cost(model, plain).iteration_ms > 0
 
 
 def test_cli_allow_async_prints_the_async_line(tmp_path) -> None:
@@ -161,9 +181,82 @@ def test_cli_allow_async_prints_the_async_line(tmp_path) -> None:
     assert "async_pb (asynchronous Pipelined Backpropagation" in " ".join(result.output.split())
     plain = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "plain.json")])
     assert plain.exit_code == 0 and "async_pb" not in plain.output
+    lone = CliRunner().invoke(app, [*args, "-o", str(out), "--async-output", str(tmp_path / "a")])
+    assert lone.exit_code == 2 and "--async-output needs --allow-async" in lone.output
+
+
+def test_solve_writes_the_async_alternative_as_a_plan_the_validator_and_simulator_read(
+    tmp_path,
+) -> None:
+    from autoplan.files import read_json_model
+    from autoplan.simulate import simulate_plan
+
+    profile, cluster, _, _ = _setup()
+    profile_path, cluster_path = tmp_path / "profile.json", tmp_path / "cluster.yaml"
+    write_json_model(profile_path, profile)
+    cluster_path.write_text(yaml.safe_dump(cluster.model_dump(mode="json")))
+    out, async_out = tmp_path / "plan.json", tmp_path / "async.json"
+    args = ["solve", str(profile_path), "--cluster", str(cluster_path), "--global-batch", "8"]
+    args += ["--pp", "3", "--num-micro-batches", "8", "-o", str(out)]
+    result = CliRunner().invoke(app, [*args, "--allow-async", "--async-output", str(async_out)])
+    assert result.exit_code == 0, result.output
+    plan, asynchronous = read_json_model(out, Plan), read_json_model(async_out, Plan)
+    assert plan.parallelism.schedule != "async_pb"
+    assert asynchronous.parallelism.schedule == "async_pb"
+    assert plan_problems(asynchronous, profile) == []
+    (alternative,) = [a for a in plan.alternatives if a.summary.startswith(ASYNC_MARK)]
+    assert asynchronous.prediction.iteration_time_ms == pytest.approx(alternative.iteration_time_ms)
+    assert asynchronous.prediction.breakdown.bubble_ms == 0
+    # The stashed weight versions: (p − r) copies of the rank's weights on top of 1F1B's.
+    pp = asynchronous.parallelism.pipeline_degree
+    for estimate in asynchronous.prediction.memory:
+        assert estimate.total_bytes >= (pp - estimate.pipeline_rank) * estimate.weights_bytes
+    # Its simulated steady state is the work alone (no bubble): the prediction adds the
+    # per-micro-batch optimizer steps, so it is no faster than the prediction.
+    simulated = simulate_plan(asynchronous).iteration_time_ms
+    m = asynchronous.parallelism.num_micro_batches
+    slowest = max(t.forward_ms + t.backward_ms for t in asynchronous.prediction.stage_timings)
+    assert simulated == pytest.approx(m * slowest, rel=1e-6)
+    assert simulated <= asynchronous.prediction.iteration_time_ms
 
 
 def test_pinning_the_async_schedule_is_a_one_line_error() -> None:
     profile, cluster, _, _ = _setup()
     with pytest.raises(InputError, match="--allow-async reports"):
         solve(profile, cluster, 8, SolveOptions(schedule="async_pb"))
+
+
+def test_validator_accepts_async_plans_of_any_dp_tp_and_flags_what_they_cannot_run() -> None:
+    mixed = make_stages_plan(
+        [3, 3], [[ReplicaSpec(share=1), ReplicaSpec(share=3)], [ReplicaSpec(tp=2, share=4)]]
+    )
+    assert plan_problems(_as_async(mixed)) == []
+    flagged = plan_problems(_as_async(make_plan([3, 3], data_parallel=2, zero1=True)))
+    assert [p for p in flagged if "async_pb" in p] == [
+        "async_pb stage 0 has ZeRO-1; use 0",
+        "async_pb stage 1 has ZeRO-1; use 0",
+    ]
+    flagged = plan_problems(_as_async(make_plan([3, 3], recompute="selective")))
+    assert any("async_pb stage 0 has recompute ['selective']" in p for p in flagged)
+    # The same plans under a synchronous schedule break no async rule.
+    assert not any("async_pb" in p for p in plan_problems(make_plan([3, 3], recompute="full")))
+
+
+def test_simulate_plays_the_async_stream_and_finds_no_bubble_in_its_steady_state() -> None:
+    from autoplan.plan.schema import StageTiming
+    from autoplan.simulate import simulate_plan
+
+    timings = [
+        StageTiming(stage=s, forward_ms=f, backward_ms=2 * f, send_ms=0.0)
+        for s, f in enumerate([1.0, 3.0, 2.0])
+    ]
+    plan = make_plan([2, 2, 2], num_micro_batches=6, stage_timings=timings)
+    synchronous = simulate_plan(plan)
+    result = simulate_plan(_as_async(plan))
+    # The slowest stage (3 + 6 ms per micro-batch) sets the pace of every micro-batch.
+    assert result.iteration_time_ms == pytest.approx(6 * 9.0)
+    assert synchronous.iteration_time_ms > result.iteration_time_ms
+    assert any(note.startswith("async_pb: 3 iterations") for note in result.notes)
+    # The timeline is the whole stream: 3 iterations of 6 micro-batches on every stage.
+    backwards = [e for e in result.ranks[0].replicas[0].events if e.category == "backward"]
+    assert sorted(e.micro_batch for e in backwards) == list(range(18))

@@ -131,11 +131,16 @@ def _argv(case: Case, work: Path) -> list[str]:
     return [word.format(**values) for word in shlex.split(case.command)]
 
 
-def _run(case: Case, argv: list[str], cwd: Path) -> tuple[int, str, str]:
+def _run(case: Case, argv: list[str], cwd: Path, temp: Path) -> tuple[int, str, str]:
     if case.subprocess:
         script = Path(sys.executable).parent / "autoplan"
         done = subprocess.run(
-            [str(script), *argv], cwd=cwd, capture_output=True, text=True, timeout=TIME_LIMIT_S
+            [str(script), *argv],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=TIME_LIMIT_S,
+            env={**os.environ, "TMPDIR": str(temp)},
         )
         return done.returncode, done.stdout, done.stderr
     result = runner.invoke(app, argv, catch_exceptions=True)
@@ -144,14 +149,21 @@ def _run(case: Case, argv: list[str], cwd: Path) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def _run_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("autoplan-run-*")}
+def _run_dirs(temp: Path) -> set[str]:
+    return {p.name for p in temp.glob("autoplan-run-*")}
 
 
 @pytest.mark.parametrize(
     "case", CASES, ids=[f"{case.file}:{case.command.split()[0]}" for case in CASES]
 )
-def test_a_bad_input_is_one_line_and_exit_2(case: Case, fixtures: Path, tmp_path: Path) -> None:
+def test_a_bad_input_is_one_line_and_exit_2(
+    case: Case, fixtures: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A temporary folder of the test's own: the check that a bad input leaves no run folder
+    # behind must not see the run folders of tests running beside it.
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     work = tmp_path / "work"
     shutil.copytree(fixtures, work)
     if case.kind not in ("flags", "outputs"):
@@ -160,9 +172,9 @@ def test_a_bad_input_is_one_line_and_exit_2(case: Case, fixtures: Path, tmp_path
         os.mkfifo(work / "fifo.json")
     shipped = _snapshot(REPO / "profiles")
     before = _snapshot(work)
-    runs = _run_dirs()
+    runs = _run_dirs(temp)
     start = time.monotonic()
-    code, stdout, stderr = _run(case, _argv(case, work), work)
+    code, stdout, stderr = _run(case, _argv(case, work), work, temp)
     elapsed = time.monotonic() - start
     lines = stderr.strip("\n").splitlines()
     assert code == 2, f"exit {code}\nstdout: {stdout}\nstderr: {stderr}"
@@ -176,5 +188,5 @@ def test_a_bad_input_is_one_line_and_exit_2(case: Case, fixtures: Path, tmp_path
         assert len(lines) == 1, lines
     assert _snapshot(work) == before, "a file was changed or created"
     assert _snapshot(REPO / "profiles") == shipped
-    assert _run_dirs() == runs
+    assert _run_dirs(temp) == runs
     assert elapsed < TIME_LIMIT_S

@@ -151,6 +151,7 @@ def _shape(plan: Plan) -> dict:
         "batch": plan.inputs.global_batch_size,
         "recompute": first.replicas[0].recompute,
         "zero1": first.zero1 and first.data_parallel_degree > 1,
+        "zero": first.zero_stage if first.data_parallel_degree > 1 else 0,
         "layers": [s.layer_end - s.layer_start for s in plan.stages],
     }
 
@@ -196,6 +197,10 @@ def check_torchtitan(plan: Plan, text: str) -> dict:
     assert par["pipeline_parallel_degree"] == shape["pp"]
     assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == shape["dp"]
     assert (par["data_parallel_shard_degree"] > 1) == shape["zero1"]
+    if shape["zero1"]:
+        # ZeRO-3 regathers the weights for the backward (FSDP's reshard after forward).
+        expected = "always" if shape["zero"] == 3 else "never"
+        assert par["fsdp_reshard_after_forward"] == expected
     assert training["global_batch_size"] == shape["batch"]
     assert training["seq_len"] == plan.inputs.seq_len
     if shape["pp"] > 1:
@@ -230,7 +235,7 @@ def check_deepspeed(plan: Plan, text: str) -> dict:
     # DeepSpeed's own invariant: batch = micro × accumulation × data-parallel world.
     world = plan.world_size // (shape["pp"] * shape["tp"])
     assert config["train_batch_size"] == micro * steps * world == shape["batch"]
-    assert config["zero_optimization"]["stage"] == (1 if shape["zero1"] else 0)
+    assert config["zero_optimization"]["stage"] == shape["zero"]
     assert config["bf16"]["enabled"] == (plan.inputs.dtype == "bf16")
     if shape["pp"] > 1:
         assert config["pipeline"]["stages"] == shape["pp"]
@@ -275,13 +280,15 @@ def solved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pp 2 × tp 2 pipeline (megatron-1.7b), pure data parallelism, and a heterogeneous plan that
     mixes A100 and V100 replicas with uneven shares in its one stage (gpt2-small)."""
     tmp = tmp_path_factory.mktemp("solved")
-    # The exports write ZeRO-1 at most (ZeRO-2/3 plans are refused): pin it.
+    # Megatron-LM's export writes ZeRO-1 at most (ZeRO-2/3 plans are refused): pin it; the
+    # ZeRO-3 solve is the data-parallel plan torchtitan and DeepSpeed take at level 3.
     zero = ("--zero", "1")
     return {
         "edge": _solve(tmp, "llama2-7b", "a100-v100", 64, "--pp", "2", *zero),
         "interleaved": _solve(tmp, "megatron-1.7b", "a100x8", 64, "--pp", "2", "--tp", "2", *zero),
         "data": _solve(tmp, "gpt2-small", "a100x8", 32, *zero),
         "mixed": _solve(tmp, "gpt2-small", "a100-v100", 512, *zero),
+        "zero3": _solve(tmp, "llama2-7b", "a100x8", 128, "--pp", "1", "--zero", "3"),
     }
 
 
@@ -301,14 +308,18 @@ def _one_error_line(result) -> str:
 
 
 @pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
-@pytest.mark.parametrize("name", ["edge", "interleaved", "data"])
+@pytest.mark.parametrize("name", ["edge", "interleaved", "data", "zero3"])
 def test_solved_plans_export_and_read_back_as_the_plan(
     solved: dict[str, Path], name: str, target: str, tmp_path: Path
 ) -> None:
     plan = read_json_model(solved[name], Plan)
     out = tmp_path / f"out.{target}"
     result = _export(solved[name], target, out)
-    refused = {("edge", "deepspeed"): "uneven", ("interleaved", "deepspeed"): "interleaves"}
+    refused = {
+        ("edge", "deepspeed"): "uneven",
+        ("interleaved", "deepspeed"): "interleaves",
+        ("zero3", "megatron"): "ZeRO-3",
+    }
     if (name, target) in refused:
         assert refused[(name, target)] in _one_error_line(result)
         assert not out.exists()
@@ -395,6 +406,53 @@ def test_recompute_and_zero1_reach_every_target(mode: str, tmp_path: Path) -> No
             export_plan(plan, "deepspeed", kinds)
     else:
         check_deepspeed(plan, export_plan(plan, "deepspeed", kinds).text)
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_zero_2_and_3_reach_torchtitan_and_deepspeed_without_a_pipeline(level: int) -> None:
+    plan = make_plan([4], data_parallel=4, zero_stage=level, dtype="bf16")
+    assert plan.stages[0].zero_stage == level
+    kinds = layer_kinds(plan, None)
+    config = check_torchtitan(plan, export_plan(plan, "torchtitan", kinds).text)
+    assert config["parallelism"]["data_parallel_shard_degree"] == 4
+    assert check_deepspeed(plan, export_plan(plan, "deepspeed", kinds).text)[
+        "zero_optimization"
+    ] == {"stage": level}
+    with pytest.raises(NotExpressibleError, match=f"ZeRO-{level};"):
+        export_plan(plan, "megatron", kinds)
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_zero_2_and_3_with_a_pipeline_are_fsdp_in_torchtitan_and_refused_by_deepspeed(
+    level: int,
+) -> None:
+    plan = make_plan([2, 2], data_parallel=2, zero_stage=level, dtype="bf16")
+    kinds = layer_kinds(plan, None)
+    result = export_plan(plan, "torchtitan", kinds)
+    check_torchtitan(plan, result.text)
+    assert any("last micro-batch" in note for note in result.notes)
+    with pytest.raises(NotExpressibleError, match="pipeline engine runs ZeRO stages 0 and 1"):
+        export_plan(plan, "deepspeed", kinds)
+
+
+def test_deepspeed_autotp_takes_zero_2_but_not_zero_3() -> None:
+    kinds = None
+    two = make_plan([4], tensor_parallel=2, data_parallel=2, zero_stage=2, dtype="bf16")
+    config = check_deepspeed(two, export_plan(two, "deepspeed", kinds).text)
+    assert config["tensor_parallel"] == {"autotp_size": 2}
+    three = make_plan([4], tensor_parallel=2, data_parallel=2, zero_stage=3, dtype="bf16")
+    with pytest.raises(NotExpressibleError, match="AutoTP training runs with ZeRO stages 0 to 2"):
+        export_plan(three, "deepspeed", kinds)
+
+
+def test_stages_of_different_zero_levels_are_refused_in_one_line() -> None:
+    plan = make_plan([2, 2], data_parallel=2, zero_stage=2, dtype="bf16")
+    mixed = plan.model_copy(
+        update={"stages": [plan.stages[0], plan.stages[1].model_copy(update={"zero_stage": 3})]}
+    )
+    for target in ("megatron", "torchtitan", "deepspeed"):
+        with pytest.raises(NotExpressibleError, match="different ZeRO levels"):
+            export_plan(mixed, target, layer_kinds(mixed, None))
 
 
 def test_tensor_parallel_without_a_pipeline_is_autotp_in_deepspeed() -> None:

@@ -7,10 +7,9 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from autoplan.errors import InfeasibleError, InputError
+from autoplan.errors import InfeasibleError
 from autoplan.plan.validate import validate_plan
 from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
-from autoplan.simulate.engine import simulate_plan
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
 from autoplan.solve import solve as _solve
 from autoplan.solve.search import search
@@ -103,9 +102,3 @@ def test_zero_bubble_search_between_its_oracles(instance) -> None:
     best = found[0].iteration_ms
     assert everything <= best * (1 + 1e-9)
     assert best <= family * (1 + 1e-9)
-
-
-def test_simulate_says_it_does_not_play_zero_bubble_yet() -> None:
-    plan = solve(SolveOptions(schedule="zbv"))
-    with pytest.raises(InputError, match="simulate does not play zbv yet"):
-        simulate_plan(plan)

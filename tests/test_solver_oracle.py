@@ -7,7 +7,8 @@ the solver uses); the solver's dominance rules, bounds and pruning must not lose
 - Uniform space: every tp, dp, micro-batch size, pp, schedule (GPipe included even where
   1F1B exists), ZeRO-1 on and off, every class sequence (generated as all sequences, then
   filtered), every layer split and every recompute per stage.
-- Shared single-stage plans: every m and per-class micro-batch sizes, recompute, ZeRO-1.
+- Shared single-stage plans: every m and per-class micro-batch sizes, recompute, ZeRO level
+  (0-3).
 - Heterogeneous space: every micro-batch count, pp, layer split and, per stage, every
   allocation of the space (one or two classes, any tp block size, any replica count within
   the GPUs left), with the space's own rules for what a stage's shares and recompute are
@@ -157,7 +158,8 @@ def _brute_force_shared(model, batch: int, tp: int) -> float:
                 for sizes in itertools.product(*ranges):
                     if sum(r * b for r, b in zip(replicas, sizes, strict=True)) != per_micro:
                         continue
-                    for zero1 in [False, True]:
+                    # Every ZeRO level: the shares family searches 1-3 as any stage does.
+                    for zero1 in (0, 1, 2, 3):
                         config = _fastest_fitting(model, m, tp, subset, replicas, sizes, zero1)
                         cost = model.evaluate(config)
                         if cost.feasible:

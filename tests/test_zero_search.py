@@ -159,3 +159,55 @@ def test_solved_zero_plans_pass_the_validator_with_their_profile(zero: int) -> N
     # bf16 weights and gradients plus 12 bytes of Adam each, all sharded 8 ways.
     assert states.optimizer_bytes == pytest.approx(12 * per_gpu, rel=1e-6)
     assert states.gradients_bytes == pytest.approx(2 * per_gpu, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("memory_gib", "intra", "batch", "needs_sharding"),
+    [
+        # Two classes of 2 GPUs, 4 layers of 50M parameters: ZeRO-1 does not fit, ZeRO-3 does.
+        (1.25, 100.0, 8, True),
+        # A slow link: the collectives show, with shares and recompute chosen around them.
+        (1.25, 2.0, 12, True),
+        # Memory to spare: ZeRO-1 (free) is the answer.
+        (4.0, 100.0, 12, False),
+    ],
+)
+def test_shares_family_equals_brute_force_over_zero_levels(
+    memory_gib: float, intra: float, batch: int, needs_sharding: bool
+) -> None:
+    """The single-stage plans with uneven shares over two classes (``solve.shares``) search
+    ZeRO levels 1-3 as every other stage does: their best equals brute force over every m,
+    per-class share, recompute and ZeRO level 0-3 (tests/test_solver_oracle.py's)."""
+    from autoplan.solve.shares import shared_candidates
+    from tests.test_solver_oracle import _brute_force_shared
+
+    layers = [
+        layer(i, flops=4 * 10**11, params=50 * 10**6, saved=2 * 10**7, output=10**6)
+        for i in range(4)
+    ]
+    cluster = make_cluster(
+        [
+            ("a", gpu("A", tflops=50.0, memory_gib=memory_gib), 2, 1),
+            ("b", gpu("B", tflops=20.0, memory_gib=memory_gib), 2, 1),
+        ],
+        intra_gb_per_s=intra,
+        inter_gb_per_s=intra / 2,
+    )
+    profile = make_profile(layers)
+    options = SolveOptions(top_k=1, tp=1)
+    model = cost_model(profile, cluster, options)
+    costs = [(model.evaluate(c), c) for c in shared_candidates(model, batch, options, 10.0)]
+    feasible = sorted(
+        ((cost.iteration_ms, config.summary()) for cost, config in costs if cost.feasible)
+    )
+    expected = _brute_force_shared(model, batch, 1)
+    assert feasible and math.isfinite(expected)
+    assert math.isclose(feasible[0][0], expected, rel_tol=1e-9), feasible[0]
+    sharded = " z2" in feasible[0][1] or " z3" in feasible[0][1]
+    assert sharded == needs_sharding, feasible[0][1]
+    ones = SolveOptions(top_k=1, tp=1, zero_stage=1)
+    pinned = [
+        model.evaluate(c).feasible
+        for c in shared_candidates(cost_model(profile, cluster, ones), batch, ones, 10.0)
+    ]
+    assert any(pinned) != needs_sharding

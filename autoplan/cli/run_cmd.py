@@ -208,5 +208,11 @@ def run_command(
         shutil.rmtree(folder, ignore_errors=True)
     console = Console()
     console.print(measured_vs_predicted(result))
+    if result.executor == "async":  # it changes the optimisation: show how the loss went
+        losses = ", ".join(f"{step.loss:.4f}" for step in result.steps)
+        console.print(
+            f"async_pb (asynchronous Pipelined Backpropagation, no flush, momentum SGD per "
+            f"micro-batch): loss per step {losses}"
+        )
     if report is not None:
         console.print(f"report: {printable(str(report))}")

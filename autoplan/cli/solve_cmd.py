@@ -20,7 +20,7 @@ from autoplan.cluster.catalog import (
 )
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model
-from autoplan.solve import SolveOptions, solve
+from autoplan.solve import SolveOptions, solve_outcome
 from autoplan.solve.async_pb import async_line
 from autoplan.view import print_document, solve_summary
 
@@ -184,12 +184,22 @@ def solve_command(
             "the optimisation) and report it beside the best synchronous plan.",
         ),
     ] = False,
+    async_output: Annotated[
+        Path | None,
+        typer.Option(
+            "--async-output",
+            help="With --allow-async: also write the async alternative as a plan (schedule "
+            "async_pb) that `autoplan run` trains.",
+        ),
+    ] = None,
 ) -> None:
     """Find the fastest executable plan for a profile on a cluster and write it as JSON."""
     _check_sizes(global_batch, tp, pp, dp, micro_batch_size, num_micro_batches, top_k, time_limit)
     cluster_file = _cluster_path(cluster)
     inputs = [profile_path, cluster_file, catalog_path(), *(catalog or [])]
-    check_outputs({"--output": output}, inputs)
+    if async_output is not None and not allow_async:
+        raise InputError("--async-output needs --allow-async")
+    check_outputs({"--output": output, "--async-output": async_output}, inputs)
     profile = read_profile(profile_path)
     cluster_model = load_cluster(cluster_file)
     for overlay in catalog or []:
@@ -229,7 +239,7 @@ def solve_command(
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total, where=f"{done}/{total}")
 
-        plan = solve(
+        outcome = solve_outcome(
             profile,
             cluster_model,
             global_batch,
@@ -237,6 +247,7 @@ def solve_command(
             profile_sha256=file_sha256(profile_path),
             progress=report,
         )
+    plan = outcome.plan
     write_json_model(output, plan)
     console = _console()
     print_document(console, solve_summary(plan))
@@ -251,4 +262,7 @@ def solve_command(
         )
     if allow_async:
         console.print(async_line(plan))
+    if async_output is not None and outcome.async_plan is not None:
+        write_json_model(async_output, outcome.async_plan)
+        console.print(f"wrote {async_output} (async_pb)")
     console.print(f"wrote {output}")

@@ -121,6 +121,13 @@ class GpuSpec(_Strict):
         description="Effective bandwidth of one GPU's link to host memory, GB/s per direction "
         "(PCIe or NVLink-C2C; full duplex): what activation offload copies over.",
     )
+    host_memory_gib_per_gpu: float = Field(
+        default=limits.DEFAULT_HOST_MEMORY_GIB_PER_GPU,
+        ge=0,
+        le=limits.MAX_MEMORY_GIB,
+        description="Host (CPU) memory of a typical server with this GPU, per GPU, GiB: the "
+        "share of its node's RAM that activation offload may park saved activations in.",
+    )
 
     @property
     def memory_bytes(self) -> int:
@@ -148,6 +155,13 @@ class NodeGroup(_Strict):
         default=None,
         description="Each GPU's link to host memory, GB/s per direction, overriding the GPU "
         "type's catalog figure (e.g. a PCIe switch shared by two GPUs halves it).",
+    )
+    host_memory_gib: float | None = Field(
+        default=None,
+        ge=0,
+        le=limits.MAX_MEMORY_GIB,
+        description="Host (CPU) memory of one node, GiB, shared evenly by its GPUs for "
+        "activation offload, overriding the GPU type's catalog host_memory_gib_per_gpu.",
     )
 
 

@@ -74,6 +74,7 @@ _SUMMED = (
     "saved_activation_bytes",
     "selective_recompute_saved_bytes",
     "selective_recompute_flops",
+    "loss_saved_activation_bytes",
 )
 _OPTIONAL = (
     "forward_memory_bound_bytes",

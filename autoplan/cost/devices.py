@@ -13,6 +13,7 @@ intra-node link is per GPU (NVSwitch gives every GPU its own), so it is not shar
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autoplan.cluster.schema import Cluster, GpuSpec
@@ -60,6 +61,8 @@ class DeviceClass:
     inter_node_bandwidth_gb_per_s: float
     inter_node_latency_us: float
     host_link_bandwidth_gb_per_s: float = 25.0
+    # One GPU's share of its node's host RAM (what activation offload may park there).
+    host_memory_bytes_per_gpu: float = math.inf
 
     @property
     def total_gpus(self) -> int:
@@ -82,19 +85,26 @@ class DeviceClass:
 
 def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceClass]:
     """The cluster's device classes, in order of first appearance in the file."""
-    merged: dict[tuple[str, int, float, float, float], list] = {}
+    merged: dict[tuple[str, int, float, float, float, float], list] = {}
     for group in cluster.node_groups:
         host = group.host_link_bandwidth_gb_per_s
+        ram_gib = group.host_memory_gib
         key = (
             group.gpu,
             group.gpus_per_node,
             group.intra_node_bandwidth_gb_per_s,
             group.intra_node_latency_us,
             specs[group.gpu].host_link_bandwidth_gb_per_s if host is None else host,
+            (
+                specs[group.gpu].host_memory_gib_per_gpu
+                if ram_gib is None
+                else ram_gib / group.gpus_per_node
+            )
+            * 1024**3,
         )
         merged.setdefault(key, []).append(group)
     classes = []
-    for index, ((gpu, gpn, bw, lat, host), groups) in enumerate(merged.items()):
+    for index, ((gpu, gpn, bw, lat, host, ram), groups) in enumerate(merged.items()):
         names = tuple(group.name for group in groups)
         classes.append(
             DeviceClass(
@@ -108,6 +118,7 @@ def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceCl
                 inter_node_bandwidth_gb_per_s=cluster.inter_node_bandwidth(set(names)),
                 inter_node_latency_us=cluster.inter_node_latency_us,
                 host_link_bandwidth_gb_per_s=host,
+                host_memory_bytes_per_gpu=ram,
             )
         )
     return classes

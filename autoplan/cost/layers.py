@@ -49,6 +49,9 @@ __all__ = [
 ]
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+# Layer kinds full recompute leaves alone (their saved bytes stay those of "none"). Their
+# recompute time is still charged: the backward of "full" adds the forward for every layer.
+NOT_RECOMPUTED = ("embedding", "head")
 
 
 def optimizer_bytes_per_param(dtype: str) -> int:
@@ -79,6 +82,9 @@ class LayerCost:
     # Part of backward_tp_comm_ms that re-gathers sequence-sharded inputs (SP); under full
     # recompute the recomputed forward's all-gathers do it instead.
     regather_ms: float = 0.0
+    # Of saved_bytes (every mode: the loss is never recomputed), what the loss keeps outside
+    # the layer's forward: activation offload leaves it on the device.
+    loss_saved_bytes: float = 0.0
 
     def forward_ms(self) -> float:
         return self.forward_compute_ms + self.forward_tp_comm_ms
@@ -186,10 +192,13 @@ def layer_cost(
                 fwd_comm, bwd_comm = sp_comm.forward_ms, sp_comm.backward_ms
                 regather = sp_comm.regather_ms
         params -= tp_profile.sharded_param_count * (1 - 1 / tp)
-        sharded = tp_profile.sharded_saved_activation_bytes
-        kept_fraction = 1 - sharded / saved_none * (1 - 1 / tp) if saved_none else 1.0
+        sharded = min(tp_profile.sharded_saved_activation_bytes, saved_none)
+        # What selective recompute drops (the attention core) is tp-sharded: the replicated
+        # part (norms, residuals, the column-split inputs) stays whole under selective too,
+        # so only the rest divides by tp (Korthikanti et al.: sbh(10 + 24/t)).
+        replicated = min(saved_none - sharded, saved_selective)
         saved_none -= sharded * (1 - 1 / tp)
-        saved_selective *= kept_fraction
+        saved_selective = (saved_selective - replicated) / tp + replicated
     full_saved = float(layer.input_activation_bytes)
     output = float(layer.output_activation_bytes)
     if sp:  # every saved tensor is sequence-sharded, the layer's input and output too
@@ -197,6 +206,12 @@ def layer_cost(
         saved_selective = layer.selective_recompute_saved_bytes / tp
         full_saved /= tp
         output /= tp
+    # A vocabulary-split head's loss keeps its vocabulary shard (loss_parallel).
+    loss_saved = min(layer.loss_saved_activation_bytes / split, saved_none)
+    if layer.kind in NOT_RECOMPUTED:
+        # The runtime checkpoints blocks only (``autoplan.runtime.recompute``): under full
+        # recompute the embedding and the head keep what they keep without it.
+        full_saved = saved_none
     return LayerCost(
         forward_compute_ms=forward,
         backward_compute_ms=backward,
@@ -213,6 +228,7 @@ def layer_cost(
         output_bytes=output * scale,
         measured=measured is not None,
         regather_ms=regather,
+        loss_saved_bytes=loss_saved * scale,
     )
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -61,9 +62,12 @@ from autoplan.cost.layers import (
 )
 from autoplan.cost.offload import (
     ALL_MODES,
+    HOST_MEMORY_HEADROOM,
+    host_budget_bytes,
     mode_backward_ms,
     mode_forward_ms,
     mode_key,
+    parked_bytes,
     resident_saved_bytes,
     split_mode,
     transit_bytes,
@@ -101,6 +105,10 @@ class RankMemory:
     reserved_bytes: int = 0
     tensor_parallel_degree: int = 1
     micro_batch_size: int = 1
+    # Offloaded activations parked in host memory, and what this GPU may park there
+    # (``autoplan.cost.offload``).
+    host_bytes: float = 0.0
+    host_budget_bytes: float = math.inf
 
     @property
     def total_bytes(self) -> float:
@@ -113,8 +121,17 @@ class RankMemory:
         )
 
     @property
-    def fits(self) -> bool:
+    def device_fits(self) -> bool:
         return self.total_bytes + self.reserved_bytes <= self.capacity_bytes
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_bytes <= self.host_budget_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Device memory and the GPU's share of host memory both hold what the plan puts there."""
+        return self.device_fits and self.host_fits
 
 
 @dataclass(frozen=True)
@@ -128,6 +145,7 @@ class GroupCost:
     params_per_gpu: float
     saved_bytes: float
     transient_bytes: float
+    host_bytes: float = 0.0  # offloaded saved bytes parked in host memory
 
     @property
     def work_ms(self) -> float:
@@ -201,6 +219,8 @@ class CostTables:
     forward_tp: list[float]
     backward_compute: dict[str, list[float]]
     backward_tp: list[float]
+    # by mode: prefix of saved bytes parked in host memory (offload modes only)
+    parked: dict[str, list[float]] = field(default_factory=dict)
     # At sub-block grain (autoplan.cost.block_parts): what a stage starting at unit i adds to
     # the prefix differences of work and backward, by mode (nonzero at a block's MLP part);
     # each unit alone; each block, keyed by its attention part's position.
@@ -279,6 +299,7 @@ class CostModel:
         }
         # What ``tables`` costs when not told: the search runs on a view of each setting.
         self.sequence_parallel = False
+        self.host_limit = True  # offload's host-memory bound (``without_host_limit``)
 
     def with_sequence_parallel(self, sequence_parallel: bool) -> CostModel:
         """This model costing sequence parallelism on or off where a caller does not say
@@ -383,6 +404,7 @@ class CostModel:
                 for m in ALL_MODES
             },
             backward_tp=_prefix([c.backward_tp_comm_ms for c in layers]),
+            parked={m: _prefix([parked_bytes(c, m) for c in layers]) for m in ALL_MODES},
         )
 
     # ---- pieces shared by the search and the evaluation --------------------------------
@@ -444,6 +466,20 @@ class CostModel:
     def capacity_bytes(self, device_class: int) -> int:
         """Device memory of the class."""
         return self.classes[device_class].gpu.memory_bytes
+
+    def host_budget_bytes(self, device_class: int) -> float:
+        """What one GPU of the class may park in host memory (``autoplan.cost.offload``);
+        unbounded in a ``without_host_limit`` view."""
+        if not self.host_limit:
+            return math.inf
+        return host_budget_bytes(self.classes[device_class].host_memory_bytes_per_gpu)
+
+    def without_host_limit(self) -> CostModel:
+        """This model with host memory unbounded (what the infeasibility diagnosis compares
+        with, to say whether host memory is what binds)."""
+        view = copy.copy(self)
+        view.host_limit = False
+        return view
 
     def usable_bytes(self, device_class: int) -> int:
         """Device memory a plan may fill: capacity less the reserve."""
@@ -565,16 +601,41 @@ class CostModel:
         self, stage: StageChoice, group: ReplicaGroup, sequence_parallel: bool | None = None
     ) -> GroupCost:
         """One group's per-micro-batch figures on the stage's layers, layer by layer."""
-        tables = self.tables(
-            group.device_class, group.tp, group.micro_batch_size, sequence_parallel
+        sp = self.sequence_parallel if sequence_parallel is None else sequence_parallel
+        return self._group_cost(
+            stage.layer_start,
+            stage.layer_end,
+            group.device_class,
+            group.tp,
+            group.micro_batch_size,
+            group.recompute,
+            group.offload,
+            sp,
         )
-        units = layers = tables.layers[stage.layer_start : stage.layer_end]
+
+    # The figures depend on none of the group's replicas, the stage's ZeRO level or the rest of
+    # the plan, and the searches and the oracles cost the same (layers, group) in many plans.
+    @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 (the model lives as long as one solve)
+    def _group_cost(
+        self,
+        layer_start: int,
+        layer_end: int,
+        device_class: int,
+        tp: int,
+        micro_batch_size: int,
+        r: str,
+        offload: bool,
+        sequence_parallel: bool,
+    ) -> GroupCost:
+        group = ReplicaGroup(device_class, tp, 1, micro_batch_size, r, offload)
+        stage = StageChoice(layer_start, layer_end, (group,))
+        tables = self.tables(device_class, tp, micro_batch_size, sequence_parallel)
+        units = layers = tables.layers[layer_start:layer_end]
         if tables.blocks:  # the times of whole blocks as blocks (block_parts)
-            layers = stage_pieces(tables.alone, tables.blocks, stage.layer_start, stage.layer_end)
-        r = group.recompute
-        mode = mode_key(r, group.offload)
-        host = self.classes[group.device_class].host_link_bandwidth_gb_per_s
-        overhead = self.pass_overhead_ms(group.device_class)
+            layers = stage_pieces(tables.alone, tables.blocks, layer_start, layer_end)
+        mode = mode_key(r, offload)
+        host = self.classes[device_class].host_link_bandwidth_gb_per_s
+        overhead = self.pass_overhead_ms(device_class)
         forward_compute = sum(c.forward_compute_ms for c in layers)
         forward_tp = sum(c.forward_tp_comm_ms for c in layers)
         backward_tp = sum(c.backward_tp_comm_ms for c in layers)
@@ -598,6 +659,7 @@ class CostModel:
             params_per_gpu=sum(c.params_per_gpu for c in layers),
             saved_bytes=sum(resident_saved_bytes(c, mode) for c in layers),
             transient_bytes=max(self.transient_bytes(c, mode) for c in units),
+            host_bytes=sum(parked_bytes(c, mode) for c in layers),
         )
 
     def _with_zero(self, stage: StageChoice, costs: tuple[GroupCost, ...]) -> tuple[GroupCost, ...]:
@@ -695,9 +757,20 @@ class CostModel:
                     reserved_bytes=self.reserved_bytes(k),
                     tensor_parallel_degree=group.tp,
                     micro_batch_size=group.micro_batch_size,
+                    host_bytes=flight * max(groups_cost[c][g].host_bytes for c in chunks),
+                    host_budget_bytes=self.host_budget_bytes(k),
                 )
                 memory.append(mem)
-                if not mem.fits:
+                if not mem.host_fits:
+                    share = self.classes[k].host_memory_bytes_per_gpu
+                    violations.append(
+                        f"pipeline rank {r} on {mem.gpu_type} (tp {group.tp}, "
+                        f"{group.micro_batch_size} samples per micro-batch) parks "
+                        f"{mem.host_bytes / 1e9:.2f} GB of offloaded activations in host "
+                        f"memory; its GPU's share of the node's host memory is "
+                        f"{share / 1e9:.2f} GB, of which {HOST_MEMORY_HEADROOM:.0%} is kept free"
+                    )
+                if not mem.device_fits:
                     reserve = (
                         f" (of which {mem.reserved_bytes / 1e9:.2f} GB is reserved)"
                         if mem.reserved_bytes
@@ -727,6 +800,10 @@ class CostModel:
         tail_rank = max(range(pp), key=lambda r: (tails[r], -r))
         slow = max(range(pp), key=lambda r: (steady[r], -r))
         slow_parts = [costs[c].slowest() for c in range(len(stages)) if rank_of(c) == slow]
+        # ZeRO-2/3's exposed per-micro-batch collectives (``_with_zero``) are in the passes'
+        # times but neither compute nor tp: they are data-parallel communication.
+        # (Clamped: without them the difference is 0 up to rounding.)
+        zero_ms = m * sum(max(0.0, g.work_ms - g.compute_ms - g.tp_comm_ms) for g in slow_parts)
         return PlanCost(
             iteration_ms=pipeline + tails[tail_rank],
             pipeline_ms=pipeline,
@@ -735,7 +812,7 @@ class CostModel:
             tp_comm_ms=m * sum(g.tp_comm_ms for g in slow_parts),
             pp_comm_ms=m * (steady[slow] - rank_work[slow]),
             bubble_ms=pipeline - m * steady[slow],
-            dp_comm_ms=exposed[tail_rank],
+            dp_comm_ms=exposed[tail_rank] + zero_ms,
             optimizer_ms=optimizer[tail_rank],
             dp_allreduce_ms=max(allreduces),
             rank_allreduce_ms=allreduces,

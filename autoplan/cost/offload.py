@@ -16,10 +16,15 @@ The model, per layer l of a stage and one micro-batch, on one GPU whose host lin
   recompute mode makes (full recompute's backward includes its forward again);
 - the directions never contend: D2H and H2D use the two directions of the duplex link, so in
   1F1B's steady state a forward's D2H and another micro-batch's H2D overlap each other too;
-- device memory: no saved activations stay on the device across micro-batches; only those in
-  transit do: the layer being copied out and the one being copied back, at most
-  ``2 × max_l S_l``, counted with the transient of the layer's backward. Host memory holds
-  what the device would have: the micro-batches in flight × Σ S_l.
+- device memory: no saved activations stay on the device across micro-batches but the
+  loss's (``LayerCost.loss_saved_bytes``: saved outside the last layer's forward, where the
+  hooks are); only those in transit do: the layer being copied out and the one being copied
+  back, at most ``2 × max_l S_l``, counted with the transient of the layer's backward.
+  Host memory holds
+  what the device would have: the micro-batches in flight × Σ S_l (``parked_bytes``);
+- host memory: the node's RAM is shared by its GPUs, each parking its own activations, so a
+  GPU may park at most its even share of the node's RAM less ``HOST_MEMORY_HEADROOM``
+  (``host_budget_bytes``); a mode that parks more does not fit.
 
 Time and memory are additive per layer (the memory term as a per-layer maximum), so the
 search's prefix sums and range maxima keep costing a stage in O(1).
@@ -32,14 +37,17 @@ from autoplan.cost.layers import RECOMPUTE_MODES, LayerCost
 
 __all__ = [
     "ALL_MODES",
+    "HOST_MEMORY_HEADROOM",
     "OFFLOADABLE",
     "OFFLOAD_SUFFIX",
     "copy_ms",
     "group_of",
+    "host_budget_bytes",
     "mode_backward_ms",
     "mode_forward_ms",
     "mode_key",
     "offload_exposed_ms",
+    "parked_bytes",
     "resident_saved_bytes",
     "searched_modes",
     "split_mode",
@@ -53,6 +61,10 @@ OFFLOAD_SUFFIX = "+offload"
 # stay on the device (autoplan.runtime.offload).
 OFFLOADABLE = ("none", "full")
 ALL_MODES = (*RECOMPUTE_MODES, *(r + OFFLOAD_SUFFIX for r in OFFLOADABLE))
+# Host RAM offload leaves to everything else on the node: the OS and page cache, the trainer
+# processes themselves (torch, CUDA and NCCL host state: a few GiB each), data-loader workers
+# and their pinned batches, checkpoint staging. A fifth is an estimate, not a measurement.
+HOST_MEMORY_HEADROOM = 0.2
 
 
 def mode_key(recompute: str, offload: bool) -> str:
@@ -116,12 +128,26 @@ def mode_backward_ms(layer: LayerCost, mode: str, bandwidth_gb_per_s: float) -> 
 
 
 def resident_saved_bytes(layer: LayerCost, mode: str) -> float:
-    """Saved bytes of one micro-batch that stay on the device until its backward."""
+    """Saved bytes of one micro-batch that stay on the device until its backward: with
+    offload, only what the loss saved outside the layer's forward (its hooks never see it)."""
     recompute, offload = split_mode(mode)
-    return 0.0 if offload else layer.saved_bytes[recompute]
+    return layer.loss_saved_bytes if offload else layer.saved_bytes[recompute]
 
 
 def transit_bytes(layer: LayerCost, mode: str) -> float:
     """Device bytes an offloading layer holds in transit (one layer out, one back)."""
     recompute, offload = split_mode(mode)
     return 2 * layer.saved_bytes[recompute] if offload else 0.0
+
+
+def parked_bytes(layer: LayerCost, mode: str) -> float:
+    """Saved bytes of one micro-batch that an offloading layer keeps in host memory until
+    its backward."""
+    recompute, offload = split_mode(mode)
+    return layer.saved_bytes[recompute] - layer.loss_saved_bytes if offload else 0.0
+
+
+def host_budget_bytes(host_memory_bytes_per_gpu: float) -> float:
+    """What one GPU may park in host memory: its share of the node's RAM less the headroom
+    (module docstring)."""
+    return host_memory_bytes_per_gpu * (1 - HOST_MEMORY_HEADROOM)

@@ -12,8 +12,10 @@ Time: zero-bubble schedules have no closed form in general (their W fills bubble
 depends on all the stage times), so ``play_ms`` plays the action lists: each rank runs its
 list in order; an action starts when the rank is free and what it waits for has arrived
 (a forward: the previous stage's forward plus the send; a backward or I: the next stage's
-B or I plus the send; a W: only its own I, earlier on the same rank). It is exact for the
-given per-stage times (the event simulator plays the same rule with replicas and links); for
+B or I plus the send; a W: only its own I, earlier on the same rank); sends on one directed
+link between two ranks queue one after another. It is exact for the given per-stage times
+(the event simulator plays the same rules with replicas and the tail, and
+tests/test_simulate_zero_bubble.py checks the two agree); for
 pp = 1 or uniform stages it reduces to the closed forms tests/test_cost_zero_bubble.py checks,
 e.g. 1F1B's (m − 1)·(F + B) + p·(F + B) and ZB-H1's m·(F + I + W) + (p − 1)·(F + I − W).
 It costs O(actions × pp), fast enough for the solver's few schedules per candidate.
@@ -33,10 +35,11 @@ from autoplan.schedule.actions import Action, PipelineOrder
 from autoplan.schedule.orders import schedule_order
 
 if TYPE_CHECKING:
-    from autoplan.cost.config import PlanConfig
+    from autoplan.cost.config import PlanConfig, StageChoice
     from autoplan.cost.model import CostModel, StageCost
 
 __all__ = [
+    "group_weight_gradient_ms",
     "peak_in_flight",
     "play_ms",
     "split_backward_ms",
@@ -73,7 +76,12 @@ def play_ms(
     num_stages = len(forward_ms)
     sends = send_ms or [0.0] * num_stages
     rank_of = {action.stage: rank for rank, actions in enumerate(order) for action in actions}
-    ends: dict[tuple[int, str, int], float] = {}  # (stage, "F" | "G" (input gradient), mb)
+    # When a result is at its consumer: (stage, "F" | "G" (input gradient), mb) -> ms.
+    ends: dict[tuple[int, str, int], float] = {}
+    # Sends on one directed link between two ranks go one after another, in the order the
+    # sender issues them (as in autoplan.simulate.engine): a link slower than the compute
+    # between two sends queues them.
+    link_free: dict[tuple[int, int], float] = {}
     position = [0] * len(order)
     free = [0.0] * len(order)
     remaining = sum(len(actions) for actions in order)
@@ -82,7 +90,7 @@ def play_ms(
         for rank, actions in enumerate(order):
             while position[rank] < len(actions):
                 action = actions[position[rank]]
-                ready = _ready_ms(action, ends, rank_of, sends, num_stages)
+                ready = _ready_ms(action, ends, num_stages)
                 if ready is None:
                     break
                 start = max(free[rank], ready)
@@ -94,12 +102,21 @@ def play_ms(
                     "B": input_ms[s] + weight_ms[s],
                 }[action.kind]
                 free[rank] = start + duration
-                if action.kind == "F":
-                    ends[(s, "F", action.micro_batch)] = free[rank]
-                elif action.kind in "BI":
-                    # The input gradient goes out when the action ends: PyTorch sends after
-                    # a full B, not midway.
-                    ends[(s, "G", action.micro_batch)] = free[rank]
+                # A result goes out when its action ends (PyTorch sends the input gradient
+                # after a full B, not midway).
+                if action.kind == "F" and s + 1 < num_stages:
+                    peer, what, send = s + 1, "F", sends[s]
+                elif action.kind in "BI" and s > 0:
+                    peer, what, send = s - 1, "G", sends[s - 1]
+                else:
+                    peer = None
+                if peer is not None:
+                    arrival = free[rank]
+                    if rank_of[peer] != rank:
+                        link = (rank, rank_of[peer])
+                        arrival = max(arrival, link_free.get(link, 0.0)) + send
+                        link_free[link] = arrival
+                    ends[(s, what, action.micro_batch)] = arrival
                 position[rank] += 1
                 remaining -= 1
                 moved = True
@@ -109,11 +126,7 @@ def play_ms(
 
 
 def _ready_ms(
-    action: Action,
-    ends: dict[tuple[int, str, int], float],
-    rank_of: dict[int, int],
-    sends: list[float],
-    num_stages: int,
+    action: Action, ends: dict[tuple[int, str, int], float], num_stages: int
 ) -> float | None:
     """When what ``action`` waits for from another stage has arrived; None if not yet run."""
     s, mb = action.stage, action.micro_batch
@@ -122,14 +135,12 @@ def _ready_ms(
     if action.kind == "F":
         if s == 0:
             return 0.0
-        key, peer, send = (s - 1, "F", mb), s - 1, sends[s - 1]
+        key = (s - 1, "F", mb)
     elif s == num_stages - 1:
         return 0.0  # the loss's gradient starts on the stage itself
     else:
-        key, peer, send = (s + 1, "G", mb), s + 1, sends[s]
-    if key not in ends:
-        return None
-    return ends[key] + (0.0 if rank_of[peer] == rank_of[s] else send)
+        key = (s + 1, "G", mb)
+    return ends.get(key)
 
 
 def peak_in_flight(order: PipelineOrder) -> list[int]:
@@ -153,9 +164,35 @@ def zb_h1_time_ms(
 ) -> float:
     """ZB-H1 on p equal stages without send time (Qi et al., ICLR'24, §3):
     m·(F + I + W) + (p − 1)·(F + I − W), exact for PyTorch's interleaved zero bubble with one
-    stage per rank when W <= F + I (the deferred Ws fill the cool-down)."""
+    stage per rank when W <= min(F, I) (the deferred Ws fill the cool-down; with a longer W
+    the played lists take longer: tests/test_simulate_zero_bubble.py)."""
     per_micro_batch = forward_ms + input_ms + weight_ms
     return m * per_micro_batch + (pipeline_degree - 1) * (forward_ms + input_ms - weight_ms)
+
+
+def group_weight_gradient_ms(model: CostModel, stage: StageChoice, group: int) -> float:
+    """The weight-gradient part (W) of one micro-batch's backward of ``stage``'s group
+    ``group``, layer by layer (module docstring); the plan's StageTiming carries it so that the
+    simulator plays the same split."""
+    profile = model.profile
+    tokens = profile.seq_len * profile.micro_batch_size
+    choice = stage.groups[group]
+    tables = model.tables(choice.device_class, choice.tp, choice.micro_batch_size)
+    w = 0.0
+    for i, span in piece_spans(tables.blocks, stage.layer_start, stage.layer_end):
+        if span == 1:
+            w += tables.alone[i].backward_compute_ms * weight_gradient_share(
+                profile.layers[i].param_count, tokens, profile.layers[i].backward_flops
+            )
+        else:  # a whole block at sub-block grain (block_parts): its share as a block
+            attn, mlp = profile.layers[i], profile.layers[i + 1]
+            share = weight_gradient_share(
+                attn.param_count + mlp.param_count,
+                tokens,
+                attn.backward_flops + mlp.backward_flops,
+            )
+            w += tables.blocks[i].backward_compute_ms * share
+    return w
 
 
 def zero_bubble_pipeline(
@@ -164,29 +201,10 @@ def zero_bubble_pipeline(
     """(pipeline ms, chunk-forwards in flight per rank) of a zero-bubble ``config``: the
     schedule's action lists played with each stage's slowest group's F, and its backward split
     into I and W layer by layer (module docstring; a recompute's redone forward stays in I)."""
-    profile = model.profile
-    tokens = profile.seq_len * profile.micro_batch_size
-    shares = [
-        weight_gradient_share(layer.param_count, tokens, layer.backward_flops)
-        for layer in profile.layers
-    ]
     forward, input_grad, weight = [], [], []
     for stage, cost in zip(config.stages, costs, strict=True):
         slowest = max(range(len(stage.groups)), key=lambda g: cost.groups[g].backward_ms)
-        group = stage.groups[slowest]
-        tables = model.tables(group.device_class, group.tp, group.micro_batch_size)
-        w = 0.0
-        for i, span in piece_spans(tables.blocks, stage.layer_start, stage.layer_end):
-            if span == 1:
-                w += tables.alone[i].backward_compute_ms * shares[i]
-            else:  # a whole block at sub-block grain (block_parts): its share as a block
-                attn, mlp = profile.layers[i], profile.layers[i + 1]
-                share = weight_gradient_share(
-                    attn.param_count + mlp.param_count,
-                    tokens,
-                    attn.backward_flops + mlp.backward_flops,
-                )
-                w += tables.blocks[i].backward_compute_ms * share
+        w = group_weight_gradient_ms(model, stage, slowest)
         forward.append(cost.forward_ms)
         weight.append(w)
         input_grad.append(cost.groups[slowest].backward_ms - w)

@@ -3,8 +3,8 @@
 Keys are DeepSpeed's (its config-json documentation and ``deepspeed/runtime/config.py``):
 ``train_batch_size``, ``train_micro_batch_size_per_gpu`` (one replica's share of a
 micro-batch) and ``gradient_accumulation_steps`` (the plan's micro-batch count, which is also
-the pipeline engine's micro-batches per step), ``zero_optimization.stage`` (1 for ZeRO-1, else
-0), ``bf16`` / ``fp16``, ``tensor_parallel.autotp_size`` (AutoTP training) and the
+the pipeline engine's micro-batches per step), ``zero_optimization.stage`` (the plan's ZeRO
+level, 0-3), ``bf16`` / ``fp16``, ``tensor_parallel.autotp_size`` (AutoTP training) and the
 ``pipeline`` section.
 
 What the config cannot hold, DeepSpeed takes in code, so the limits are its engine's: the
@@ -17,6 +17,11 @@ note says so); it checkpoints activations from the config only through
 ``pipeline.activation_checkpoint_interval`` (1: every layer, the plan's ``full``), so full
 recompute needs pp > 1 and ``selective`` is refused. AutoTP is documented with ZeRO data
 parallelism, not with the pipeline engine, so tp > 1 with pp > 1 is refused.
+
+ZeRO: the pipeline engine asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3 are incompatible with
+pipeline parallelism", ``deepspeed/runtime/pipe/engine.py``), so ZeRO-2/3 plans are written
+only at pp = 1; AutoTP training runs with ZeRO stages 0-2 (its tutorial), so ZeRO-3 with
+tp > 1 is refused.
 """
 
 from __future__ import annotations
@@ -67,6 +72,16 @@ def _check(shape: PlanShape) -> None:
             "(PipelineModule's partition_method) and only 'uniform' with layers dividing "
             "evenly gives a known split"
         )
+    if shape.zero_stage >= 2 and pp > 1:
+        raise _fail(
+            f"it uses ZeRO-{shape.zero_stage} with pp {pp}; DeepSpeed's pipeline engine runs "
+            "ZeRO stages 0 and 1 only"
+        )
+    if shape.zero_stage == 3 and shape.tensor_parallel_degree > 1:
+        raise _fail(
+            f"it uses ZeRO-3 with tp {shape.tensor_parallel_degree}; DeepSpeed's AutoTP "
+            "training runs with ZeRO stages 0 to 2"
+        )
     if shape.recompute == "selective":
         raise _fail(
             "it uses selective recompute; DeepSpeed's config sets only full recompute "
@@ -89,7 +104,7 @@ def deepspeed_config(plan: Plan, kinds: list[LayerKind] | None = None) -> dict[s
         "train_batch_size": shape.global_batch_size,
         "train_micro_batch_size_per_gpu": shape.micro_batch_size,
         "gradient_accumulation_steps": shape.num_micro_batches,
-        "zero_optimization": {"stage": 1 if shape.zero1 else 0},
+        "zero_optimization": {"stage": shape.zero_stage},
         "bf16": {"enabled": shape.dtype == "bf16"},
         "fp16": {"enabled": shape.dtype == "fp16"},
     }

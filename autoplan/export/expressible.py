@@ -3,7 +3,7 @@
 Megatron-LM, torchtitan and DeepSpeed build one grid of ranks, (pipeline, data, tensor) in
 that order, so they run only plans where every stage has the same data-parallel degree dp,
 every replica the same tensor-parallel degree tp and the same share of each micro-batch, every
-stage one GPU type, and one recompute mode and one ZeRO-1 setting hold everywhere. This module
+stage one GPU type, and one recompute mode and one ZeRO level hold everywhere. This module
 reduces a plan to that shape (``PlanShape``), or says which part of the plan breaks it in one
 line (``NotExpressibleError``). Each target's module (``megatron``, ``torchtitan``,
 ``deepspeed``) adds its own limits and writes the launcher's own configuration.
@@ -63,6 +63,13 @@ class PlanShape(_Strict):
     dtype: str
     recompute: Recompute = Field(description="The one recompute mode of every replica.")
     zero1: bool = Field(description="Optimizer states sharded across dp (False when dp = 1).")
+    zero_stage: int = Field(
+        default=0,
+        ge=0,
+        le=3,
+        description="The one ZeRO level of every stage: 0-3 (0 when dp = 1); each target "
+        "says which it runs.",
+    )
     stage_layers: list[int] = Field(description="Layers of each stage, in stage order.")
     world_size: int = Field(ge=1)
 
@@ -102,8 +109,8 @@ def _listing(values: list[str]) -> str:
 
 def plan_shape(plan: Plan, target: str) -> PlanShape:
     """The plan's one (pp, dp, tp) shape; NotExpressibleError naming the first stage or part
-    that has another (mixed GPU types, unequal tp, dp, shares, recompute or ZeRO-1, ranks out of
-    the grid's order)."""
+    that has another (mixed GPU types, unequal tp, dp, shares, recompute or ZeRO level, ranks out
+    of the grid's order). Which ZeRO levels a target runs is the target's check."""
     stages = plan.stages
     for stage in stages:
         if len(stage.gpu_types) > 1:
@@ -162,12 +169,13 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
                 f"ZeRO-1 is on for stages {', '.join(on)} and off for stages {', '.join(off)}; "
                 f"{target} sets it for every stage",
             )
-    sharded = [str(s.index) for s in stages if s.zero_stage >= 2 and dp > 1]
-    if sharded:
-        raise NotExpressibleError(
-            target,
-            f"stages {', '.join(sharded)} use ZeRO-2/3; the export writes ZeRO-1 at most",
-        )
+        if dp > 1 and stage.zero_stage != first.zero_stage:
+            raise NotExpressibleError(
+                target,
+                f"stages use different ZeRO levels (stage {first.index}: ZeRO-"
+                f"{first.zero_stage}, stage {stage.index}: ZeRO-{stage.zero_stage}); {target} "
+                "sets one level for every stage",
+            )
     if plan.uniform_shape() != (dp, tp):
         # Every check above passed, so only the numbering is off: the launchers number ranks
         # rank = pipeline_rank * dp * tp + replica * tp + tp_index, and torchrun numbers them
@@ -191,6 +199,7 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
         dtype=plan.inputs.dtype,
         recompute=first.replicas[0].recompute,
         zero1=dp > 1 and first.zero1,
+        zero_stage=first.zero_stage if dp > 1 else 0,
         stage_layers=[stage.layer_end - stage.layer_start for stage in stages],
         world_size=plan.world_size,
     )

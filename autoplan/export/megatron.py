@@ -18,7 +18,8 @@ string, e.g. ``E|t*16|t*15,L``; 2025 and later), which holds any split.
 Recompute: the plan's ``full`` is Megatron-LM's full recompute of every layer
 (``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``); its
 ``selective`` is Megatron-LM's own selective recompute (attention core recomputed). ZeRO-1 is
-``--use-distributed-optimizer``, sequence parallelism ``--sequence-parallel``. Megatron-LM has
+``--use-distributed-optimizer`` (ZeRO-2/3 plans are refused), sequence parallelism
+``--sequence-parallel``. Megatron-LM has
 no GPipe schedule: a GPipe plan runs as 1F1B, with the same bubble and fewer micro-batches in
 flight (a note says so).
 """
@@ -143,6 +144,12 @@ def megatron_args(plan: Plan, kinds: list[LayerKind] | None) -> list[list[str]]:
     if shape.dtype not in _PRECISION_FLAG:
         raise NotExpressibleError(
             TARGET, f"its dtype is {shape.dtype}; Megatron-LM trains in fp32, bf16 or fp16"
+        )
+    if shape.zero_stage >= 2:
+        raise NotExpressibleError(
+            TARGET,
+            f"it uses ZeRO-{shape.zero_stage}; the export writes Megatron-LM's distributed "
+            "optimizer (ZeRO-1) at most",
         )
     layout = transformer_layout(plan, kinds, TARGET)
     args = [

@@ -12,11 +12,16 @@ With pp > 1 its ``local_batch_size`` is the plan's micro-batches together (torch
 it into the micro-batches); with pp = 1 it is one micro-batch and ``global_batch_size``
 makes torchtitan accumulate gradients over the plan's micro-batch count.
 
-Data parallelism: without ZeRO-1, ``data_parallel_replicate_degree`` (weights replicated,
-gradients all-reduced, as the plan costs it). torchtitan has no ZeRO-1 alone: a ZeRO-1 plan
-is written as FSDP (``data_parallel_shard_degree``) with ``fsdp_reshard_after_forward =
-"never"``, which shards the optimizer states as ZeRO-1 does and gradients and weights too (no
-more memory than the plan's; a note says so). Recompute: ``none`` and ``full`` are
+Data parallelism: at ZeRO-0, ``data_parallel_replicate_degree`` (weights replicated,
+gradients all-reduced, as the plan costs it); from ZeRO-1 on, FSDP over the replicas
+(``data_parallel_shard_degree``). ZeRO-2 is FSDP with ``fsdp_reshard_after_forward =
+"never"`` (weights stay gathered from forward to backward, as the plan's level 2), ZeRO-3
+with ``"always"`` (gathered again for the backward). torchtitan has no ZeRO-1 alone: a ZeRO-1
+plan is written as ZeRO-2 is, which shards the optimizer states as ZeRO-1 does and gradients
+and weights too (no more memory than the plan's; a note says so). With pp > 1, torch's
+pipeline stage defers FSDP's reduce-scatter to the last micro-batch (the plan's runtime does
+it per micro-batch, ``autoplan.runtime.zero``): a note says gradients and weights stay
+unsharded through the step there. Recompute: ``none`` and ``full`` are
 torchtitan's; the plan's ``selective`` (matmul outputs kept, attention recomputed) is closest
 to torchtitan's per-op selective checkpointing, which also recomputes every second matmul (a
 note says so). Precision: ``mixed_precision_param`` is bfloat16 or float32, so fp16 and fp64
@@ -93,7 +98,9 @@ def torchtitan_config(plan: Plan, kinds: list[LayerKind] | None) -> dict[str, di
         "pipeline_parallel_degree": pp,
     }
     if shape.zero1:
-        parallelism["fsdp_reshard_after_forward"] = "never"
+        # ZeRO-3 regathers the weights for the backward; ZeRO-1 and 2 keep them gathered.
+        reshard = "always" if shape.zero_stage == 3 else "never"
+        parallelism["fsdp_reshard_after_forward"] = reshard
     if pp > 1:
         layout = transformer_layout(plan, kinds, TARGET)
         parallelism["pipeline_parallel_schedule"] = SCHEDULE_NAMES[shape.schedule]
@@ -134,11 +141,17 @@ def _toml_value(value: TomlValue, indent: str = "") -> str:
 
 def _notes(shape: PlanShape) -> list[str]:
     notes = []
-    if shape.zero1:
+    if shape.zero1 and shape.zero_stage == 1:
         notes.append(
             "torchtitan has no ZeRO-1 alone: data parallelism is FSDP, which shards gradients "
             "and weights as well (less memory than the plan's, an all-gather of the weights "
             "per step)"
+        )
+    if shape.zero_stage >= 2 and shape.pipeline_degree > 1:
+        notes.append(
+            "torch's pipeline stage reduce-scatters FSDP's gradients after the last "
+            "micro-batch only: gradients and weights stay unsharded through the step, more "
+            "memory than the plan's per-micro-batch reduce-scatter"
         )
     if shape.recompute == "selective":
         notes.append(

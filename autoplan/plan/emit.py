@@ -6,6 +6,7 @@ import math
 
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel, PlanCost, RankMemory
+from autoplan.cost.zero_bubble import group_weight_gradient_ms
 from autoplan.plan.ranks import build_rank_map, place
 from autoplan.plan.schema import (
     Alternative,
@@ -21,6 +22,7 @@ from autoplan.plan.schema import (
     StageTiming,
     TimeBreakdown,
 )
+from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
 
 __all__ = ["emit_plan", "model_flops_per_iteration", "stage_types"]
 
@@ -137,6 +139,12 @@ def emit_plan(
     timings = []
     for s, (stage, stage_cost) in enumerate(zip(config.stages, cost.stages, strict=True)):
         p = parallelism.rank_of_stage(s)
+        # Zero-bubble plans split each backward into I and W; the simulator plays the split.
+        split = config.schedule in ZERO_BUBBLE_SCHEDULES
+        weight_ms = [
+            _round(group_weight_gradient_ms(model, stage, g)) if split else None
+            for g in range(len(stage.groups))
+        ]
         replicas = []
         replica_timings = []
         for g, (group, group_cost) in enumerate(zip(stage.groups, stage_cost.groups, strict=True)):
@@ -163,6 +171,7 @@ def emit_plan(
                                 group.device_class, group.tp, group.micro_batch_size
                             ).layers[stage.layer_start : stage.layer_end]
                         ),
+                        weight_gradient_ms=weight_ms[g],
                     )
                 )
         stages.append(
@@ -182,6 +191,9 @@ def emit_plan(
                 backward_ms=_round(stage_cost.backward_ms),
                 send_ms=_round(stage_cost.send_ms),
                 saved_activation_bytes=round(stage_cost.saved_bytes),
+                weight_gradient_ms=weight_ms[
+                    max(range(len(stage.groups)), key=lambda g: stage_cost.groups[g].backward_ms)
+                ],
                 replicas=replica_timings,
             )
         )

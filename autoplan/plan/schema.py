@@ -315,6 +315,12 @@ class ReplicaTiming(_Strict):
         description="Of the stage's layers, how many are timed from measurements on this GPU "
         "type (profile --measure or profile import); the others are modelled.",
     )
+    weight_gradient_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="Of backward_ms, the weight-gradient half (W) a zero-bubble schedule runs "
+        "apart from the input gradient (I = backward_ms - W); None: the backward is not split.",
+    )
 
 
 class StageTiming(_Strict):
@@ -334,6 +340,12 @@ class StageTiming(_Strict):
         description="The largest saved activations one micro-batch leaves on one GPU of this "
         "stage (over its replicas); the simulator's memory curve uses it.",
     )
+    weight_gradient_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="Of backward_ms, the weight-gradient half (W) of the slowest replica, which "
+        "a zero-bubble schedule defers (I = backward_ms - W); None: the backward is not split.",
+    )
     replicas: list[ReplicaTiming] = Field(
         default_factory=list,
         description="Per replica, in the stage's replica order (empty: every replica takes "
@@ -348,7 +360,11 @@ class TimeBreakdown(_Strict):
     bubble_ms: float = Field(ge=0)
     tp_comm_ms: float = Field(ge=0)
     pp_comm_ms: float = Field(ge=0)
-    dp_comm_ms: float = Field(ge=0, description="Gradient all-reduce not hidden by backward.")
+    dp_comm_ms: float = Field(
+        ge=0,
+        description="Gradient all-reduce not hidden by backward, and ZeRO-2/3's all-gathers "
+        "and reduce-scatters not hidden by their passes.",
+    )
     optimizer_ms: float = Field(ge=0)
 
 

@@ -87,12 +87,30 @@ def plan_problems(plan: Plan, profile: Profile | None = None) -> list[str]:
     _check_replicas(plan, problems)
     _check_nodes(plan, problems)
     _check_sequence_parallel(plan, problems)
+    _check_async_pb(plan, problems)
     if profile is not None:
         _check_against_profile(plan, profile, problems)
     _check_memory(plan, profile, problems)
     _check_prediction(plan, problems)
     _check_idle_gpus(plan, problems)
     return problems
+
+
+def _check_async_pb(plan: Plan, problems: list[str]) -> None:
+    """async_pb runs any (dp, tp) per stage, but keeps each forward's weight version: no
+    recompute or offload (a recomputed forward would use other weights), and steps plain
+    momentum SGD per replica: no ZeRO."""
+    if plan.parallelism.schedule != "async_pb":
+        return
+    for stage in plan.stages:
+        if stage.zero_stage > 0:
+            problems.append(f"async_pb stage {stage.index} has ZeRO-{stage.zero_stage}; use 0")
+        modes = sorted({r.recompute for r in stage.replicas if r.recompute != "none"})
+        if modes or any(r.offload for r in stage.replicas):
+            problems.append(
+                f"async_pb stage {stage.index} has recompute {modes or ['none']} / offload "
+                f"{any(r.offload for r in stage.replicas)}; it needs neither"
+            )
 
 
 def _check_sequence_parallel(plan: Plan, problems: list[str]) -> None:

@@ -267,6 +267,7 @@ def profile_model(
                 selective_recompute_saved_bytes=trace.selective_recompute_saved_bytes,
                 selective_recompute_flops=trace.selective_recompute_flops,
                 input_activation_bytes=trace.input_activation_bytes,
+                loss_saved_activation_bytes=trace.loss_saved_bytes,
                 output_activation_bytes=trace.output.nbytes,
                 tensor_parallel=(_tensor_parallel_profile(tp, divisor) if tp is not None else None),
                 replica_of=replica_of,

@@ -221,6 +221,13 @@ class LayerProfile(_Strict):
     input_activation_bytes: int = Field(
         ge=0, description="Bytes of the layer's input: all that full recompute keeps."
     )
+    loss_saved_activation_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Of `saved_activation_bytes`, what the loss the last layer feeds keeps "
+        "(the token cross-entropy's log-softmax): saved outside the layer's own forward, so "
+        "activation offload's hooks on the layer leave it on the device.",
+    )
     output_activation_bytes: int = Field(
         ge=0, description="Bytes of the layer's output: what a pipeline stage ending here sends."
     )

@@ -56,6 +56,8 @@ class LayerTrace:
     selective_recompute_flops: int
     input_activation_bytes: int
     output: TensorMeta
+    # Of saved_activation_bytes, what the loss saved (outside the layer's own forward).
+    loss_saved_bytes: int = 0
 
 
 def loss_of(output: torch.Tensor, loss: str) -> torch.Tensor | None:
@@ -89,6 +91,7 @@ def trace_layer(
                     f"layer {type(layer).__name__} returned {type(output).__name__}; "
                     "autoplan profiles layers that return one tensor"
                 )
+            layer_saved = tracker.saved_bytes
             scalar = loss_of(output, loss) if loss else None
         forward_flops = flops.get_total_flops()
         moved.phase = "backward"
@@ -121,4 +124,5 @@ def trace_layer(
         selective_recompute_flops=tracker.core_forward_flops,
         input_activation_bytes=sum(t.numel() * t.element_size() for t in inputs),
         output=TensorMeta(tuple(output.shape), output.dtype),
+        loss_saved_bytes=saved - layer_saved,
     )

@@ -23,8 +23,11 @@ Transport: activations forward and their gradients back with ``torch.distributed
 order makes deadlock-free. ``run_local`` plays the same orders in one process (a mailbox per
 boundary) for tests and for the convergence study.
 
-Scope: one rank per stage (dp = tp = 1). Plans whose stages have more replicas or tensor
-parallelism are refused with a one-line message (``check_async_plan``).
+Replicas and tensor parallelism: ``reduce_gradients`` (given by the plan engine,
+``autoplan.runtime.async_engine``) sums a micro-batch's gradient over the stage's replicas
+before the step, so every replica of a stage takes the same step; ``run_local`` and
+``run_distributed`` here play one rank per stage. ``check_async_plan`` refuses, in one line,
+what the async executor cannot run (ZeRO, recompute, offload, weights tied across stages).
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ from torch.func import functional_call
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan
 from autoplan.runtime.async_pb_optim import PipelinedMomentumSGD
+from autoplan.schedule.async_pb import async_pb_order
 
 __all__ = [
     "AsyncStageWorker",
     "async_pb_order",
     "check_async_plan",
-    "refuse_in_trainer",
     "run_distributed",
     "run_local",
     "stage_delay",
@@ -61,24 +64,9 @@ def stage_delay(num_stages: int, stage: int, micro_batch: int, zero_delay: bool 
     return min(micro_batch, num_stages - 1 - stage)
 
 
-def async_pb_order(
-    num_stages: int, stage: int, num_micro_batches: int, zero_delay: bool = False
-) -> list[Action]:
-    """The stage's actions, ("F", i) and ("B", i), over the whole stream of micro-batches."""
-    n = num_micro_batches
-    if zero_delay:
-        return [a for i in range(n) for a in (("F", i), ("B", i))]
-    warmup = min(n, num_stages - 1 - stage)
-    order: list[Action] = [("F", i) for i in range(warmup)]
-    for j in range(warmup, n):
-        order += [("F", j), ("B", j - warmup)]
-    order += [("B", i) for i in range(n - warmup, n)]
-    return order
-
-
 @dataclass
 class _InFlight:
-    inputs: torch.Tensor
+    inputs: torch.Tensor | tuple[torch.Tensor, ...]
     outputs: torch.Tensor
     weights: list[torch.Tensor]
     steps_at_forward: int
@@ -90,7 +78,9 @@ class AsyncStageWorker:
     """One pipeline stage: its module, optimizer and the micro-batches in flight.
 
     ``loss_fn(output, micro_batch)`` is given on the last stage only; ``inputs_of(i)`` on the
-    first stage only (the micro-batch's input rows).
+    first stage only (the micro-batch's input rows: a tensor or a tuple of them);
+    ``reduce_gradients(grads)`` (optional) turns this replica's gradient of a micro-batch
+    into the one every replica of the stage steps with (their sum).
     """
 
     module: torch.nn.Module
@@ -99,7 +89,8 @@ class AsyncStageWorker:
     optimizer: PipelinedMomentumSGD
     zero_delay: bool = False
     loss_fn: Callable[[torch.Tensor, int], torch.Tensor] | None = None
-    inputs_of: Callable[[int], torch.Tensor] | None = None
+    inputs_of: Callable[[int], torch.Tensor | tuple[torch.Tensor, ...]] | None = None
+    reduce_gradients: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
     losses: dict[int, float] = field(default_factory=dict)
     peak_in_flight: int = 0
     _names: list[str] = field(default_factory=list)
@@ -128,7 +119,8 @@ class AsyncStageWorker:
             assert received is not None
             inputs = received.detach().requires_grad_(True)
         named = dict(zip(self._names, weights, strict=True))
-        outputs = functional_call(self.module, named, (inputs,))
+        args = inputs if isinstance(inputs, tuple) else (inputs,)
+        outputs = functional_call(self.module, named, args)
         if self.is_last:
             assert self.loss_fn is not None
             outputs = self.loss_fn(outputs, i)
@@ -146,13 +138,19 @@ class AsyncStageWorker:
             raise RuntimeError(
                 f"stage {self.stage}: micro-batch {i} saw {done} updates, expected {state.delay}"
             )
+        wrt = [*state.weights, *([] if self.is_first else [state.inputs])]
         grads = torch.autograd.grad(
             state.outputs,
-            [*state.weights, *([] if self.is_first else [state.inputs])],
+            wrt,
             grad_outputs=None if self.is_last else grad_outputs,
+            allow_unused=True,
+            materialize_grads=True,  # a weight this micro-batch does not reach steps with 0
         )
         n = len(state.weights)
-        self.optimizer.step(list(grads[:n]), state.delay)
+        weight_grads = list(grads[:n])
+        if self.reduce_gradients is not None:
+            weight_grads = self.reduce_gradients(weight_grads)
+        self.optimizer.step(weight_grads, state.delay)
         return None if self.is_first else grads[n]
 
 
@@ -232,24 +230,38 @@ def run_distributed(
 
 
 def check_async_plan(plan: Plan) -> None:
-    """Refuse, in one line, plans the async executor cannot run: any stage with more than one
-    replica or tensor parallelism (heterogeneous (dp, tp) per stage is not built yet)."""
-    for index, stage in enumerate(plan.stages):
-        replicas = stage.replicas
-        tp = max(r.tensor_parallel_degree for r in replicas)
-        if len(replicas) != 1 or tp != 1:
+    """Refuse, in one line, async_pb plans the async executor cannot run.
+
+    Any (dp, tp) per stage runs, unequal shares included. Refused: more than one stage per
+    rank; ZeRO (the stage's momentum-SGD state is not sharded); recompute and activation
+    offload (a recomputed forward would run at the current weights, not the version the
+    forward used, and give wrong gradients); weights tied across stages (their copies would
+    need a gradient sum between stages that step at different times).
+    """
+    if plan.parallelism.virtual_stages_per_rank != 1:
+        raise InputError("schedule async_pb runs one stage per pipeline rank")
+    for stage in plan.stages:
+        if stage.zero_stage > 0:
             raise InputError(
-                f"schedule async_pb runs one rank per stage; stage {index} has "
-                f"{len(replicas)} replica(s) with tp up to {tp} (dp = tp = 1 is supported)"
+                f"schedule async_pb steps momentum SGD per replica; stage {stage.index} asks "
+                f"for ZeRO-{stage.zero_stage} (use zero_stage 0)"
             )
+        for replica in stage.replicas:
+            if replica.recompute != "none" or replica.offload:
+                raise InputError(
+                    f"schedule async_pb keeps the weights each forward used; stage "
+                    f"{stage.index} asks for recompute {replica.recompute!r} / offload "
+                    f"{replica.offload}, which would recompute at other weights (use none)"
+                )
+    from autoplan.runtime.check import meta_model
+    from autoplan.runtime.model_stage import find_tied_weights, pipeline_layers
 
-
-def refuse_in_trainer(plan: Plan) -> None:
-    """``autoplan run`` of an async_pb plan: one line saying why not (yet) instead of a flush
-    schedule silently training synchronously."""
-    check_async_plan(plan)
-    raise InputError(
-        "schedule async_pb is not wired into `autoplan run` yet: its executor "
-        "(autoplan.runtime.async_pb.run_distributed) runs hand-built stages; the trainer's "
-        "engines flush every iteration"
-    )
+    model = meta_model(plan)
+    if plan.stages[-1].layer_end != len(pipeline_layers(model)):
+        return  # stages that miss layers: check_runnable says so
+    tied = find_tied_weights(model, plan)
+    if tied:
+        raise InputError(
+            f"schedule async_pb cannot run weights tied across stages ({', '.join(tied[0].names)} "
+            f"on stages {list(tied[0].stages)}): each stage steps at its own time"
+        )

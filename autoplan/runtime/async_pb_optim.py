@@ -1,34 +1,48 @@
 """Per-micro-batch momentum SGD for asynchronous Pipelined Backpropagation (Kosson et al.,
 "Pipelined Backpropagation at Scale: Training Large Models without Batches", MLSys 2021).
 
-Symbols as in the paper: weights w, velocity v, gradient g, learning rate η, momentum α, and the
-delay D of a stage: how many updates of that stage's weights happen between the forward of a
-micro-batch and the arrival of its gradient (in a 1F1B steady state without flush, stage s of
-p has D = p − 1 − s; the last stage has none).
+Symbols as in the paper: weights w, velocity v, gradient g, learning rate η, momentum
+coefficient m (``momentum`` here; α in older notes of this file), step t, and the delay D of a
+stage: how many updates of that stage's weights happen between the forward of a micro-batch
+and the arrival of its gradient (in a 1F1B steady state without flush, stage s of p has
+D = p − 1 − s; the last stage has none). The gradient that arrives at step t was computed at
+the weights of step t − D.
 
-Plain momentum SGD (what ``torch.optim.SGD(momentum=α, dampening=0)`` does)::
+Plain momentum SGD (the paper's SGDM, what ``torch.optim.SGD(momentum=m, dampening=0)``
+does)::
 
-    v ← α·v + g            w ← w − η·v
+    v_{t+1} = m·v_t + g_t            w_{t+1} = w_t − η·v_{t+1}
 
-Spike Compensation (SC). Under momentum a gradient's total effect on w is η·g·Σ_k α^k, spread
-over the following steps; a gradient D steps late has missed the first D terms, and the delayed
-velocity then over-shoots (a "spike"). SC applies the missed share at once and scales the
-velocity's term so the gradient's total contribution is unchanged::
+Spike Compensation (SC). Under momentum a gradient's total effect on w is η·g·Σ_k m^k,
+spread over the steps after it arrives; a gradient D steps late has missed the first D
+terms, and the late velocity then over-shoots (a "spike"). SC applies the missed share at
+once and scales down the velocity's term::
 
-    v ← α·v + g            w ← w − η·(a·v + b·g),   a = α^D,  b = (1 − α^D) / (1 − α)
+    v_{t+1} = m·v_t + g_t            w_{t+1} = w_t − η·(a·v_{t+1} + b·g_t),
+    a = m^D,  b = (1 − m^D) / (1 − m)  (= Σ_{k<D} m^k)
 
-Linear Weight Prediction (LWP). The forward of a micro-batch whose gradient will come D updates
-later uses the weights extrapolated along the velocity, the direction the next D steps will move
-them::
+so that a gradient's total contribution, b + a/(1 − m) = 1/(1 − m), is that of SGDM.
 
-    ŵ = w − η·D·v
+Linear Weight Prediction (LWP). The forward of a micro-batch whose gradient will come D
+updates later runs at the weights extrapolated along the velocity, the direction the next D
+steps will move them (the paper's horizon T, taken equal to D)::
+
+    ŵ_{t+D} = w_t − η·D·v_t
 
 With D = 0 both reduce to plain momentum SGD (a = 1, b = 0, ŵ = w): the executor's zero-delay
 run equals synchronous per-micro-batch SGD, which the tests check bit for bit.
 
-Note: the formulas above were derived here from the paper's description of the two methods
-(SC: keep each gradient's total momentum-weighted contribution; LWP: extrapolate by the delay
-along the velocity); the exact paper text could not be consulted from this machine.
+Checked against the paper: a = m^D and b = (1 − m^D)/(1 − m) for SC and ŵ = w − ηDv for LWP
+(and their combination, LWP_D + SC_D, which ``weight_prediction`` and ``spike_compensation``
+together give) are the paper's formulas; ``spike_coefficients`` computes b as the finite sum,
+the same number. (The search tool reached only the paper's abstract and introduction, so
+this check rests on the method section as recalled, not re-read here: whoever has the paper
+at hand should confirm the SC and LWP equations.) One deliberate
+difference from the paper's Pipelined Backpropagation: there the backward of a micro-batch
+runs at the weights current when its gradient arrives (weight inconsistency); here it runs at
+the weights its forward used (``autoplan.runtime.async_pb`` keeps that version, PipeDream's
+weight stashing), which the cost model counts as memory. Only the gradient's delay remains,
+which SC and LWP address.
 """
 
 from __future__ import annotations
@@ -39,7 +53,7 @@ __all__ = ["PipelinedMomentumSGD", "spike_coefficients"]
 
 
 def spike_coefficients(momentum: float, delay: int) -> tuple[float, float]:
-    """(a, b) of Spike Compensation for momentum α and delay D: a = α^D, b = Σ_{k<D} α^k."""
+    """(a, b) of Spike Compensation for momentum m and delay D: a = m^D, b = Σ_{k<D} m^k."""
     a = momentum**delay
     b = float(sum(momentum**k for k in range(delay)))
     return a, b

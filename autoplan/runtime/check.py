@@ -177,19 +177,9 @@ def _check_zero1(stage: Stage) -> None:
     degrees = {replica.tensor_parallel_degree for replica in stage.replicas}
     if stage.zero1 and len(degrees) > 1:
         raise InputError(
-            f"stage {stage.index} shards optimizer states (ZeRO-1) over replicas of tp "
-            f"{sorted(degrees)}; the runtime shards them only over replicas of one tp degree "
+            f"stage {stage.index} shards optimizer states (ZeRO-{stage.zero_stage}) over replicas "
+            f"of tp {sorted(degrees)}; the runtime shards them only over replicas of one tp degree "
             "(their shards must line up)"
-        )
-
-
-def _check_zero(plan: Plan) -> None:
-    # ZeRO-2/3 are FSDP2 over the mesh's "dp" dimension; the groups executor has no mesh.
-    sharded = [stage.index for stage in plan.stages if stage.zero_stage >= 2]
-    if sharded and plan.uniform_shape() is None:
-        raise InputError(
-            f"stages {sharded} ask for ZeRO-2/3, which the runtime runs only in uniform plans "
-            "(one dp and tp for every stage); use ZeRO-1 there or solve with --space uniform"
         )
 
 
@@ -238,5 +228,8 @@ def check_runnable(plan: Plan) -> None:
     _check_tensor_parallel(plan, model)
     for stage in plan.stages:
         _check_zero1(stage)
-    _check_zero(plan)
     _check_schedule(plan)
+    if plan.parallelism.schedule == "async_pb":
+        from autoplan.runtime.async_pb import check_async_plan
+
+        check_async_plan(plan)

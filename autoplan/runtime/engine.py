@@ -23,7 +23,7 @@ class Engine(Protocol):
     """One rank's part of a plan, set up and ready to train."""
 
     name: str
-    """'mesh' or 'groups' (shown in the run report)."""
+    """'mesh', 'groups' or 'async' (shown in the run report)."""
     device: torch.device
     models: list[nn.Module]
     """This rank's stage modules, unwrapped (parameter names as in the whole model)."""

@@ -12,6 +12,9 @@ Per rank it
 5. steps one optimizer per stage: AdamW, or ``MasterWeightAdamW`` for 16-bit weights and for
    ZeRO-1, sharded over the stage's replicas at this rank's tp index.
 
+ZeRO-2/3 stages are FSDP2 ``fully_shard`` over the stage's replicas (``stage_zero``): their
+gradients are reduce-scattered in each backward, not in step 4, and AdamW steps the shards.
+
 Uniform plans run here too when asked (``train(..., executor="groups")``); their numerics equal
 the mesh executor's.
 """
@@ -22,7 +25,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, RankEntry, Stage
 from autoplan.runtime import tensor_parallel
 from autoplan.runtime.check import meta_model
@@ -35,6 +37,7 @@ from autoplan.runtime.model_stage import build_stage_models
 from autoplan.runtime.offload import apply_offload
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.stage_groups import ProcessGroups, rank_place, tp_mesh
+from autoplan.runtime.stage_zero import fsdp_families, is_sharded, shard_stage, zero_mesh
 from autoplan.runtime.transfers import Mailbox, boundary_shapes
 from autoplan.schedule import schedule_order
 from autoplan.zoo import get_model_spec
@@ -69,17 +72,15 @@ class GroupsEngine:
     def __init__(
         self, plan: Plan, entry: RankEntry, device: torch.device, seed: int, learning_rate: float
     ) -> None:
-        sharded = [stage.index for stage in plan.stages if stage.zero_stage >= 2]
-        if sharded:
-            raise InputError(
-                f"stages {sharded} ask for ZeRO-2/3, which only the mesh executor runs (FSDP2 "
-                "over its dp dimension); the groups executor shards optimizer states at most"
-            )
         self.plan = plan
         self.device = device
         place = rank_place(plan, entry.rank)
         self.place = place
-        self.sync = GradientSync(plan, parameter_families(plan, meta_model(plan)), entry.rank)
+        families = parameter_families(plan, meta_model(plan))
+        # FSDP2 sums the gradients of a ZeRO-2/3 stage's own parameters (stage_zero).
+        by_fsdp = fsdp_families(plan, families)
+        synced = [family for index, family in enumerate(families) if index not in by_fsdp]
+        self.sync = GradientSync(plan, synced, entry.rank)
         self.groups = ProcessGroups(group_rank_sets(plan, self.sync))
 
         my_stages = [plan.stages[index] for index in place.stages]
@@ -90,8 +91,15 @@ class GroupsEngine:
         for stage, model in zip(my_stages, models, strict=True):
             replica = stage.replicas[place.replica]
             replica_of[stage.index] = replica
+            stage_mesh = None
+            if is_sharded(stage):
+                stage_mesh = zero_mesh(self.groups, stage, place.tp_index, place.replica, device)
             if replica.tensor_parallel_degree > 1:
-                mesh = tp_mesh(self.groups, replica, device)
+                # FSDP2 with tp needs both meshes from one parent (stage_zero).
+                if stage_mesh is not None:
+                    mesh = stage_mesh["tp"]
+                else:
+                    mesh = tp_mesh(self.groups, replica, device)
                 tensor_parallel.apply_tensor_parallel(
                     model,
                     mesh,
@@ -102,6 +110,16 @@ class GroupsEngine:
             apply_recompute(model, replica.recompute)
             apply_offload(model, replica.offload)
             model.to(device)
+            if stage_mesh is not None:
+                tied = {
+                    model.get_parameter(name)
+                    for family in families
+                    if len(family.copies) > 1
+                    for index, name in family.copies
+                    if index == stage.index
+                }
+                dp_mesh = stage_mesh["dp"] if stage_mesh.ndim > 1 else stage_mesh
+                shard_stage(model, dp_mesh, stage.zero_stage, tied)
             self.modules[stage.index] = model
         self.sync.check_layout(self.modules, replica_of)
         self.models: list[nn.Module] = models
@@ -138,6 +156,11 @@ class GroupsEngine:
 
     def _optimizer(self, stage: Stage, model: nn.Module, learning_rate: float) -> Optimizer:
         params = list(model.parameters())
+        if is_sharded(stage):
+            # FSDP2's parameters are this rank's shards: the states are sharded with them.
+            if any(param.dtype in _SIXTEEN_BIT for param in params):
+                return MasterWeightAdamW(params, learning_rate)
+            return torch.optim.AdamW(params, lr=learning_rate)
         if stage.zero1 and stage.data_parallel_degree > 1:
             group = self.groups.get(zero1_ranks(stage, self.place.tp_index))
             return MasterWeightAdamW(params, learning_rate, group)

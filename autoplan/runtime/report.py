@@ -86,10 +86,11 @@ class RunReport(_Strict):
         default_factory=list,
         description="Each rank's predicted weights + gradients + optimizer states.",
     )
-    executor: Literal["mesh", "groups"] = Field(
+    executor: Literal["mesh", "groups", "async"] = Field(
         default="mesh",
         description="'mesh': one (pp, dp, tp) DeviceMesh with torch's pipelining (uniform "
-        "plans); 'groups': per-stage process groups and the runtime's own stage transfers.",
+        "plans); 'groups': per-stage process groups and the runtime's own stage transfers; "
+        "'async': asynchronous Pipelined Backpropagation (schedule async_pb, no flush).",
     )
     measured_tokens_per_s: float = Field(ge=0)
     predicted_tokens_per_s: float = Field(ge=0)

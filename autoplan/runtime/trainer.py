@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Literal
 
 import torch
@@ -99,15 +99,16 @@ def _engine(
     plan: Plan, env: LaunchEnv, seed: int, learning_rate: float, choice: ExecutorChoice
 ) -> Engine:
     entry = check_launch(plan, env)
-    if plan.parallelism.schedule == "async_pb":
-        from autoplan.runtime.async_pb import refuse_in_trainer
-
-        refuse_in_trainer(plan)
     check_runnable(plan)
-    kind = select_executor(plan, choice)
+    asynchronous = plan.parallelism.schedule == "async_pb"
+    kind = "groups" if asynchronous else select_executor(plan, choice)
     device = local_device(env)
     check_device(plan, entry, device)
     init_distributed(env, device)
+    if asynchronous:  # no flush, a step per micro-batch: its own executor
+        from autoplan.runtime.async_engine import AsyncEngine
+
+        return AsyncEngine(plan, entry, device, seed, learning_rate)  # type: ignore[return-value]
     if kind == "mesh":
         from autoplan.runtime.mesh_engine import MeshEngine
 
@@ -190,6 +191,8 @@ def train(
     engine = _engine(plan, env, seed, learning_rate, executor)
     global_batch = plan.inputs.global_batch_size
     source = iter(batches if batches is not None else training_batches(plan, seed + 1))
+    if engine.name == "async":
+        return _train_async(plan, engine, steps, source, on_gradients)
     records: list[StepRecord] = []
     for step in range(steps):
         try:
@@ -242,6 +245,27 @@ def train(
             )
     states = model_state_bytes(engine.models, engine.optimizers)
     return _report(plan, engine, records, states)
+
+
+def _train_async(
+    plan: Plan,
+    engine: Engine,
+    steps: int,
+    source: Iterator[object],
+    on_gradients: GradientHook | None,
+) -> RunReport:
+    """The async_pb plan's steps as one stream without a flush (``async_engine``)."""
+    if on_gradients is not None:
+        raise InputError("schedule async_pb steps per micro-batch: it has no step gradients")
+    global_batch = plan.inputs.global_batch_size
+    batches: list[Batch] = []
+    for step in range(steps):
+        try:
+            batches.append(_as_batch(next(source), step, global_batch))
+        except StopIteration:
+            raise InputError(f"the data ran out after {step} of {steps} steps") from None
+    records = engine.train(batches)  # type: ignore[attr-defined]
+    return _report(plan, engine, records, engine.model_state_bytes())  # type: ignore[attr-defined]
 
 
 def _report(

@@ -6,6 +6,13 @@
   passed the stages before it, must do all its own work, and its last backward must still pass
   back through those stages. So the pipeline takes at least
   ``max_r [Σ_{j<r} (f_j + b_j + 2·send_j) + m × Σ_{s on r} (f_s + b_s)]``.
+- Split backwards (zero bubble: I then W, ``StageTiming.weight_gradient_ms``) and any
+  placement whose rank r holds stage r as its lowest (``s % pp`` and the V alike): rank r's last
+  action that is not a W is the I (or B) of stage r of some micro-batch (every other action of
+  its has a later one on the rank), and after it only Ws are left, ``m × W_r`` at most. That
+  gradient must still pass stages r-1..0 (their I and the sends) and stage 0 run its W, so
+  ``max_r [Σ_{j<r} (f_j + send_j) + m × Σ_{s on r} (f_s + b_s) + max(0, Σ_{j<r} (i_j + send_j)
+  + w_0 − m × W_r)]`` (for r > 0; ``i = b − w``). Unsplit (w = 0) this is the bound above.
 - Replicas with their own times (``replica_lower_bound_ms``): the same argument per replica.
   Replica d of rank r runs every one of its actions, m × Σ_{s on r} (f_{s,d} + b_{s,d}), one
   at a time. Its first action is a forward of some stage s ≥ r, which needs the samples to have
@@ -38,18 +45,31 @@ def uniform_pipeline_ms(
 
 
 def pipeline_lower_bound_ms(
-    stage_timings: list[StageTiming], pipeline_degree: int, num_micro_batches: int
+    stage_timings: list[StageTiming],
+    pipeline_degree: int,
+    num_micro_batches: int,
+    stage_rank: list[int] | None = None,
 ) -> float:
     """Lower bound on the pipeline time of any schedule (see the module docstring).
 
-    Stage s runs on rank ``s % pipeline_degree``; stages are ``stage_timings`` in stage order.
-    """
+    Stage s runs on rank ``stage_rank[s]`` (default ``s % pipeline_degree``; rank r's lowest
+    stage must be r); stages are ``stage_timings`` in stage order. A stage with
+    ``weight_gradient_ms`` counts its backward as split (I then W)."""
     timings = sorted(stage_timings, key=lambda timing: timing.stage)
+    ranks = stage_rank or [s % pipeline_degree for s in range(len(timings))]
+    if any(min(s for s in range(len(timings)) if ranks[s] == r) != r for r in set(ranks)):
+        raise ValueError("pipeline_lower_bound_ms needs rank r's lowest stage to be r")
+    weight = [t.weight_gradient_ms or 0.0 for t in timings]
+    m = num_micro_batches
     best = 0.0
     for rank in range(pipeline_degree):
-        passes = sum(t.forward_ms + t.backward_ms + 2 * t.send_ms for t in timings[:rank])
-        own_work = sum(t.forward_ms + t.backward_ms for t in timings[rank::pipeline_degree])
-        best = max(best, passes + num_micro_batches * own_work)
+        fill = sum(t.forward_ms + t.send_ms for t in timings[:rank])
+        drain = sum(timings[j].backward_ms - weight[j] + timings[j].send_ms for j in range(rank))
+        drain += weight[0] if rank > 0 else 0.0
+        own = [s for s in range(len(timings)) if ranks[s] == rank]
+        own_work = sum(timings[s].forward_ms + timings[s].backward_ms for s in own)
+        own_weight = sum(weight[s] for s in own)
+        best = max(best, fill + m * own_work + max(0.0, drain - m * own_weight))
     return best
 
 

@@ -21,13 +21,23 @@ only when it needs the data). Both directions of the boundary between stages s a
 stage s's ``send_ms``: the gradient has the activation's shape. Stages on the same pipeline
 rank (pp = 1) run on the same replicas and hand over for free.
 
+Zero-bubble schedules split a backward into ``I`` (the input gradient: it waits for the next
+stage's gradient and sends to the previous stage when it ends, like a full ``B``) and ``W``
+(the weight gradient: it waits for nothing but its own I, earlier in the same list, and sends
+nothing), with ``StageTiming.weight_gradient_ms`` (I takes the rest of ``backward_ms``; a full
+B takes both). Stages sit on ranks by ``Parallelism.rank_of_stage``: ``s % pp``, or the V of
+zbv/dualpipev, whose middle hop (stages pp - 1 and pp, both on the last rank) hands over on
+the same GPUs without a send. These are the rules of ``autoplan.cost.zero_bubble.play_ms``,
+which the plan's prediction comes from, played here with replicas, links and the tail.
+
 Gradients are all-reduced once per iteration over each pipeline rank's replicas (its stages
 share them), taking ``rank_dp_allreduce_ms`` of the rank. PyTorch's PipelineStage runs every
 backward but the last under DDP's ``no_sync`` and lets DDP's hooks all-reduce during the last
 one (torch 2.13, ``distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``). A
 collective needs every member, so the all-reduce starts when the last replica starts its last
-backward and ends no earlier than the last replica ends it: it hides under one backward at
-most. Then every replica steps its optimizer (``breakdown.optimizer_ms``).
+backward (B or W: the weight gradients are what it reduces) and ends no earlier than the last
+replica ends it: it hides under one backward at most. Then every replica steps its optimizer
+(``breakdown.optimizer_ms``).
 
 Why hand-written: the model is a worklist over fixed action lists; a general discrete-event
 library (e.g. SimPy) would add a dependency and coroutines for nothing. The result does not
@@ -41,7 +51,7 @@ import logging
 from collections import deque
 
 from autoplan.errors import InputError
-from autoplan.plan.schema import MemoryEstimate, Plan, Replica, StageTiming
+from autoplan.plan.schema import V_SCHEDULES, MemoryEstimate, Plan, Replica, StageTiming
 from autoplan.schedule import (
     Action,
     InvalidScheduleError,
@@ -49,17 +59,25 @@ from autoplan.schedule import (
     schedule_order,
     validate_order,
 )
-from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
+from autoplan.schedule.async_pb import async_stream_order
+from autoplan.simulate.async_pb import ASYNC_ITERATIONS, ASYNC_NOTE, steady_iteration_ms
 from autoplan.simulate.memory import activation_bytes_per_replica, memory_curve
 from autoplan.simulate.regroup import regroup_pairs
 from autoplan.simulate.result import (
+    PASS_CATEGORIES,
     RankTimeline,
     ReplicaTimeline,
     SimulatedEvent,
     SimulationResult,
 )
 
-__all__ = ["replica_times", "simulate_order", "simulate_plan", "simulate_replicas"]
+__all__ = [
+    "replica_times",
+    "replica_weight_ms",
+    "simulate_order",
+    "simulate_plan",
+    "simulate_replicas",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -80,18 +98,55 @@ def replica_times(timing: StageTiming, replicas: int) -> list[tuple[float, float
     return [(r.forward_ms, r.backward_ms) for r in timing.replicas]
 
 
+def replica_weight_ms(timing: StageTiming, replicas: int) -> list[float | None]:
+    """The weight-gradient part (W) of each replica's backward: ``timing.replicas``' where
+    given, else the stage's ``weight_gradient_ms`` scaled by the replica's share of the
+    stage's backward; None where the plan does not split the backward."""
+    times = replica_times(timing, replicas)
+    out: list[float | None] = []
+    for d, (_, backward_ms) in enumerate(times):
+        own = timing.replicas[d].weight_gradient_ms if timing.replicas else None
+        if own is None and timing.weight_gradient_ms is not None:
+            scale = backward_ms / timing.backward_ms if timing.backward_ms > 0 else 0.0
+            own = timing.weight_gradient_ms * scale
+        if own is not None and own > backward_ms * (1 + 1e-9) + 1e-9:
+            raise InputError(
+                f"stage {timing.stage}'s weight-gradient time {own:.6g} ms exceeds its "
+                f"backward {backward_ms:.6g} ms"
+            )
+        out.append(None if own is None else min(own, backward_ms))
+    return out
+
+
+def _duration_ms(
+    action: Action, forward_ms: float, backward_ms: float, weight_ms: float | None
+) -> float:
+    if action.kind == "F":
+        return forward_ms
+    if action.kind == "B":
+        return backward_ms
+    if weight_ms is None:
+        raise InputError(
+            f"action {action} splits stage {action.stage}'s backward, but its timing has no "
+            "weight_gradient_ms"
+        )
+    return weight_ms if action.kind == "W" else backward_ms - weight_ms
+
+
+_CATEGORY = {"F": "forward", "B": "backward", "I": "input_gradient", "W": "weight_gradient"}
+
+
 def _links(
-    shares: list[list[int]], num_stages: int
+    shares: list[list[int]], num_stages: int, stage_rank: list[int]
 ) -> tuple[_Outgoing, _Outgoing, dict[tuple[int, int], int], dict[tuple[int, int], int]]:
     """Per (stage, replica): where its forward and backward results go, and how many inputs
     its forward and backward wait for."""
-    pp = len(shares)
     forward_to: _Outgoing = {}
     backward_to: _Outgoing = {}
     forward_inputs: dict[tuple[int, int], int] = {}
     backward_inputs: dict[tuple[int, int], int] = {}
     for boundary in range(num_stages - 1):
-        sender, receiver = boundary % pp, (boundary + 1) % pp
+        sender, receiver = stage_rank[boundary], stage_rank[boundary + 1]
         for pair in regroup_pairs(shares[sender], shares[receiver]):
             a, b = pair.source, pair.target
             forward_to.setdefault((boundary, a), []).append((b, pair.fraction, pair.samples))
@@ -104,7 +159,7 @@ def _links(
 def _compute_event(action: Action, start_ms: float, duration_ms: float) -> SimulatedEvent:
     return SimulatedEvent(
         name=action.label,
-        category="forward" if action.kind == "F" else "backward",
+        category=_CATEGORY[action.kind],  # type: ignore[arg-type]
         track="compute",
         stage=action.stage,
         micro_batch=action.micro_batch,
@@ -125,12 +180,15 @@ def simulate_replicas(
     *,
     allreduce_ms: list[float] | None = None,
     optimizer_ms: float = 0.0,
+    stage_rank: list[int] | None = None,
 ) -> list[list[list[SimulatedEvent]]]:
     """Timed events ``[rank][replica]`` of every replica, in start order (module docstring).
 
     ``order[r]`` runs on pipeline rank r, whose replicas take ``shares[r]`` samples of every
     micro-batch; ``stage_timings[s]`` gives stage s's times; ``allreduce_ms[r]`` rank r's
-    gradient all-reduce (none when omitted). The order must be valid (see validate_order).
+    gradient all-reduce (none when omitted); ``stage_rank[s]`` the rank of stage s (default
+    ``s % pp``; the V schedules' from ``Parallelism.rank_of_stage``). The order must be valid
+    (see validate_order).
     """
     pp = len(order)
     if len(shares) != pp:
@@ -141,8 +199,12 @@ def simulate_replicas(
         raise InvalidScheduleError(
             f"stage_timings cover stages {sorted(timing_of)}; expected 0..{num_stages - 1}"
         )
-    times = {s: replica_times(timing_of[s], len(shares[s % pp])) for s in range(num_stages)}
-    forward_to, backward_to, forward_inputs, backward_inputs = _links(shares, num_stages)
+    ranks_of = stage_rank or [s % pp for s in range(num_stages)]
+    times = {s: replica_times(timing_of[s], len(shares[ranks_of[s]])) for s in range(num_stages)}
+    weights = {
+        s: replica_weight_ms(timing_of[s], len(shares[ranks_of[s]])) for s in range(num_stages)
+    }
+    forward_to, backward_to, forward_inputs, backward_inputs = _links(shares, num_stages, ranks_of)
     many = {p: len(rank_shares) > 1 for p, rank_shares in enumerate(shares)}
 
     position = [[0] * len(rank_shares) for rank_shares in shares]
@@ -164,26 +226,32 @@ def simulate_replicas(
             if action.kind == "F":
                 needed = forward_inputs.get(key, 0)
                 outgoing, target_stage = forward_to.get(key, []), action.stage + 1
-            else:
+            elif action.kind == "W":  # after its own I, earlier in this list; sends nothing
+                needed, outgoing, target_stage = 0, [], action.stage
+            else:  # B or I: the next stage's input gradient (whichever form it ran)
                 needed = backward_inputs.get(key, 0)
                 outgoing, target_stage = backward_to.get(key, []), action.stage - 1
-            got = arrivals.get((action, d), [])
+            # Arrivals are keyed by the receiving action's stage, direction and micro-batch.
+            got = arrivals.get((_arrival_key(action), d), [])
             if len(got) < needed:
                 break
             forward_ms, backward_ms = times[action.stage][d]
             start = max([free_ms[p][d], *got])
-            event = _compute_event(action, start, forward_ms if action.kind == "F" else backward_ms)
+            duration = _duration_ms(action, forward_ms, backward_ms, weights[action.stage][d])
+            event = _compute_event(action, start, duration)
             events[p][d].append(event)
             free_ms[p][d] = event.end_ms
-            if action.kind == "B":
+            if action.kind in "BW":
                 last_backward[p][d] = (event.start_ms, event.end_ms)
             position[p][d] += 1
-            target_rank = target_stage % pp
-            consumer = Action(target_stage, action.kind, action.micro_batch)
+            if not outgoing:
+                continue
+            target_rank = ranks_of[target_stage]
+            consumer = _arrival_key(Action(target_stage, action.kind, action.micro_batch))
             # Both directions across the boundary of stages s, s+1 take stage s's send_ms.
             send_ms = timing_of[min(action.stage, target_stage)].send_ms if outgoing else 0.0
             for target, fraction, samples in outgoing:
-                if target_rank == p:  # pp = 1: the same GPUs hold both stages
+                if target_rank == p:  # pp = 1 or the V's turn: the same GPUs hold both
                     arrival = event.end_ms
                 else:
                     link = (p, d, target_rank, target)
@@ -250,18 +318,29 @@ def simulate_replicas(
     return events
 
 
+def _arrival_key(action: Action) -> Action:
+    """Inputs of an I and of a full B are the same gradient: one key for both."""
+    return Action(action.stage, "B", action.micro_batch) if action.kind == "I" else action
+
+
 def simulate_order(
     order: PipelineOrder,
     stage_timings: list[StageTiming],
     *,
     dp_allreduce_ms: list[float] | None = None,
     optimizer_ms: float = 0.0,
+    stage_rank: list[int] | None = None,
 ) -> list[list[SimulatedEvent]]:
     """Timed events of every pipeline rank, each rank one replica (``order[r]`` runs on rank
     r); see ``simulate_replicas``."""
     shares = [[1] for _ in order]
     events = simulate_replicas(
-        order, shares, stage_timings, allreduce_ms=dp_allreduce_ms, optimizer_ms=optimizer_ms
+        order,
+        shares,
+        stage_timings,
+        allreduce_ms=dp_allreduce_ms,
+        optimizer_ms=optimizer_ms,
+        stage_rank=stage_rank,
     )
     return [rank_events[0] for rank_events in events]
 
@@ -320,17 +399,22 @@ def _allreduce_per_rank(
 def simulate_plan(plan: Plan) -> SimulationResult:
     """Play ``plan``'s schedule with its predicted stage times; see the module docstring."""
     par = plan.parallelism
-    if par.schedule in ZERO_BUBBLE_SCHEDULES:
-        # The event engine plays F and full B on stage % pp; the split I/W and the V are
-        # played by autoplan.cost.zero_bubble.play_ms, which the prediction comes from.
-        raise InputError(
-            f"simulate does not play {par.schedule} yet (split backward); its predicted "
-            "time comes from cost.zero_bubble's play of the same action lists"
+    asynchronous = par.schedule == "async_pb"
+    if asynchronous:  # a stream of iterations without flush (autoplan.simulate.async_pb)
+        stream = ASYNC_ITERATIONS * par.num_micro_batches
+        order = async_stream_order(par.pipeline_degree, stream)
+    else:
+        order = schedule_order(
+            par.schedule, par.pipeline_degree, par.num_micro_batches, par.virtual_stages_per_rank
         )
-    order = schedule_order(
-        par.schedule, par.pipeline_degree, par.num_micro_batches, par.virtual_stages_per_rank
+    stage_rank = [par.rank_of_stage(s) for s in range(par.num_stages)]
+    validate_order(
+        order,
+        par.pipeline_degree,
+        par.num_stages,
+        stream if asynchronous else par.num_micro_batches,
+        v_shape=par.schedule in V_SCHEDULES,
     )
-    validate_order(order, par.pipeline_degree, par.num_stages, par.num_micro_batches)
     timings = plan.prediction.stage_timings
     replicas = _replicas_of_ranks(plan)
     shares = [[replica.micro_batch_size for replica in rank] for rank in replicas]
@@ -338,12 +422,15 @@ def simulate_plan(plan: Plan) -> SimulationResult:
         [_estimate_of(plan, p, replica) for replica in rank] for p, rank in enumerate(replicas)
     ]
     allreduce_ms, allreduce_note = _allreduce_per_rank(plan, replicas, memory)
+    if asynchronous:  # per micro-batch in async_pb: the prediction counts them, not the play
+        allreduce_ms, allreduce_note = [0.0] * par.pipeline_degree, ""
     events = simulate_replicas(
         order,
         shares,
         timings,
         allreduce_ms=allreduce_ms,
-        optimizer_ms=plan.prediction.breakdown.optimizer_ms,
+        optimizer_ms=0.0 if asynchronous else plan.prediction.breakdown.optimizer_ms,
+        stage_rank=stage_rank,
     )
     activation_bytes, source = activation_bytes_per_replica(order, timings, memory)
     notes = [note for note in [allreduce_note] if note]
@@ -356,7 +443,10 @@ def simulate_plan(plan: Plan) -> SimulationResult:
 
     all_events = [e for rank in events for replica in rank for e in replica]
     iteration_ms = max((e.end_ms for e in all_events), default=0.0)
-    pass_events = [e for e in all_events if e.category in ("forward", "backward")]
+    if asynchronous:
+        iteration_ms = steady_iteration_ms(all_events, par.num_micro_batches)
+        notes.append(ASYNC_NOTE)
+    pass_events = [e for e in all_events if e.category in PASS_CATEGORIES]
     pipeline_ms = max((e.end_ms for e in pass_events), default=0.0)
     pass_time = sum(e.duration_ms for e in pass_events)
     lanes = sum(len(rank) for rank in replicas)
@@ -404,7 +494,7 @@ def simulate_plan(plan: Plan) -> SimulationResult:
         ranks.append(
             RankTimeline(
                 pipeline_rank=p,
-                stages=list(range(p, par.num_stages, par.pipeline_degree)),
+                stages=[s for s in range(par.num_stages) if stage_rank[s] == p],
                 replicas=timelines,
             )
         )

@@ -5,7 +5,8 @@ One row per replica, labelled with its pipeline rank, GPU type, tp and share; re
 rank whose timelines are identical (every replica of a uniform plan) share one row marked
 "× n", and past ``MAX_ROWS`` rows the replicas of one kind (GPU type, tp, share) of a rank
 share one row showing the one that finishes last. Forward, backward, sends and optimizer have
-their own colours, so the pipeline bubble is the white space between bars. Under
+their own colours, so the pipeline bubble is the white space between bars; a zero-bubble
+schedule's deferred weight gradients (W) have theirs, its input gradients (I) the backward's. Under
 interleaving, a rank's odd chunks are drawn in a lighter shade so that its stages can be told
 apart. Beneath, one memory curve per replica kind of each rank (its replica with the highest
 peak).
@@ -31,6 +32,8 @@ MAX_ROWS = 64
 CATEGORY_COLOURS = {
     "forward": "#4C72B0",
     "backward": "#55A868",
+    "input_gradient": "#55A868",  # I is the backward the previous stage waits for
+    "weight_gradient": "#DD8452",  # W, deferred into the bubbles: drawn apart
     "communication": "#C44E52",
     "optimizer": "#8172B2",
 }
@@ -181,9 +184,18 @@ def write_gantt_png(
     )
     gantt.set_title(f"{title}\n{summary}" if title else summary, fontsize=10, loc="left")
     gantt.tick_params(labelbottom=False)
+    split = any(e.category == "weight_gradient" for r in result.replicas for e in r.events)
+    labels = {
+        "communication": "dp all-reduce / send",
+        "input_gradient": "backward / I (input grad.)",
+        "weight_gradient": "W (weight grad.)",
+    }
+    # I shares the backward's colour: one legend entry for both, and W's only where drawn.
+    hidden = ("backward",) if split else ("input_gradient", "weight_gradient")
     handles = [
-        Patch(color=colour, label="dp all-reduce / send" if name == "communication" else name)
+        Patch(color=colour, label=labels.get(name, name))
         for name, colour in CATEGORY_COLOURS.items()
+        if name not in hidden
     ]
     if result.virtual_stages_per_rank > 1:
         handles.append(

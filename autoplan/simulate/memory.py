@@ -3,6 +3,11 @@
 static (weights + gradients + optimizer states, from the replica kind's MemoryEstimate)
 + the saved activations of every micro-batch between its forward's start and its backward's end
 + the largest temporary of one pass, while a forward or backward runs.
+
+A zero-bubble schedule's split backward frees a micro-batch's activations when its W ends, not
+its I: W needs the saved inputs of the matmuls (``autoplan.cost.zero_bubble.peak_in_flight``
+counts the same way, so the curve's peak is the plan's activations_bytes). Part of what I
+used could go at I already; neither the cost model nor the curve counts that (from above).
 """
 
 from __future__ import annotations
@@ -12,16 +17,20 @@ from typing import Literal
 
 from autoplan.plan.schema import MemoryEstimate, StageTiming
 from autoplan.schedule import Action, PipelineOrder
-from autoplan.simulate.result import MemoryPoint, SimulatedEvent
+from autoplan.simulate.result import PASS_CATEGORIES, MemoryPoint, SimulatedEvent
 
 __all__ = ["activation_bytes_per_replica", "memory_curve", "peak_in_flight"]
 
 
 def peak_in_flight(actions: list[Action]) -> int:
-    """Most micro-batches a rank holds activations for at once (forwards not yet backed)."""
+    """Most micro-batches a rank holds activations for at once (forwards whose B, or W of a
+    split backward, has not run yet)."""
     held = peak = 0
     for action in actions:
-        held += 1 if action.kind == "F" else -1
+        if action.kind == "F":
+            held += 1
+        elif action.kind in "BW":
+            held -= 1
         peak = max(peak, held)
     return peak
 
@@ -79,14 +88,14 @@ def memory_curve(
     """Step curve of one replica's memory from its events (see the module docstring)."""
     changes: Counter[float] = Counter()
     for event in events:
-        if event.category not in ("forward", "backward") or event.stage is None:
+        if event.category not in PASS_CATEGORIES or event.stage is None:
             continue
         changes[event.start_ms] += transient_bytes
         changes[event.end_ms] -= transient_bytes
         saved = activation_bytes.get(event.stage, 0)
         if event.category == "forward":
             changes[event.start_ms] += saved
-        else:
+        elif event.category in ("backward", "weight_gradient"):  # not at I: W still reads them
             changes[event.end_ms] -= saved
     # The first point is the static memory before anything runs; a change at time 0 follows
     # it at the same time, so the curve shows the jump.

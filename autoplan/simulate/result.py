@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from autoplan.plan.schema import ScheduleName
 
 __all__ = [
+    "PASS_CATEGORIES",
     "EventCategory",
     "MemoryPoint",
     "RankTimeline",
@@ -17,7 +18,14 @@ __all__ = [
     "SimulationResult",
 ]
 
-EventCategory = Literal["forward", "backward", "communication", "optimizer"]
+EventCategory = Literal[
+    "forward", "backward", "input_gradient", "weight_gradient", "communication", "optimizer"
+]
+"""``backward`` is a full backward; a zero-bubble schedule splits it into ``input_gradient``
+(I) and ``weight_gradient`` (W)."""
+
+PASS_CATEGORIES = ("forward", "backward", "input_gradient", "weight_gradient")
+"""The categories of a stage's compute on a micro-batch."""
 
 
 class _Strict(BaseModel):
@@ -28,7 +36,8 @@ class SimulatedEvent(_Strict):
     """One interval of work on one replica (all its tp GPUs alike)."""
 
     name: str = Field(
-        description="'F s1 mb3', 'B s1 mb3', 'send act s1→s2 mb3', 'dp all-reduce'..."
+        description="'F s1 mb3', 'B s1 mb3', 'I s1 mb3', 'W s1 mb3', 'send act s1→s2 mb3', "
+        "'dp all-reduce'..."
     )
     category: EventCategory
     track: Literal["compute", "communication"] = Field(

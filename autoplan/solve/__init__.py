@@ -19,9 +19,15 @@ from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.profile.schema import Profile
 from autoplan.solve.async_pb import async_alternative, best_async
+from autoplan.solve.async_plan import emit_async_plan
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
-from autoplan.solve.diagnose import diagnose_infeasible, diagnose_megatron_infeasible
+from autoplan.solve.diagnose import (
+    diagnose_before_search,
+    diagnose_infeasible,
+    diagnose_megatron_infeasible,
+)
 from autoplan.solve.granularity import block_seed_profile, seeded_search
+from autoplan.solve.host_memory import host_memory_diagnosis
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult
 
@@ -110,6 +116,7 @@ class SolveOutcome:
     plan: Plan
     timed_out: bool  # the time limit stopped the search: the best found, not proven optimal
     violation: str | None  # why the plan does not fit (a baseline's best may not), else None
+    async_plan: Plan | None = None  # with allow_async: the async alternative as a plan
 
 
 def solve_outcome(
@@ -128,6 +135,9 @@ def solve_outcome(
     """
     _check_options(profile, global_batch_size, options)
     model = cost_model(profile, cluster, options)
+    # Said before a search that cannot succeed runs to its time limit.
+    if options.strategy != "megatron" and (early := diagnose_before_search(model, options)):
+        raise InfeasibleError(early.message, short=early.short)
     result = solve_candidates(model, global_batch_size, options, progress)
     feasible: list[Candidate] = [c for c in result.candidates if c.cost.feasible]
     if not result.candidates:
@@ -135,6 +145,10 @@ def solve_outcome(
             diagnose_megatron_infeasible if options.strategy == "megatron" else diagnose_infeasible
         )
         found = diagnose(model, global_batch_size, options)
+        if not found.proven:  # nothing fits in memory: host memory may be what binds
+            found = (
+                host_memory_diagnosis(model, global_batch_size, options, solve_candidates) or found
+            )
         if result.timed_out and not found.proven:
             # Not proof that nothing fits: the search stopped before it found anything.
             raise InfeasibleError(
@@ -167,11 +181,13 @@ def solve_outcome(
         raise InfeasibleError(
             f"the {options.strategy} plan cannot be placed: {error}", short="cannot be placed"
         ) from None
+    async_plan = None
     if options.allow_async:
         choice = best_async(model, feasible)
         if choice is not None:
             plan = async_alternative(model, plan, choice)
-    return SolveOutcome(plan, result.timed_out, violation)
+            async_plan = emit_async_plan(model, choice, inputs)
+    return SolveOutcome(plan, result.timed_out, violation, async_plan)
 
 
 def solve(

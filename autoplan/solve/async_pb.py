@@ -3,14 +3,16 @@ async Pipelined Backpropagation (``autoplan.cost.async_pb``), reported beside th
 synchronous plan, never chosen silently: it changes the optimisation (stale weights, one
 momentum-SGD step per micro-batch), not only the speed.
 
-Candidates are the configurations the synchronous search kept (best first); those with one
-stage per rank are re-costed and the fastest feasible one is returned. The cost model prices
-any (dp, tp) per stage (data parallelism pays one gradient all-reduce per micro-batch); the
-executor (``autoplan.runtime.async_pb``) runs dp = tp = 1 only, which the report says.
+Candidates are the configurations the synchronous search kept (best first); each with one
+stage per rank is re-costed as the async executor (``autoplan.runtime.async_engine``) runs it
+(``as_async``: any (dp, tp) and shares per stage, as searched; no ZeRO, recompute or offload,
+which it does not run) and the fastest feasible one is returned. Data parallelism pays one
+gradient all-reduce per micro-batch (``autoplan.cost.async_pb``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autoplan.cost.async_pb import AsyncCost, async_pb_cost
@@ -22,6 +24,7 @@ from autoplan.solve.uniform import Candidate
 __all__ = [
     "ASYNC_MARK",
     "AsyncChoice",
+    "as_async",
     "async_alternative",
     "async_line",
     "best_async",
@@ -38,22 +41,45 @@ class AsyncChoice:
 
 
 def runnable_async(config: PlanConfig) -> bool:
-    """Whether the async executor runs ``config``: one stage per rank, one GPU per stage."""
+    """Whether the async executor runs ``config`` as it is: one stage per rank, no ZeRO,
+    recompute or activation offload (any (dp, tp) per stage)."""
     return config.chunks == 1 and all(
-        len(s.groups) == 1 and s.groups[0].replicas == 1 and s.groups[0].tp == 1
+        s.zero_stage == 0 and all(g.recompute == "none" and not g.offload for g in s.groups)
         for s in config.stages
     )
 
 
+def as_async(config: PlanConfig) -> PlanConfig:
+    """``config`` as the async executor runs it: ZeRO, recompute and offload off (it keeps
+    each forward's weight version, which a recomputed forward would not use)."""
+    stages = tuple(
+        dataclasses.replace(
+            stage,
+            zero_stage=0,
+            groups=tuple(
+                dataclasses.replace(g, recompute="none", offload=False) for g in stage.groups
+            ),
+        )
+        for stage in config.stages
+    )
+    return dataclasses.replace(config, stages=stages)
+
+
 def best_async(model: CostModel, candidates: list[Candidate]) -> AsyncChoice | None:
-    """The fastest feasible async_pb re-costing of the runnable candidates (first on ties)."""
+    """The fastest feasible async_pb re-costing of the candidates with one stage per rank,
+    each as the async executor runs it (``as_async``; first on ties)."""
     best: AsyncChoice | None = None
+    seen: set[PlanConfig] = set()
     for candidate in candidates:
         if candidate.config.chunks != 1:
             continue
-        cost = async_pb_cost(model, candidate.config)
+        config = as_async(candidate.config)
+        if config in seen:
+            continue
+        seen.add(config)
+        cost = async_pb_cost(model, config)
         if cost.feasible and (best is None or cost.iteration_ms < best.cost.iteration_ms):
-            best = AsyncChoice(candidate.config, cost)
+            best = AsyncChoice(config, cost)
     return best
 
 
@@ -64,8 +90,7 @@ def async_alternative(model: CostModel, plan: Plan, choice: AsyncChoice) -> Plan
     entry = Alternative(
         rank=len(plan.alternatives) + 1,
         summary=f"{ASYNC_MARK} "
-        + config.summary(lambda k: model.classes[k].gpu.name).replace(config.schedule, "async_pb")
-        + ("" if runnable_async(config) else " [runtime: needs dp = tp = 1 per stage]"),
+        + config.summary(lambda k: model.classes[k].gpu.name).replace(config.schedule, "async_pb"),
         layer_split=[s.num_layers for s in config.stages],
         gpu_types=names,
         iteration_time_ms=choice.cost.iteration_ms,
@@ -88,6 +113,6 @@ def async_line(plan: Plan) -> str:
                 f"best synchronous plan's {sync:.1f} samples/s; reported, not chosen"
             )
     return (
-        "async_pb: no candidate runs asynchronously (it needs one GPU per stage: dp = tp = 1) "
-        "or fits with its stashed weight versions"
+        "async_pb: no candidate runs asynchronously (one stage per rank, without ZeRO, "
+        "recompute or offload) and fits with its stashed weight versions"
     )

@@ -248,6 +248,8 @@ def lower_bound(model: CostModel, p: Pending) -> float:
             work = model.tables(p.classes[s % pp], p.tp, p.mbs).work["none"]
             ranks[s % pp] += work[bounds[s + 1]] - work[bounds[s]]
         return pipeline_time_ms(ranks, p.m, p.chunks)
+    if math.isinf(slowest_rank):  # infeasible; at m = 1, (m - 1) × inf would be NaN
+        return math.inf
     return (p.m - 1) * slowest_rank + sum(fastest)
 
 
@@ -295,6 +297,10 @@ def group_bound(model: CostModel, g: Group) -> float:
     integral = integral_bound(
         model, g.tp, g.mbs, g.dp, g.zero1, tuple((k, g.caps[k]) for k in usable), g.pp, MODES
     )
+    if math.isinf(integral):
+        # No split fits even the relaxation: infeasible. (At m = 1, (m - 1) × inf would be
+        # NaN, which a heap of bounds cannot order.)
+        return math.inf
     for _schedule, chunks in g.allowed:
         if chunks > 1:
             bounds.append(g.m * max(slowest_rank, integral))

@@ -11,6 +11,7 @@ from autoplan.solve.space import divisors, tp_choices
 
 __all__ = [
     "Diagnosis",
+    "diagnose_before_search",
     "diagnose_infeasible",
     "diagnose_megatron_infeasible",
     "explain_infeasible",
@@ -33,8 +34,16 @@ def _gb(value: float) -> str:
     return f"{value / 1e12:.2f} TB" if value >= 1e12 else f"{value / 1e9:.1f} GB"
 
 
-def diagnose_infeasible(model: CostModel, batch: int, options: SolveOptions) -> Diagnosis:
-    """The constraint that leaves no plan (GPU count, divisibility, memory)."""
+def diagnose_before_search(model: CostModel, options: SolveOptions) -> Diagnosis | None:
+    """A constraint that leaves no plan whatever the search would find, told before it runs:
+    a pinned tp that fits no layer or node, pinned degrees beyond the GPU count, or model states
+    beyond the whole cluster's memory (ZeRO-3 over every GPU could not hold them). None when
+    only a search can tell. Batch divisibility is left to the search: uneven shares may
+    absorb it."""
+    return _diagnose_counts(model, options) or _diagnose_model_states(model)
+
+
+def _diagnose_counts(model: CostModel, options: SolveOptions) -> Diagnosis | None:
     gpus = model.cluster.total_gpus()
     if options.tp is not None and not tp_choices(model, options):
         limits = sorted(
@@ -50,11 +59,6 @@ def diagnose_infeasible(model: CostModel, batch: int, options: SolveOptions) -> 
             f"tp={options.tp} must divide the layers' tensor-parallel limit {limits or [1]} "
             f"and the GPUs per node {per_node}",
         )
-    if options.dp is not None and batch % options.dp:
-        return Diagnosis(
-            f"dp={options.dp} does not divide the batch",
-            f"dp={options.dp} does not divide the global batch {batch}",
-        )
     asked = 1
     for value in (options.tp, options.dp, options.pp):
         asked *= value or 1
@@ -62,6 +66,35 @@ def diagnose_infeasible(model: CostModel, batch: int, options: SolveOptions) -> 
         return Diagnosis(
             f"pp × dp × tp = {asked} > {gpus} GPUs",
             f"pp × dp × tp = {asked} GPUs asked; the cluster has {gpus}",
+        )
+    return None
+
+
+def _model_state_bytes(model: CostModel) -> float:
+    params = sum(layer.param_count for layer in model.profile.layers)
+    return params * (2 * model.dtype_bytes + model.optimizer_bytes_per_param)
+
+
+def _diagnose_model_states(model: CostModel) -> Diagnosis | None:
+    static = _model_state_bytes(model)
+    memory = sum(c.gpu.memory_bytes * c.total_gpus for c in model.classes)
+    if static > memory:
+        return Diagnosis(
+            f"model states {_gb(static)} > {_gb(memory)} of memory",
+            f"weights, gradients and optimizer states need {_gb(static)}; "
+            f"the cluster has {_gb(memory)}",
+        )
+    return None
+
+
+def diagnose_infeasible(model: CostModel, batch: int, options: SolveOptions) -> Diagnosis:
+    """The constraint that leaves no plan (GPU count, divisibility, memory)."""
+    if (counted := _diagnose_counts(model, options)) is not None:
+        return counted
+    if options.dp is not None and batch % options.dp:
+        return Diagnosis(
+            f"dp={options.dp} does not divide the batch",
+            f"dp={options.dp} does not divide the global batch {batch}",
         )
     if options.micro_batch_size is not None:
         dps = [options.dp] if options.dp else divisors(batch)
@@ -71,15 +104,10 @@ def diagnose_infeasible(model: CostModel, batch: int, options: SolveOptions) -> 
                 f"micro-batch size {options.micro_batch_size} × dp does not divide the "
                 f"global batch {batch}",
             )
-    params = sum(layer.param_count for layer in model.profile.layers)
-    static = params * (2 * model.dtype_bytes + model.optimizer_bytes_per_param)
-    memory = sum(c.gpu.memory_bytes * c.total_gpus for c in model.classes)
-    if static > memory:
-        return Diagnosis(
-            f"model states {_gb(static)} > {_gb(memory)} of memory",
-            f"weights, gradients and optimizer states need {_gb(static)}; "
-            f"the cluster has {_gb(memory)}",
-        )
+    if (states := _diagnose_model_states(model)) is not None:
+        return states
+    gpus = model.cluster.total_gpus()
+    static = _model_state_bytes(model)
     largest = max(c.gpu.memory_bytes for c in model.classes)
     biggest_layer = max(
         model.tables(c.index, 1, 1).layers[i].params_per_gpu

@@ -258,10 +258,13 @@ class HeteroSource:
         tables = self.model.tables(k, t, x)
         static = (tables.params[j] - tables.params[i]) * per_param
         usable = self.model.usable_bytes(k) - self.model.zero_transient_bytes(t, replicas, level)
+        host = self.model.host_budget_bytes(k)
         best, best_ms = None, 0.0
         for mode in self.modes:
             saved = tables.saved[mode]
             used = static + flight * (saved[j] - saved[i])
+            if flight * (tables.parked[mode][j] - tables.parked[mode][i]) > host:
+                continue  # offload parks more than the GPU's share of host memory
             if used <= usable and used + self._transient(k, t, x, mode, i, j) <= usable:
                 # The fastest mode that fits (with offload the order is the hardware's).
                 work = tables.span_work(mode, i, j)

@@ -63,7 +63,7 @@ def search(
         uniform.timed_out,
     )
     if options.strategy == "optimal":
-        for config in shared_candidates(model, batch, options, options.time_limit_s):
+        for config in shared_candidates(model, batch, options, options.time_limit_s, deadline):
             cost = model.evaluate(config)
             candidates.append(Candidate(cost.iteration_ms, config, cost))
     if heterogeneous and not timed_out:

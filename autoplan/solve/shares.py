@@ -1,28 +1,44 @@
 """Single-stage plans whose replicas run on several device classes with uneven shares.
 
 The shares come from the integer program of ``solvers.share_ilp``, once per (tp, set of
-classes); every tp group of each class in the set is a replica.
+classes, ZeRO level); every tp group of each class in the set is a replica. The levels are
+``space.zero_levels``'s, as for every other stage: 1 free, 2 and 3 sharding weights and
+gradients for collectives per micro-batch (``autoplan.cost.sharding``).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.devices import block_sizes
 from autoplan.cost.model import CostModel
 from autoplan.cost.offload import group_of
+from autoplan.cost.sharding import exposed_ms
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.space import MAX_SHARE_MICRO_BATCH, divisors, recompute_modes, tp_choices
+from autoplan.solve.space import (
+    MAX_SHARE_MICRO_BATCH,
+    divisors,
+    recompute_modes,
+    tp_choices,
+    zero_levels,
+)
 from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
 
 __all__ = ["share_sizes", "shared_candidates"]
 
 
 def shared_candidates(
-    model: CostModel, batch: int, options: SolveOptions, time_limit_s: float
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    time_limit_s: float,
+    deadline: float | None = None,
 ) -> list[PlanConfig]:
-    """Single-stage plans with uneven shares over two or more classes (``share_ilp``)."""
+    """Single-stage plans with uneven shares over two or more classes (``share_ilp``); none
+    more once ``deadline`` (``time.monotonic()``) has passed (the search's own time limit,
+    which the uniform search before it has then hit and reported too)."""
     if options.strategy not in ("optimal",) or options.micro_batch_size is not None:
         return []
     if (options.pp not in (None, 1)) or options.layer_split is not None:
@@ -39,39 +55,62 @@ def shared_candidates(
                 dp = sum(replicas)
                 if options.dp is not None and dp != options.dp:
                     continue
-                zero1 = dp > 1 and options.zero1 is not False
-                if options.zero1 and dp == 1:
-                    continue
-                config = _solve_shares_for(
-                    model, batch, options, tp, subset, replicas, zero1, modes, time_limit_s
-                )
-                if config is not None:
-                    found.append(config)
+                # Every level the runtime runs (the groups executor shards ZeRO-2/3 with
+                # FSDP2), one share program each: the levels trade memory for collectives.
+                for level in zero_levels(dp, True, options):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return found
+                    config = _solve_shares_for(
+                        model, batch, options, tp, subset, replicas, level, modes, time_limit_s
+                    )
+                    if config is not None:
+                        found.append(config)
     return found
 
 
 def share_sizes(
-    model: CostModel, tp: int, dp: int, zero1: bool, k: int, limit: int, modes: tuple[str, ...]
+    model: CostModel,
+    tp: int,
+    dp: int,
+    zero1: int,
+    k: int,
+    limit: int,
+    modes: tuple[str, ...],
+    collective_ms: float = 0.0,
 ) -> dict[int, tuple[float, float, str]]:
     """For class k in a shared plan: per micro-batch size b that fits, (time, backward,
-    recompute) with the fastest recompute that fits."""
+    recompute) with the fastest recompute that fits, at ZeRO level ``zero1`` (0-3) over the
+    ``dp`` replicas; under ZeRO-2/3 the times include what one all-gather (or reduce-scatter)
+    of ``collective_ms`` exposes per pass (``autoplan.cost.sharding``)."""
     out = {}
     n = model.num_layers
-    per_param = model.static_bytes_per_param(dp, zero1)
+    level = int(zero1)
+    per_param = model.static_bytes_per_param(dp, level)
+    usable = model.usable_bytes(k) - model.zero_transient_bytes(tp, dp, level)
     overhead = model.pass_overhead_ms(k)
     for b in range(1, limit + 1):
         t = model.tables(k, tp, b)
         static = t.params[n] * per_param
+        best = None
         for mode in modes:
             act = t.saved[mode][n]
+            if t.parked[mode][n] > model.host_budget_bytes(k):
+                continue  # offload parks more than the GPU's share of host memory
             transient = max(model.transient_bytes(c, mode) for c in t.layers)
-            # The fastest mode that fits (with offload the order is the hardware's).
-            if static + act + transient <= model.usable_bytes(k) and (
-                b not in out or t.work[mode][n] + 2 * overhead < out[b][0]
-            ):
-                out[b] = (t.work[mode][n] + 2 * overhead, t.backward[mode][n] + overhead, mode)
-        if b not in out:
+            # The fastest mode that fits, by its work (with offload the order is the
+            # hardware's); the collectives it exposes are added after, as in hetero.
+            work = t.work[mode][n] + 2 * overhead
+            if static + act + transient <= usable and (best is None or work < best[0]):
+                best = (work, t.backward[mode][n] + overhead, mode)
+        if best is None:
             break  # larger micro-batches need more memory still
+        work, backward, mode = best
+        if dp > 1:
+            forward_extra, backward_extra = exposed_ms(
+                level, collective_ms, work - backward, backward
+            )
+            work, backward = work + forward_extra + backward_extra, backward + backward_extra
+        out[b] = (work, backward, mode)
     return out
 
 
@@ -82,15 +121,17 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         counts = [m for m in counts if m == options.num_micro_batches]
     if not counts:
         return None
+    params = model.tables(subset[0], tp, 1).params[-1]
+    probe = tuple(group_of(k, tp, n, 1, modes[0]) for k, n in zip(subset, replicas, strict=True))
+    # ZeRO-2/3 reduce-scatter in every backward: no all-reduce is left for the tail.
+    allreduce = model.allreduce_ms(probe, (params,) * len(probe)) if zero1 <= 1 else 0.0
+    collective = model.zero_collective_ms(probe, (params,) * len(probe)) if zero1 >= 2 else 0.0
     tables = {}
     for k, n in zip(subset, replicas, strict=True):
         limit = min(MAX_SHARE_MICRO_BATCH, (batch // min(counts) - (total - n)) // n)
-        tables[k] = share_sizes(model, tp, total, zero1, k, limit, modes)
+        tables[k] = share_sizes(model, tp, total, zero1, k, limit, modes, collective)
         if not tables[k]:
             return None
-    params = model.tables(subset[0], tp, 1).params[-1]
-    probe = tuple(group_of(k, tp, n, 1, modes[0]) for k, n in zip(subset, replicas, strict=True))
-    allreduce = model.allreduce_ms(probe, (params,) * len(probe))
     optimizer = max(
         model.optimizer_ms(params, k, total, zero1) + model.step_overhead_ms(k) for k in subset
     )

@@ -35,7 +35,8 @@ pp · v <= layers, layers split by ``interleaved_split``).
 
 Shared single-stage plans (``shares``): pp = 1, replicas on two or more classes (every tp
 group of each class used), each class with its own micro-batch size b_k <=
-``MAX_SHARE_MICRO_BATCH``, m · Σ n_k b_k = B, recompute per class, ZeRO-1.
+``MAX_SHARE_MICRO_BATCH``, m · Σ n_k b_k = B, recompute per class, the ZeRO level as for any
+stage (``zero_levels``: 1 to 3 unpinned).
 
 The plan is the best of the three families. GPUs may be left idle: a plan that leaves GPUs
 unused is in the space, and is chosen only when it is fastest.

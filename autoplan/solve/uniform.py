@@ -112,6 +112,7 @@ class _StageCoster:
         self.static_per_param = {z: model.static_bytes_per_param(p.dp, z) for z in levels}
         self.zero_transient = {z: model.zero_transient_bytes(p.tp, p.dp, z) for z in levels}
         self.capacity = [model.usable_bytes(k) for k in p.classes]
+        self.host_budget = [model.host_budget_bytes(k) for k in p.classes]
         self.group = p.dp * p.tp
         self.overhead = [2 * model.pass_overhead_ms(k) for k in p.classes]
         self.backward_overhead = [model.pass_overhead_ms(k) for k in p.classes]
@@ -158,6 +159,8 @@ class _StageCoster:
         for mode in self.modes:
             saved = t.saved[mode]
             used = static + flight * (saved[j] - saved[i])
+            if flight * (t.parked[mode][j] - t.parked[mode][i]) > self.host_budget[s]:
+                continue  # offload parks more than the GPU's share of host memory
             if used <= capacity and used + self._range_max(s, mode, i, j) <= capacity:
                 # The fastest mode that fits (with offload the order is the hardware's).
                 work = t.span_work(mode, i, j)
@@ -433,9 +436,13 @@ def _solve_interleaved(
 def _interleaved_at(
     model: CostModel, p: Pending, modes: tuple[str, ...], bounds: list[int], level: int
 ) -> tuple[PlanConfig, float] | None:
+    """Each rank in the fastest mode (by its chunks' work) with which it fits, as the
+    non-interleaved path and the heterogeneous search choose; None if a rank fits in none.
+    A rank's memory and work depend on its own mode only, so one evaluation per mode, with
+    every rank in it, tells each rank's fit and work in that mode."""
     pp = len(p.classes)
-    chosen = [modes[0]] * pp
-    for _ in range(len(modes)):
+
+    def config_of(chosen: list[str]) -> PlanConfig:
         stages = tuple(
             StageChoice(
                 bounds[s],
@@ -445,17 +452,24 @@ def _interleaved_at(
             )
             for s in range(pp * p.chunks)
         )
-        config = PlanConfig(p.m, p.schedule, p.chunks, stages)
-        cost = model.evaluate(config)
-        over = [m.pipeline_rank for m in cost.memory if not m.fits]
-        if not over:
-            return config, cost.iteration_ms
-        for r in over:
-            position = modes.index(chosen[r])
-            if position + 1 == len(modes):
-                return None
-            chosen[r] = modes[position + 1]
-    return None
+        return PlanConfig(p.m, p.schedule, p.chunks, stages)
+
+    best: list[tuple[float, str] | None] = [None] * pp
+    for mode in modes:  # ties keep the earlier mode: the order of ``modes``
+        cost = model.evaluate(config_of([mode] * pp))
+        over = {m.pipeline_rank for m in cost.memory if not m.fits}
+        for r in range(pp):
+            if r in over:
+                continue
+            work = sum(cost.stages[s].work_ms for s in range(r, pp * p.chunks, pp))
+            current = best[r]
+            if current is None or work < current[0]:
+                best[r] = (work, mode)
+    if any(choice is None for choice in best):
+        return None
+    config = config_of([choice[1] for choice in best if choice is not None])
+    cost = model.evaluate(config)
+    return (config, cost.iteration_ms) if cost.feasible else None
 
 
 def uniform_search(
