@@ -44,6 +44,13 @@ from itertools import accumulate
 from autoplan.cluster.catalog import peak_tflops, spec_for_dtype
 from autoplan.cluster.schema import Cluster, GpuSpec
 from autoplan.cost import sharding
+from autoplan.cost.block_parts import (
+    block_cost,
+    block_pairs,
+    merge_parts,
+    stage_pieces,
+    whole_block_passes,
+)
 from autoplan.cost.comm import allreduce_ms as nccl_allreduce_ms
 from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
@@ -214,6 +221,23 @@ class CostTables:
     backward_tp: list[float]
     # by mode: prefix of saved bytes parked in host memory (offload modes only)
     parked: dict[str, list[float]] = field(default_factory=dict)
+    # At sub-block grain (autoplan.cost.block_parts): what a stage starting at unit i adds to
+    # the prefix differences of work and backward, by mode (nonzero at a block's MLP part);
+    # each unit alone; each block, keyed by its attention part's position.
+    start_work: dict[str, list[float]] = field(default_factory=dict)
+    start_backward: dict[str, list[float]] = field(default_factory=dict)
+    alone: list[LayerCost] = field(default_factory=list)
+    blocks: dict[int, LayerCost] = field(default_factory=dict)
+
+    def span_work(self, mode: str, i: int, j: int) -> float:
+        """Forward + backward ms of units [i, j) in ``mode`` (whole blocks as blocks)."""
+        extra = self.start_work[mode][i] if self.start_work else 0.0
+        return self.work[mode][j] - self.work[mode][i] + extra
+
+    def span_backward(self, mode: str, i: int, j: int) -> float:
+        """Backward ms of units [i, j) in ``mode`` (whole blocks as blocks)."""
+        extra = self.start_backward[mode][i] if self.start_backward else 0.0
+        return self.backward[mode][j] - self.backward[mode][i] + extra
 
 
 @dataclass(frozen=True, order=True)
@@ -263,10 +287,16 @@ class CostModel:
         first: dict[str, int] = {}
         self._same_as = [
             first.setdefault(
-                layer.model_dump_json(exclude={"index", "name", "replica_of"}), position
+                layer.model_dump_json(exclude={"index", "name", "replica_of", "block_index"}),
+                position,
             )
             for position, layer in enumerate(profile.layers)
         ]
+        # At sub-block grain: each block (its two parts merged), by its attention part.
+        self._blocks = {
+            p: merge_parts(profile.layers[p], profile.layers[p + 1], p)
+            for p in block_pairs(profile)
+        }
         # What ``tables`` costs when not told: the search runs on a view of each setting.
         self.sequence_parallel = False
         self.host_limit = True  # offload's host-memory bound (``without_host_limit``)
@@ -307,9 +337,47 @@ class CostModel:
             )
         layers = [costed[position] for position in self._same_as]
         host = dc.host_link_bandwidth_gb_per_s
-        forward = {m: [mode_forward_ms(c, m, host) for c in layers] for m in ALL_MODES}
-        backward = {m: [mode_backward_ms(c, m, host) for c in layers] for m in ALL_MODES}
+        # Per distinct layer, then spread: a model's repeated blocks cost the same.
+        forward = {
+            m: {x: mode_forward_ms(c, m, host) for x, c in costed.items()} for m in ALL_MODES
+        }
+        backward = {
+            m: {x: mode_backward_ms(c, m, host) for x, c in costed.items()} for m in ALL_MODES
+        }
+        forward = {m: [values[x] for x in self._same_as] for m, values in forward.items()}
+        backward = {m: [values[x] for x in self._same_as] for m, values in backward.items()}
+        alone, blocks, whole = layers, {}, {}
+        if self._blocks:
+            # A stage holding both parts of a block runs the block (block_parts).
+            merged: dict[tuple[int, int], LayerCost] = {}
+            for p, block in self._blocks.items():
+                key = (self._same_as[p], self._same_as[p + 1])
+                if key not in merged:
+                    cost = layer_cost(
+                        block,
+                        dc.gpu,
+                        self._peaks[device_class],
+                        tp=tp,
+                        micro_batch_size=micro_batch_size,
+                        profile_micro_batch_size=self.profile.micro_batch_size,
+                        intra_node_bandwidth_gb_per_s=dc.intra_node_bandwidth_gb_per_s,
+                        intra_node_latency_us=dc.intra_node_latency_us,
+                        sequence_parallel=sequence_parallel,
+                    )
+                    merged[key] = block_cost(cost, layers[p], layers[p + 1])
+                blocks[p] = merged[key]
+            layers, *starts = whole_block_passes(
+                alone,
+                blocks,
+                forward,
+                backward,
+                lambda c, m: (mode_forward_ms(c, m, host), mode_backward_ms(c, m, host)),
+            )
+            whole = dict(zip(("start_work", "start_backward"), starts, strict=True))
         return CostTables(
+            alone=alone,
+            blocks=blocks,
+            **whole,
             layers=layers,
             work={
                 m: _prefix([f + b for f, b in zip(forward[m], backward[m], strict=True)])
@@ -562,7 +630,9 @@ class CostModel:
         group = ReplicaGroup(device_class, tp, 1, micro_batch_size, r, offload)
         stage = StageChoice(layer_start, layer_end, (group,))
         tables = self.tables(device_class, tp, micro_batch_size, sequence_parallel)
-        layers = tables.layers[layer_start:layer_end]
+        units = layers = tables.layers[layer_start:layer_end]
+        if tables.blocks:  # the times of whole blocks as blocks (block_parts)
+            layers = stage_pieces(tables.alone, tables.blocks, layer_start, layer_end)
         mode = mode_key(r, offload)
         host = self.classes[device_class].host_link_bandwidth_gb_per_s
         overhead = self.pass_overhead_ms(device_class)
@@ -588,7 +658,7 @@ class CostModel:
             tp_comm_ms=forward_tp + backward_tp + recompute_tp,
             params_per_gpu=sum(c.params_per_gpu for c in layers),
             saved_bytes=sum(resident_saved_bytes(c, mode) for c in layers),
-            transient_bytes=max(self.transient_bytes(c, mode) for c in layers),
+            transient_bytes=max(self.transient_bytes(c, mode) for c in units),
             host_bytes=sum(parked_bytes(c, mode) for c in layers),
         )
 

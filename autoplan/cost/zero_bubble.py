@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoplan.cost.block_parts import piece_spans
 from autoplan.schedule.actions import Action, PipelineOrder
 from autoplan.schedule.orders import schedule_order
 
@@ -177,13 +178,21 @@ def group_weight_gradient_ms(model: CostModel, stage: StageChoice, group: int) -
     tokens = profile.seq_len * profile.micro_batch_size
     choice = stage.groups[group]
     tables = model.tables(choice.device_class, choice.tp, choice.micro_batch_size)
-    return sum(
-        tables.layers[i].backward_compute_ms
-        * weight_gradient_share(
-            profile.layers[i].param_count, tokens, profile.layers[i].backward_flops
-        )
-        for i in range(stage.layer_start, stage.layer_end)
-    )
+    w = 0.0
+    for i, span in piece_spans(tables.blocks, stage.layer_start, stage.layer_end):
+        if span == 1:
+            w += tables.alone[i].backward_compute_ms * weight_gradient_share(
+                profile.layers[i].param_count, tokens, profile.layers[i].backward_flops
+            )
+        else:  # a whole block at sub-block grain (block_parts): its share as a block
+            attn, mlp = profile.layers[i], profile.layers[i + 1]
+            share = weight_gradient_share(
+                attn.param_count + mlp.param_count,
+                tokens,
+                attn.backward_flops + mlp.backward_flops,
+            )
+            w += tables.blocks[i].backward_compute_ms * share
+    return w
 
 
 def zero_bubble_pipeline(

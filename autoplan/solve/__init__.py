@@ -26,10 +26,10 @@ from autoplan.solve.diagnose import (
     diagnose_infeasible,
     diagnose_megatron_infeasible,
 )
+from autoplan.solve.granularity import block_seed_profile, seeded_search
 from autoplan.solve.host_memory import host_memory_diagnosis
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult
-from autoplan.solve.sequence_parallel import search_with_sequence_parallel
 
 __all__ = [
     "SolveOptions",
@@ -93,7 +93,10 @@ def solve_candidates(
     """The ranked candidates of the options' strategy (best first); no plan is built."""
     if options.strategy == "megatron":
         return megatron_search(model, global_batch_size, options)
-    result = search_with_sequence_parallel(model, global_batch_size, options, progress)
+    # At sub-block grain the block-grain plan seeds the search (autoplan.solve.granularity).
+    seed = block_seed_profile(model.profile, options)
+    block_model = None if seed is None else cost_model(seed, model.cluster, options)
+    result = seeded_search(model, block_model, global_batch_size, options, progress)
     if options.strategy == "data-parallel":
         extra = equal_share_candidates(model, global_batch_size, options)
         merged = sorted(result.candidates + extra, key=lambda c: c.iteration_ms)

@@ -267,15 +267,15 @@ class HeteroSource:
                 continue  # offload parks more than the GPU's share of host memory
             if used <= usable and used + self._transient(k, t, x, mode, i, j) <= usable:
                 # The fastest mode that fits (with offload the order is the hardware's).
-                work = tables.work[mode][j] - tables.work[mode][i]
+                work = tables.span_work(mode, i, j)
                 if best is None or work < best_ms:
                     best, best_ms = mode, work
         return best
 
     def _work(self, kind: Kind, x: int, mode: str, i: int, j: int) -> float:
         k, t = kind
-        work = self.model.tables(k, t, x).work[mode]
-        return work[j] - work[i] + 2 * self.model.pass_overhead_ms(k)
+        work = self.model.tables(k, t, x).span_work(mode, i, j)
+        return work + 2 * self.model.pass_overhead_ms(k)
 
     @functools.cache  # noqa: B019 (one source per search)
     def _split(self, kind: Kind, replicas: int, samples: int, i, j, flight, per_param, zero):
@@ -392,8 +392,8 @@ class HeteroSource:
             tables = model.tables(g.device_class, g.tp, g.micro_batch_size)
             overhead = model.pass_overhead_ms(g.device_class)
             mode = mode_key(g.recompute, g.offload)
-            total = tables.work[mode][j] - tables.work[mode][i] + 2 * overhead
-            backward = tables.backward[mode][j] - tables.backward[mode][i]
+            total = tables.span_work(mode, i, j) + 2 * overhead
+            backward = tables.span_backward(mode, i, j)
             passes.append((total - backward - overhead, backward + overhead))
             params.append(tables.params[j] - tables.params[i])
         collective = model.zero_collective_ms(groups, tuple(params))
@@ -416,9 +416,7 @@ class HeteroSource:
                 params.append(p)
                 mode = mode_key(g.recompute, g.offload)
                 backward.append(
-                    tables.backward[mode][j]
-                    - tables.backward[mode][i]
-                    + model.pass_overhead_ms(g.device_class)
+                    tables.span_backward(mode, i, j) + model.pass_overhead_ms(g.device_class)
                 )
                 steps.append(
                     model.optimizer_ms(p, g.device_class, replicas, zero1)

@@ -38,15 +38,23 @@ def search(
     batch: int,
     options: SolveOptions,
     progress: Callable[[int, int], None] | None = None,
+    incumbent_ms: float = math.inf,
 ) -> SearchResult:
-    """The ``options.top_k + 1`` best distinct configurations, best first (module docstring)."""
+    """The ``options.top_k + 1`` best distinct configurations, best first (module docstring);
+    with an ``incumbent_ms`` (a plan the caller holds: ``autoplan.solve.granularity``), the
+    search prunes against it and may return only plans faster than it, or none."""
     deadline = time.monotonic() + options.time_limit_s
     if options.schedule in ZERO_BUBBLE_SCHEDULES and options.dp is None:
         options = options.model_copy(update={"dp": 1})  # torch runs them only at dp 1
     keep = options.top_k + 1
     heterogeneous = options.strategy == "optimal" and options.space == "heterogeneous"
     uniform = uniform_search(
-        model, batch, options, None if heterogeneous else progress, deadline=deadline
+        model,
+        batch,
+        options,
+        None if heterogeneous else progress,
+        deadline=deadline,
+        incumbent_ms=incumbent_ms,
     )
     candidates = list(uniform.candidates)
     considered, solved, timed_out = (
@@ -64,7 +72,7 @@ def search(
             model,
             batch,
             options,
-            min(feasible, default=math.inf),
+            min([*feasible, incumbent_ms]),
             keep=keep,
             deadline=deadline,
             progress=progress,

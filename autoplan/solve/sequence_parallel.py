@@ -17,6 +17,7 @@ mixing tp 1 and tp > 1 stages is not among those it considers).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
@@ -57,8 +58,10 @@ def search_with_sequence_parallel(
     batch: int,
     options: SolveOptions,
     progress: Callable[[int, int], None] | None = None,
+    incumbent_ms: float = math.inf,
 ) -> SearchResult:
-    """``search`` over the space with the sequence-parallel knob (module docstring)."""
+    """``search`` over the space with the sequence-parallel knob (module docstring);
+    ``incumbent_ms`` as ``search`` takes it."""
     runs = _runs(model, options)
     deadline = time.monotonic() + options.time_limit_s
     candidates: dict[tuple, Candidate] = {}
@@ -72,6 +75,7 @@ def search_with_sequence_parallel(
             batch,
             run_options.model_copy(update={"time_limit_s": left}),
             progress,
+            incumbent_ms=incumbent_ms,
         )
         considered += result.configs_considered
         solved += result.partitions_solved

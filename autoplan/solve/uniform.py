@@ -163,7 +163,7 @@ class _StageCoster:
                 continue  # offload parks more than the GPU's share of host memory
             if used <= capacity and used + self._range_max(s, mode, i, j) <= capacity:
                 # The fastest mode that fits (with offload the order is the hardware's).
-                work = t.work[mode][j] - t.work[mode][i]
+                work = t.span_work(mode, i, j)
                 if best is None or work < best_ms:
                     best, best_ms = mode, work
         return best
@@ -171,8 +171,8 @@ class _StageCoster:
     def _work(self, s: int, i: int, j: int, mode: str, level: int) -> tuple[float, float]:
         """(work, backward) of stage s with ZeRO-2/3's exposed collectives."""
         t = self.tables[s]
-        work = t.work[mode][j] - t.work[mode][i] + self.overhead[s]
-        backward = t.backward[mode][j] - t.backward[mode][i] + self.backward_overhead[s]
+        work = t.span_work(mode, i, j) + self.overhead[s]
+        backward = t.span_backward(mode, i, j) + self.backward_overhead[s]
         if level <= 1 or self.p.dp <= 1:
             return work, backward
         params = t.params[j] - t.params[i]
@@ -478,9 +478,11 @@ def uniform_search(
     options: SolveOptions,
     progress: Callable[[int, int], None] | None = None,
     deadline: float | None = None,
+    incumbent_ms: float = math.inf,
 ) -> SearchResult:
     """The ``options.top_k + 1`` best distinct uniform configurations, best first (exact
-    unless the deadline, a ``time.monotonic()`` value, stops it; module docstring)."""
+    unless the deadline, a ``time.monotonic()`` value, stops it; module docstring); with an
+    ``incumbent_ms`` (a plan the caller holds), only those faster than it."""
     deadline = time.monotonic() + options.time_limit_s if deadline is None else deadline
     keep = options.top_k + 1
     best: list[tuple[float, tuple, PlanConfig]] = []
@@ -496,7 +498,7 @@ def uniform_search(
     def threshold() -> float:
         # Pruning against the best found keeps the best exact; the runner-ups are the best
         # of the configurations the search costed, not necessarily the global 2nd..k-th.
-        return best[0][0] if best else math.inf
+        return min(best[0][0] if best else math.inf, incumbent_ms)
 
     # Best bound first over groups and their candidates together: a group's bound is looser
     # than its candidates' (one pp=12 group bounded at 15 s may hold only candidates bounded
