@@ -22,10 +22,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO_DIR)
 
-# One pytest worker per core (pytest-xdist). loadgroup keeps each file marked with an
-# xdist_group (a module-scoped torchrun launch) on one worker, so no launch runs twice.
+# One pytest worker per core (pytest-xdist), a test file at a time: a file's module-scoped
+# fixture (a torchrun launch, real solves) then runs once, and tests that read what an earlier
+# test of their file saw stay in order. (xdist's loadgroup marks are a no-op under pytest 9.2.)
 test: $(STAMP)
-	$(PY) -m pytest -n auto --dist loadgroup
+	$(PY) -m pytest -n auto --dist loadfile
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -26,10 +26,6 @@ from tests import async_pb_plans as plans
 from tests import async_pb_task as task
 from tests.plan_factory import ReplicaSpec
 
-# One worker runs this file's tests: its module-scoped fixture is a launch (or real solves)
-# that every worker given one of them would otherwise repeat (make test's --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_async_pb_runtime")
-
 ROOT = Path(__file__).resolve().parents[1]
 NUM_MICRO_BATCHES = 160
 ZERO_DELAY_MICRO_BATCHES = 24

@@ -32,10 +32,6 @@ from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from tests.plan_factory import CPU_GPU, ReplicaSpec, make_plan, make_stages_plan
 
-# One worker runs this file's tests: its module-scoped fixture is a launch (or real solves)
-# that every worker given one of them would otherwise repeat (make test's --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_export")
-
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
 runner = CliRunner()

@@ -35,9 +35,7 @@ from tests.distributed_driver import (
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
 
-# One worker runs this file's tests: its module-scoped fixture is a launch (or real solves)
-# that every worker given one of them would otherwise repeat (make test's --dist loadgroup).
-pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("test_runtime_distributed")]
+pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10

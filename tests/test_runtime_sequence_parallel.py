@@ -24,10 +24,6 @@ from tests.single_process_reference import reference_training
 from tests.synthetic_profiles import gpu
 from tests.torchrun_plans import run_plans
 
-# One worker runs this file's tests: its module-scoped fixture is a launch (or real solves)
-# that every worker given one of them would otherwise repeat (make test's --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_runtime_sequence_parallel")
-
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
 

@@ -29,9 +29,7 @@ from tests.plan_factory import ReplicaSpec, local_cluster, make_plan, make_stage
 from tests.single_process_reference import reference_training
 from tests.torchrun_plans import run_plans
 
-# One worker runs this file's tests: its module-scoped fixture is a launch (or real solves)
-# that every worker given one of them would otherwise repeat (make test's --dist loadgroup).
-pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("test_runtime_zero")]
+pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10

@@ -28,9 +28,7 @@ from tests.plan_factory import make_plan
 from tests.single_process_reference import reference_training
 from tests.synthetic_profiles import gpu
 
-# One worker runs this file's tests: its module-scoped fixture is a launch (or real solves)
-# that every worker given one of them would otherwise repeat (make test's --dist loadgroup).
-pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("test_runtime_zero_bubble")]
+pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10

@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -474,7 +473,6 @@ def hetero_instances(draw):
     derandomize=True,
 )
 @given(hetero_instances())
-@pytest.mark.xdist_group("heterogeneous_oracle")  # the coverage test below reads what it saw
 def test_heterogeneous_dp_equals_brute_force(instance) -> None:
     """The heterogeneous DP alone (no bound from the other families) against brute force."""
     profile, cluster, batch = instance
@@ -496,7 +494,6 @@ def test_heterogeneous_dp_equals_brute_force(instance) -> None:
         SHAPES_SEEN[shape] = SHAPES_SEEN.get(shape, 0) + 1
 
 
-@pytest.mark.xdist_group("heterogeneous_oracle")
 def test_heterogeneous_oracle_covers_every_shape() -> None:
     """The instances above exercise every feature of the space in the optimum found (this
     runs after them: pytest keeps a module's order)."""

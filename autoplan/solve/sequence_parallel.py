@@ -9,7 +9,8 @@ run once per setting, on a view of the cost model for each
 (``CostModel.with_sequence_parallel``), and the candidates merged: the best of the two runs
 is the best of the space with the knob in it. A plan without tp > 1 anywhere is the same
 plan either way and is kept with SP off (the validator rejects SP without tp). The second run
-is skipped where it cannot differ: the tp is pinned to 1 or no layer splits. Pinned on, the
+is skipped where it cannot differ: the tp is pinned to 1 or no layer splits, and it starts from
+the first run's best as its incumbent, so it explores only what can beat it. Pinned on, the
 search runs once per tp > 1 the cluster allows, with that tp pinned (so a heterogeneous plan
 mixing tp 1 and tp > 1 stages is not among those it considers).
 """
@@ -80,6 +81,11 @@ def search_with_sequence_parallel(
         considered += result.configs_considered
         solved += result.partitions_solved
         timed_out = timed_out or result.timed_out
+        # The next setting's run only has to beat the best plan held: it prunes against it
+        # (exact for the best plan; the runners-up then come from the runs that found them).
+        incumbent_ms = min(
+            [incumbent_ms, *(c.iteration_ms for c in result.candidates if c.cost.feasible)]
+        )
         for candidate in result.candidates:
             config = candidate.config
             if setting and not has_tensor_parallel(config):
