@@ -573,6 +573,18 @@ def test_replica_timings_must_match_the_stage() -> None:
     )
 
 
+def test_a_weight_gradient_longer_than_its_backward_is_caught() -> None:
+    plan = make_plan([2, 2])
+    timings = list(plan.prediction.stage_timings)
+    backward = timings[1].backward_ms
+    timings[1] = timings[1].model_copy(update={"weight_gradient_ms": backward / 2})
+    validate_plan(_replace_prediction(plan, stage_timings=timings))
+    timings[1] = timings[1].model_copy(update={"weight_gradient_ms": backward * 2})
+    assert "stage 1's weight-gradient time" in _problems(
+        _replace_prediction(plan, stage_timings=timings)
+    )
+
+
 def test_missing_stage_timing_is_caught() -> None:
     plan = make_plan([2, 2])
     timings = [StageTiming(stage=0, forward_ms=1, backward_ms=2, send_ms=0)]

@@ -628,6 +628,17 @@ def _check_stage_timings(plan: Plan, problems: list[str]) -> None:
         problems.append(f"stage timings are for stages {timed}; the plan has {len(plan.stages)}")
         return
     for stage, timing in zip(plan.stages, timings, strict=True):
+        # W is part of the backward (I = backward - W): a larger W is a figure no run can have.
+        for where, figure in [
+            ("", timing),
+            *((f" replica {d}", r) for d, r in enumerate(timing.replicas)),
+        ]:
+            weight = figure.weight_gradient_ms
+            if weight is not None and weight > figure.backward_ms * (1 + 1e-9):
+                problems.append(
+                    f"stage {stage.index}{where}'s weight-gradient time {weight:.6g} ms is more "
+                    f"than its whole backward, {figure.backward_ms:.6g} ms"
+                )
         if not timing.replicas:
             continue
         if len(timing.replicas) != len(stage.replicas):
