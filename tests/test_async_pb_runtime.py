@@ -10,9 +10,6 @@ One torchrun launch (4 processes) runs every case (``tests/async_pb_driver.py``)
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +22,8 @@ from autoplan.runtime.async_pb_optim import spike_coefficients
 from tests import async_pb_plans as plans
 from tests import async_pb_task as task
 from tests.plan_factory import ReplicaSpec
+from tests.torchrun_plans import torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
 NUM_MICRO_BATCHES = 160
 ZERO_DELAY_MICRO_BATCHES = 24
 # Held-out loss after 160 micro-batches, relative to synchronous SGD's (0.061): with weight
@@ -97,25 +94,7 @@ def _launch(out_dir: Path) -> None:
         write_json_model(out_dir / "plans" / f"{name}.json", plan)
         listing[name] = {"zero_delay": zero_delay, "steps": steps}
     (out_dir / "plan_cases.json").write_text(json.dumps(listing))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=4",
-            str(ROOT / "tests" / "async_pb_driver.py"),
-            str(out_dir),
-            str(NUM_MICRO_BATCHES),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    torchrun("async_pb_driver.py", [str(out_dir), str(NUM_MICRO_BATCHES)], 4)
 
 
 def _stages(runs: Path, name: str, pp: int) -> list[torch.nn.Module]:

@@ -12,9 +12,6 @@ the zoo's 128 tokens, unevenly for tied_gpt's 33); what each rank holds is check
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
-from autoplan.files import read_json_model, write_json_model
+from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.report import RunReport
 from autoplan.runtime.tensor_parallel import vocabulary_shard_rows
@@ -34,6 +31,7 @@ from tests.distributed_driver import (
 )
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
+from tests.torchrun_plans import run_plans
 
 pytestmark = pytest.mark.distributed
 
@@ -244,31 +242,7 @@ def _plans() -> dict[str, Plan]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    plans_dir = tmp_path_factory.mktemp("plans")
-    out_dir = tmp_path_factory.mktemp("runs")
-    for name, plan in _plans().items():
-        write_json_model(plans_dir / f"{name}.json", plan)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for world_size in sorted({plan.world_size for plan in _plans().values()}):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={world_size}",
-                str(ROOT / "tests" / "distributed_driver.py"),
-                str(plans_dir),
-                str(out_dir),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr[-4000:]
-    return out_dir
+    return run_plans(_plans(), tmp_path_factory.mktemp("runs"), timeout_s=300)
 
 
 @pytest.mark.parametrize("name", list(_plans()))

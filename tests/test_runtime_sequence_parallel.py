@@ -5,9 +5,6 @@ executor) and heterogeneous ones (the groups executor, a tp-2 stage next to tp-1
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +19,8 @@ from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
 from tests.synthetic_profiles import gpu
-from tests.torchrun_plans import run_plans
+from tests.torchrun_plans import run_plans, torchrun
 
-ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
 
 
@@ -102,26 +98,7 @@ def test_saved_activations_under_sp_match_the_cost_model(tmp_path: Path) -> None
     is within 10% of the cost model's saved bytes, with and without SP (the re-gather keeps
     the column-split inputs as their sequence shards)."""
     batch, seq = 4, 64
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            str(ROOT / "tests" / "sp_memory_driver.py"),
-            str(tmp_path),
-            str(batch),
-            str(seq),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    torchrun("sp_memory_driver.py", [str(tmp_path), str(batch), str(seq)], 2)
     profile = profile_model("gpt-tiny", seq, batch, "fp32")
     spec = gpu("A", 100.0, 80.0)
     for rank in range(2):

@@ -8,16 +8,13 @@ plan (all are pp 2, dp 1, so world size 2)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from autoplan.cost.layers import layer_cost
-from autoplan.files import read_json_model, write_json_model
+from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan, StageTiming
 from autoplan.profile.profiler import profile_model
 from autoplan.runtime.report import RunReport
@@ -27,10 +24,10 @@ from tests.distributed_driver import STEPS
 from tests.plan_factory import make_plan
 from tests.single_process_reference import reference_training
 from tests.synthetic_profiles import gpu
+from tests.torchrun_plans import run_plans
 
 pytestmark = pytest.mark.distributed
 
-ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
 
 
@@ -62,25 +59,6 @@ def zero_bubble_plans(data_parallel: int = 1) -> dict[str, Plan]:
     }
 
 
-def run_plans(plans: dict[str, Plan], plans_dir: Path, out_dir: Path) -> None:
-    """All ``plans`` (one world size) in one torchrun launch of the test driver."""
-    for name, plan in plans.items():
-        write_json_model(plans_dir / f"{name}.json", plan)
-    (world_size,) = {plan.world_size for plan in plans.values()}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc-per-node={world_size}", str(ROOT / "tests" / "distributed_driver.py")]
-    result = subprocess.run(
-        [*command, str(plans_dir), str(out_dir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-
-
 def largest_gradient_error(plan: Plan, out_dir: Path) -> tuple[float, float]:
     """(largest loss error, largest gradient error) of a run against single-process training."""
     losses, reference = reference_training(plan, STEPS)
@@ -109,7 +87,7 @@ def memory_plans() -> dict[str, Plan]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out_dir = tmp_path_factory.mktemp("runs")
     plans = {**zero_bubble_plans(), **memory_plans()}
-    run_plans(plans, tmp_path_factory.mktemp("plans"), out_dir)
+    run_plans(plans, out_dir, timeout_s=300)
     return out_dir
 
 
