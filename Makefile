@@ -10,10 +10,14 @@ DEMO_DIR ?= demo-out
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch is pinned to the CPU wheel first: a bare `torch` requirement would pull a CUDA build.
+# torch 2.13.0 first, alone, from TORCH_INDEX when set. Empty (the default): pip's configured
+# index, where on Linux `torch==2.13.0` from PyPI is the CUDA build (with its multi-GB CUDA
+# libraries), unless pip is configured with a local CPU wheel. A CPU-only machine:
+#   make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e ".[test,lint]"
 	touch $(STAMP)
 

@@ -120,8 +120,8 @@ def test_measure_writes_the_import_format(tmp_path: Path) -> None:
     table = tmp_path / "measured.csv"
     result = CliRunner().invoke(
         app,
-        ["profile", "gpt-tiny", "--seq", "16", "--measure", "--table", str(table),
-         "-o", str(tmp_path / "p.json")],
+        ["profile", "gpt-tiny", "--seq", "16", "--dtype", "fp32", "--measure",
+         "--table", str(table), "-o", str(tmp_path / "p.json")],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     profile = read_json_model(tmp_path / "p.json", Profile)

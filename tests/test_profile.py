@@ -215,7 +215,15 @@ def test_bad_sizes_and_names_raise_input_errors(args: tuple, message: str) -> No
 
 def test_measure_refuses_a_model_that_does_not_fit() -> None:
     with pytest.raises(InputError, match=r"needs about \d+\.\d GiB .* profile without --measure"):
-        profile_model("llama2-70b", 4096, 1, measure=True)
+        profile_model("llama2-70b", 4096, 1, "fp32", measure=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="half precision is timed on a GPU")
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_measure_refuses_half_precision_on_the_cpu(dtype: str) -> None:
+    """CPU half-precision times are not what a GPU runs and vary ~100x between runs."""
+    with pytest.raises(InputError, match=f"--measure in {dtype} on the CPU is not trusted"):
+        profile_model("gpt-tiny", 16, 1, dtype, measure=True)  # type: ignore[arg-type]
 
 
 def test_measure_times_every_layer_of_a_tiny_model() -> None:

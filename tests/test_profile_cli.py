@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from autoplan.cli import app
@@ -59,6 +60,9 @@ def test_profile_measure_records_times(tmp_path: Path) -> None:
     assert all(len(layer.measured) == 1 for layer in profile.layers)
 
 
+_CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="--measure times the GPU")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -67,7 +71,17 @@ def test_profile_measure_records_times(tmp_path: Path) -> None:
         (["llama2-7b", "--seq", "8192"], "exceeds llama2-7b's maximum of 4096 positions"),
         (["gpt-tiny", "--seq", "16", "--micro-batch", "0"], "must be at least 1, got 0"),
         (["gpt-tiny", "--seq", "16", "--dtype", "int8"], "dtype 'int8' is not one of"),
-        (["llama2-70b", "--seq", "4096", "--measure"], "profile without --measure"),
+        (["llama2-70b", "--seq", "4096", "--dtype", "fp32", "--measure"], "without --measure"),
+        pytest.param(
+            ["gpt-tiny", "--seq", "16", "--measure"],
+            "--measure in bf16 on the CPU is not trusted",
+            marks=_CPU_ONLY,
+        ),
+        pytest.param(
+            ["gpt-tiny", "--seq", "16", "--dtype", "fp16", "--measure"],
+            "in fp16 on the CPU",
+            marks=_CPU_ONLY,
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(

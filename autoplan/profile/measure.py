@@ -5,6 +5,11 @@ the shape it sees in the model, run ``warmup`` times untimed, then ``repeats`` t
 median forward and backward times are kept. Before anything is allocated, the memory the run
 needs is compared with what the device has free, and an InputError refuses a model that does
 not fit.
+
+Half precision (bf16, fp16) on the CPU is refused too: PyTorch's CPU kernels for it are not
+what a GPU runs and their times are not even stable (issue 26: one block of the same model took
+~100 ms in three runs and 0.55 ms in a fourth, and a plan built from them was 52x off the real
+run). On the CPU, fp32, tf32 (fp32 there) and fp64 are timed.
 """
 
 from __future__ import annotations
@@ -26,14 +31,24 @@ from autoplan.profile.tracer import loss_of
 from autoplan.zoo.dtypes import default_dtype, set_matmul_precision
 from autoplan.zoo.registry import ModelSpec
 
-__all__ = ["device_name", "free_memory_bytes", "measure_layers"]
+__all__ = [
+    "UNTRUSTED_CPU_DTYPES",
+    "check_trusted",
+    "device_name",
+    "free_memory_bytes",
+    "measure_layers",
+]
 
 logger = logging.getLogger(__name__)
 
 _GIB = 1024**3
 
+UNTRUSTED_CPU_DTYPES = frozenset({torch.bfloat16, torch.float16})
+"""Training dtypes whose CPU times ``--measure`` refuses (module docstring)."""
 
-def _device() -> torch.device:
+
+def measure_device() -> torch.device:
+    """The device ``--measure`` times on: CUDA when present, else the CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
@@ -71,6 +86,17 @@ def _matmul_precision(dtype_name: str | None) -> Iterator[None]:
     finally:
         torch.set_float32_matmul_precision(saved[0])
         torch.backends.cudnn.allow_tf32 = saved[1]
+
+
+def check_trusted(device: torch.device, dtype: torch.dtype, dtype_name: str | None) -> None:
+    """Refuse (InputError) a measurement whose times cannot be trusted: half precision on CPU."""
+    if device.type == "cpu" and dtype in UNTRUSTED_CPU_DTYPES:
+        shown = dtype_name or str(dtype).removeprefix("torch.")
+        raise InputError(
+            f"--measure in {shown} on the CPU is not trusted: PyTorch's CPU half-precision "
+            "kernels are not what a GPU runs and their times vary ~100x between runs; "
+            "measure on a GPU, or on the CPU with --dtype fp32"
+        )
 
 
 def _synchronize(device: torch.device) -> None:
@@ -125,8 +151,10 @@ def measure_layers(
     ``needed_bytes`` is the profile's estimate of what the run needs; more than 90% of the
     device's free memory is refused. ``dtype_name`` (the profile's dtype, e.g. 'tf32') sets
     PyTorch's matmul precision for the run (``set_matmul_precision``), restored afterwards.
+    Half precision on the CPU is refused (:func:`check_trusted`).
     """
-    device = _device()
+    device = measure_device()
+    check_trusted(device, dtype, dtype_name)
     free = free_memory_bytes(device)
     if needed_bytes > 0.9 * free:
         raise InputError(

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from autoplan.errors import InputError
 from autoplan.profile.attention import ATTENTION_KERNELS, AttentionKernel, UnfusedAttentionMode
 from autoplan.profile.layers import PipelineLayer, pipeline_layers
-from autoplan.profile.measure import measure_layers
+from autoplan.profile.measure import check_trusted, measure_device, measure_layers
 from autoplan.profile.schema import (
     DType,
     Granularity,
@@ -195,6 +195,8 @@ def profile_model(
         spec = dataclasses.replace(spec, loss=loss)
     _check_sizes(spec, seq_len, micro_batch_size)
     torch_type = torch_dtype(dtype)
+    if measure:  # before tracing, the slow part: an untrusted measurement is refused at once
+        check_trusted(measure_device(), torch_type, dtype)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with default_dtype(torch_type), fake_mode:
         model, example = spec.build_with_input(micro_batch_size, seq_len)
