@@ -65,8 +65,12 @@ ZOO_MODEL_NAMES = frozenset(
         "llama3-8b",
         "llama3-70b",
         "bert-large",
+        "mixtral-8x7b",
+        "qwen1.5-moe-a2.7b",
+        "deepseek-moe-16b",
         "gpt-tiny",
         "llama-tiny",
+        "moe-tiny",
     }
 )
 

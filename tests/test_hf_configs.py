@@ -220,9 +220,18 @@ def _tiny_llama() -> dict:
     ("config", "message"),
     [
         (
-            json.loads((DATA / "mixtral-8x7b" / "config.json").read_text()),
-            "mixtral is a mixture-of-experts model (8 experts): expert parallelism is not "
-            "supported yet",
+            {
+                **json.loads((DATA / "mixtral-8x7b" / "config.json").read_text()),
+                "model_type": "dbrx",
+            },
+            "dbrx is a mixture-of-experts model (8 experts) of a family autoplan does not read",
+        ),
+        (
+            {
+                **json.loads((DATA / "mixtral-8x7b" / "config.json").read_text()),
+                "num_experts_per_tok": 9,
+            },
+            "top_k (9) must be from 1 to num_experts (8)",
         ),
         ({**_tiny_llama(), "model_type": "bloom"}, "model_type 'bloom' is not supported"),
         ({"hidden_size": 64}, "no 'model_type': not a Hugging Face model config"),
@@ -234,7 +243,7 @@ def _tiny_llama() -> dict:
         ({**_tiny_llama(), "num_key_value_heads": 3}, "must be divisible by num_kv_heads (3)"),
         ({**_tiny_llama(), "rope_scaling": {"rope_type": "warp"}}, "rope_scaling type 'warp'"),
         ({**_tiny_llama(), "hidden_act": "tanh"}, "hidden_act 'tanh' is not supported"),
-        ({**_tiny_llama(), "num_experts": 4}, "expert parallelism is not supported yet"),
+        ({**_tiny_llama(), "num_experts": 4}, "(4 experts) of a family autoplan does not read"),
     ],
 )
 def test_bad_configs_are_one_line_and_exit_code_2(

@@ -13,8 +13,15 @@ Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` become separate projections with
 parameters (tensor parallelism must split q, k and v apart). ``rope_scaling`` of type 'linear'
 or 'llama3' changes the RoPE frequencies as Hugging Face does; 'dynamic', 'yarn' and
 'longrope' change the angles (and scale them) at long contexts only, which costs nothing more:
-they run as plain RoPE. Mixture-of-experts configs (Mixtral, Qwen2-MoE …) are refused: the
-planner has no expert parallelism yet.
+they run as plain RoPE.
+
+Mixture-of-experts decoders → :class:`~autoplan.zoo.moe.MoEConfig`: ``mixtral`` (8 experts of
+``intermediate_size``, top-k renormalised), ``qwen2_moe`` (``moe_intermediate_size`` experts,
+a gated shared expert, dense MLPs in ``mlp_only_layers`` and off the ``decoder_sparse_step``)
+and DeepSeekMoE's ``deepseek`` (``n_routed_experts`` fine-grained experts, ``n_shared_experts``
+fused into one shared MLP, dense blocks before ``first_k_dense_replace`` and off the
+``moe_layer_freq``). The configs do not state a capacity factor: the zoo's default applies.
+Other mixture-of-experts families (DeepSeek-V2/V3's latent attention, DBRX, …) are refused.
 
 The model's name is ``hf:`` and the config file's absolute path: the runtime rebuilds the model
 from it on every rank (the file must be at that path on every node), and refuses to run a plan
@@ -23,6 +30,7 @@ whose config no longer builds the parameter count the plan was made for.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -35,15 +43,18 @@ from autoplan.files import read_json_data
 from autoplan.names import HF_MODEL_PREFIX, is_hf_name, printable, shown
 from autoplan.zoo.gpt import GPTConfig, MLPActivation
 from autoplan.zoo.llama import GatedActivation, LlamaConfig
+from autoplan.zoo.moe import MoEConfig
 from autoplan.zoo.opt import OPTConfig
 from autoplan.zoo.rope import RopeScaling
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "HFModel", "config_file", "read_hf_model"]
 
-HFConfig = GPTConfig | LlamaConfig | OPTConfig
+HFConfig = GPTConfig | LlamaConfig | OPTConfig | MoEConfig
 
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma2")
-SUPPORTED_MODEL_TYPES = (*_LLAMA_FAMILY, "gpt2", "gpt_neox", "opt")
+# Mixture-of-experts families read, each with the dense family its attention is read as.
+_MOE_FAMILY = {"mixtral": "mistral", "qwen2_moe": "qwen2", "deepseek": "llama"}
+SUPPORTED_MODEL_TYPES = (*_LLAMA_FAMILY, *_MOE_FAMILY, "gpt2", "gpt_neox", "opt")
 
 # model_type of mixture-of-experts families, and the keys that count experts in any config.
 _EXPERT_MODEL_TYPES = frozenset(
@@ -186,7 +197,11 @@ class _Fields:
             raise self.fail(f"{key} {shown(value)} is not supported (only {expected!r})")
 
 
-def _check_not_experts(fields: _Fields, model_type: str) -> None:
+def _check_experts_known(fields: _Fields, model_type: str) -> None:
+    """Refuse a mixture-of-experts config of a family autoplan does not read (its experts
+    would otherwise be silently built as one dense MLP)."""
+    if model_type in _MOE_FAMILY:
+        return
     experts = [
         (key, fields.data[key])
         for key in _EXPERT_KEYS
@@ -196,8 +211,8 @@ def _check_not_experts(fields: _Fields, model_type: str) -> None:
     if model_type in _EXPERT_MODEL_TYPES or experts:
         count = f" ({experts[0][1]} experts)" if experts else ""
         raise fields.fail(
-            f"{model_type} is a mixture-of-experts model{count}: expert parallelism is not "
-            "supported yet"
+            f"{model_type} is a mixture-of-experts model{count} of a family autoplan does not "
+            f"read (mixture-of-experts families: {', '.join(sorted(_MOE_FAMILY))})"
         )
 
 
@@ -250,12 +265,12 @@ def _sliding_window(
 ) -> tuple[int | None, tuple[int, ...] | None]:
     """(window, the blocks it applies to or None for every block) as Hugging Face's attention
     of ``model_type`` applies ``sliding_window``."""
-    if model_type in ("llama", "gemma"):
+    if model_type in ("llama", "gemma", "deepseek"):
         return None, None
-    if model_type == "qwen2" and not fields.flag("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen2_moe") and not fields.flag("use_sliding_window", False):
         return None, None
-    # Hugging Face's defaults where a config leaves the key out (Phi-3's is none).
-    default = None if model_type == "phi3" else 4096
+    # Hugging Face's defaults where a config leaves the key out (Phi-3's and Mixtral's: none).
+    default = None if model_type in ("phi3", "mixtral") else 4096
     window = fields.data.get("sliding_window", default)
     if window is None:
         return None, None
@@ -265,7 +280,7 @@ def _sliding_window(
         return window, listed
     if model_type == "gemma2":  # even blocks local, odd ones global
         return window, tuple(range(0, num_layers, 2))
-    if model_type == "qwen2":  # the first max_window_layers blocks attend to everything
+    if model_type in ("qwen2", "qwen2_moe"):  # the first max_window_layers attend to all
         first = fields.whole("max_window_layers", 28, high=limits.MAX_LAYERS)
         return window, tuple(range(first, num_layers))
     return window, None
@@ -299,7 +314,7 @@ def _llama_family(fields: _Fields, model_type: str) -> LlamaConfig:
             rope_theta=fields.number("rope_theta", 10000.0),
             norm_eps=fields.number("rms_norm_eps", 1e-5 if model_type == "phi3" else 1e-6),
             attention_head_dim=fields.optional_whole("head_dim") or (256 if gemma else None),
-            qkv_bias=attention_bias or model_type == "qwen2",
+            qkv_bias=attention_bias or model_type in ("qwen2", "qwen2_moe"),
             out_bias=attention_bias,
             mlp_bias=fields.flag("mlp_bias", False),
             tie_embeddings=fields.flag("tie_word_embeddings", gemma),
@@ -315,6 +330,72 @@ def _llama_family(fields: _Fields, model_type: str) -> LlamaConfig:
             final_logit_softcap=softcap,
         )
     except ValueError as error:  # the shapes do not fit together (heads, kv heads, …)
+        raise fields.fail(str(error)) from None
+
+
+def _dense_blocks(fields: _Fields, model_type: str, num_layers: int) -> tuple[int, ...]:
+    """Blocks whose MLP is dense, as Hugging Face's decoder layer of ``model_type`` decides."""
+    if model_type == "mixtral":
+        return ()
+    if model_type == "qwen2_moe":
+        step = fields.whole("decoder_sparse_step", 1, high=limits.MAX_LAYERS)
+        listed = fields.data.get("mlp_only_layers") or []
+        if not isinstance(listed, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in listed
+        ):
+            raise fields.fail(f"mlp_only_layers must list block indices, got {shown(listed, 60)}")
+        return tuple(i for i in range(num_layers) if i in listed or (i + 1) % step)
+    # DeepSeekMoE's default is 0 (no dense block first), which `whole` (1 or more) refuses.
+    first = (
+        0
+        if fields.data.get("first_k_dense_replace") in (None, 0)
+        else fields.whole("first_k_dense_replace", high=limits.MAX_LAYERS)
+    )
+    every = fields.whole("moe_layer_freq", 1, high=limits.MAX_LAYERS)
+    return tuple(i for i in range(num_layers) if i < first or i % every)
+
+
+def _moe_family(fields: _Fields, model_type: str) -> MoEConfig:
+    """A mixture-of-experts config: its attention read as its dense family's, then experts."""
+    base = _llama_family(fields, _MOE_FAMILY[model_type])
+    if model_type == "mixtral":
+        # Mixtral's sliding window default is none, unlike Mistral's (read again here).
+        window, layers = _sliding_window(fields, model_type, base.num_layers)
+        experts = fields.whole("num_local_experts")
+        expert_ffn: int | None = None  # experts of intermediate_size
+        shared_ffn: int | None = None
+        gate = False
+        normalize = True
+    elif model_type == "qwen2_moe":
+        window, layers = base.sliding_window, base.sliding_window_layers
+        experts = fields.whole("num_experts")
+        expert_ffn = fields.whole("moe_intermediate_size")
+        shared_ffn = fields.optional_whole("shared_expert_intermediate_size")
+        gate = shared_ffn is not None
+        normalize = fields.flag("norm_topk_prob", False)
+    else:
+        window, layers = base.sliding_window, base.sliding_window_layers
+        fields.require("scoring_func", "softmax", "softmax")
+        experts = fields.whole("n_routed_experts")
+        expert_ffn = fields.whole("moe_intermediate_size")
+        shared = fields.data.get("n_shared_experts")
+        shared_ffn = None if not shared else fields.whole("n_shared_experts") * expert_ffn
+        gate = False
+        normalize = fields.flag("norm_topk_prob", False)
+    shape = {f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaConfig)}
+    shape.update(sliding_window=window, sliding_window_layers=layers)
+    try:
+        return MoEConfig(
+            **shape,
+            num_experts=experts,
+            top_k=fields.whole("num_experts_per_tok"),
+            expert_ffn_hidden_size=expert_ffn,
+            shared_ffn_hidden_size=shared_ffn,
+            shared_expert_gate=gate,
+            normalize_top_k=normalize,
+            dense_layers=_dense_blocks(fields, model_type, base.num_layers),
+        )
+    except ValueError as error:  # top_k above the experts
         raise fields.fail(str(error)) from None
 
 
@@ -416,9 +497,11 @@ def read_hf_model(name: str) -> HFModel:
         raise fields.fail("no 'model_type': not a Hugging Face model config")
     if not isinstance(model_type, str):
         raise fields.fail(f"model_type must be text, got {shown(model_type)}")
-    _check_not_experts(fields, model_type)
+    _check_experts_known(fields, model_type)
     if model_type in _LLAMA_FAMILY:
         config: HFConfig = _llama_family(fields, model_type)
+    elif model_type in _MOE_FAMILY:
+        config = _moe_family(fields, model_type)
     elif model_type == "gpt2":
         config = _gpt2(fields)
     elif model_type == "gpt_neox":

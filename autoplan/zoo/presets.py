@@ -6,7 +6,9 @@ GPT-3 175B: Brown et al. 2020, Table 2.1; Megatron-LM: Narayanan et al., SC'21, 
 (vocabulary 51,200, sequence 2,048), and the 22B and 175B of Korthikanti et al. 2022, Table 3
 (its 530B and 1T are Table 1's 529.6B and 1T); GPT-Neo 2.7B and OPT-350M: their Hugging Face
 configs; Llama-2: Touvron et al. 2023 and meta-llama configs; Llama-3: meta-llama/Meta-Llama-3
-configs; BERT-large: Devlin et al. 2019 (bert-large-uncased config).
+configs; BERT-large: Devlin et al. 2019 (bert-large-uncased config); mixture-of-experts:
+the Hugging Face configs of mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen1.5-MoE-A2.7B and
+deepseek-ai/deepseek-moe-16b-base (total and active counts in tests/test_zoo_moe.py).
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 from autoplan.zoo.bert import BertConfig
 from autoplan.zoo.gpt import GPTConfig
 from autoplan.zoo.llama import LlamaConfig
+from autoplan.zoo.moe import MoEConfig
 from autoplan.zoo.opt import OPTConfig
 
 __all__ = ["KORTHIKANTI_TABLE3", "MEGATRON_TABLE1", "PRESET_CONFIGS", "PresetConfig"]
 
-PresetConfig = GPTConfig | LlamaConfig | BertConfig | OPTConfig
+PresetConfig = GPTConfig | LlamaConfig | BertConfig | OPTConfig | MoEConfig
 
 # Megatron-LM SC'21 Table 1: name → (attention heads, hidden size, layers).
 MEGATRON_TABLE1: dict[str, tuple[int, int, int]] = {
@@ -71,7 +74,72 @@ PRESET_CONFIGS: dict[str, PresetConfig] = {
     "llama3-8b": LlamaConfig(32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000.0),
     "llama3-70b": LlamaConfig(80, 8192, 64, 8, 28672, 128256, 8192, rope_theta=500000.0),
     "bert-large": BertConfig(24, 1024, 16, 30522, 512),
+    # Mixture-of-experts: 8 experts, top 2, renormalised (Mixtral); 60 fine-grained experts,
+    # top 4, and a gated shared expert (Qwen1.5-MoE); 64 fine-grained experts, top 6, two
+    # shared experts (one MLP of 2 × 1408) and a dense first block (DeepSeekMoE).
+    "mixtral-8x7b": MoEConfig(
+        32,
+        4096,
+        32,
+        8,
+        14336,
+        32000,
+        32768,
+        rope_theta=1e6,
+        num_experts=8,
+        top_k=2,
+        normalize_top_k=True,
+    ),
+    "qwen1.5-moe-a2.7b": MoEConfig(
+        24,
+        2048,
+        16,
+        16,
+        5632,
+        151936,
+        8192,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+        qkv_bias=True,
+        num_experts=60,
+        top_k=4,
+        expert_ffn_hidden_size=1408,
+        shared_ffn_hidden_size=5632,
+        shared_expert_gate=True,
+    ),
+    "deepseek-moe-16b": MoEConfig(
+        28,
+        2048,
+        16,
+        16,
+        10944,
+        102400,
+        4096,
+        norm_eps=1e-6,
+        num_experts=64,
+        top_k=6,
+        expert_ffn_hidden_size=1408,
+        shared_ffn_hidden_size=2816,
+        dense_layers=(0,),
+    ),
     # Tiny models for tests and the demo: fast on a CPU, float64-exact comparisons.
     "gpt-tiny": GPTConfig(4, 32, 4, 128, 64, tie_embeddings=False),
     "llama-tiny": LlamaConfig(4, 32, 4, 2, 64, 128, 64),
+    # capacity_factor = experts / top_k: every expert has a slot for every token, so nothing
+    # is dropped however the tokens are split over ranks (the expert-parallel runtime's test).
+    "moe-tiny": MoEConfig(
+        4,
+        32,
+        4,
+        2,
+        64,
+        128,
+        64,
+        num_experts=4,
+        top_k=2,
+        expert_ffn_hidden_size=48,
+        shared_ffn_hidden_size=32,
+        capacity_factor=2.0,
+        dense_layers=(0,),
+    ),
 }

@@ -21,6 +21,7 @@ from autoplan.zoo.factory import call_factory, is_factory_path, load_factory
 from autoplan.zoo.gpt import GPT, GPTConfig
 from autoplan.zoo.hf import read_hf_model
 from autoplan.zoo.llama import Llama, LlamaConfig
+from autoplan.zoo.moe import MoEConfig, MoELlama, active_parameter_count
 from autoplan.zoo.opt import OPT, OPTConfig
 from autoplan.zoo.presets import PRESET_CONFIGS, PresetConfig
 
@@ -77,6 +78,12 @@ class ModelSpec:
             return _count_parameters(self.build)
         return _parameter_count(self.name)
 
+    def active_parameter_count(self) -> int:
+        """Parameters one token passes through (mixture-of-experts: k routed experts of E in
+        each MoE block); the whole count for a dense model. Counted on the meta device."""
+        with torch.device("meta"):
+            return active_parameter_count(self.build())
+
 
 def _preset_spec(name: str, config: PresetConfig) -> ModelSpec:
     builders: dict[type, tuple[str, Callable[[Any], nn.Module]]] = {
@@ -84,9 +91,12 @@ def _preset_spec(name: str, config: PresetConfig) -> ModelSpec:
         LlamaConfig: ("llama", Llama),
         BertConfig: ("bert", Bert),
         OPTConfig: ("opt", OPT),
+        MoEConfig: ("moe", MoELlama),
     }
     family, model_class = builders[type(config)]
-    if isinstance(config, LlamaConfig):
+    if isinstance(config, MoEConfig):
+        kv_heads, ffn = config.num_kv_heads, config.tensor_parallel_ffn
+    elif isinstance(config, LlamaConfig):
         kv_heads, ffn = config.num_kv_heads, config.ffn_hidden_size
     elif isinstance(config, OPTConfig):
         kv_heads, ffn = config.num_heads, config.ffn_hidden_size
