@@ -3,24 +3,28 @@
 A configuration is a pipeline of stages; each stage holds layers ``[layer_start, layer_end)``
 and one or more replica groups. A group is ``replicas`` data-parallel replicas of ``tp`` GPUs
 of one device class, each running ``micro_batch_size`` samples of every micro-batch with
-``recompute``. The groups' samples add up to the same micro-batch in every stage. With
-``chunks = v > 1`` (interleaved 1F1B) stage ``s`` runs on pipeline rank ``s % pp`` and the
-stages of one rank have the same groups (they run on the same GPUs).
+``recompute`` (with ``cp`` > 1, a replica is tp × cp GPUs, each cp rank a chunk of every
+sample's sequence: ``autoplan.cost.context_parallel``). The groups' samples add up to the
+same micro-batch in every stage. With ``chunks = v > 1`` (interleaved 1F1B) stage ``s`` runs
+on pipeline rank ``s % pp`` and the stages of one rank have the same groups (they run on the
+same GPUs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["PlanConfig", "ReplicaGroup", "StageChoice"]
+__all__ = ["PlanConfig", "ReplicaGroup", "StageChoice", "with_cp"]
 
 
 @dataclass(frozen=True, order=True)
 class ReplicaGroup:
     """``replicas`` replicas of ``tp`` GPUs of class ``device_class``, each taking
     ``micro_batch_size`` samples of every micro-batch, with ``recompute`` (and with
-    ``offload``, its saved activations kept in host memory between forward and backward)."""
+    ``offload``, its saved activations kept in host memory between forward and backward);
+    each replica's sequence is split over ``cp`` GPUs (context parallelism)."""
 
     device_class: int
     tp: int
@@ -28,10 +32,11 @@ class ReplicaGroup:
     micro_batch_size: int
     recompute: str
     offload: bool = False
+    cp: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.replicas * self.tp
+        return self.replicas * self.tp * self.cp
 
     @property
     def samples(self) -> int:
@@ -57,6 +62,12 @@ class StageChoice:
     @property
     def replicas(self) -> int:
         return sum(g.replicas for g in self.groups)
+
+    @property
+    def cp(self) -> int:
+        """Context-parallel degree of the stage's groups (one per stage: its cp ranks shard
+        the gradient reduction with its replicas)."""
+        return max(g.cp for g in self.groups)
 
     @property
     def samples(self) -> int:
@@ -132,12 +143,26 @@ class PlanConfig:
             groups = "+".join(
                 f"{class_name(g.device_class)}:{g.replicas}x{g.tp}(b{g.micro_batch_size}"
                 f"{'' if g.recompute == 'none' else ',' + g.recompute[0]}"
-                f"{',o' if g.offload else ''})"
+                f"{',o' if g.offload else ''}{f',cp{g.cp}' if g.cp > 1 else ''})"
                 for g in stage.groups
             )
             zero = f" z{stage.zero_stage}" if stage.zero_stage else ""
             parts.append(f"{stage.layer_start}-{stage.layer_end}: {groups}{zero}")
         return " | ".join(parts)
+
+
+def with_cp(config: PlanConfig, cp: int) -> PlanConfig:
+    """``config`` with every group at cp ``cp`` (what a search on a cp view returns is the
+    plan with its groups at that cp)."""
+    return dataclasses.replace(
+        config,
+        stages=tuple(
+            dataclasses.replace(
+                stage, groups=tuple(dataclasses.replace(g, cp=cp) for g in stage.groups)
+            )
+            for stage in config.stages
+        ),
+    )
 
 
 def _shares(stage: StageChoice) -> list[int]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from autoplan.cluster.schema import GpuSpec
 from autoplan.cost.comm import ring_allreduce_ms
+from autoplan.cost.context_parallel import core_backward_share, kv_bytes, ring_attention_comm
 from autoplan.cost.efficiency import (
     MEMORY_BANDWIDTH_EFFICIENCY,
     PassWork,
@@ -85,6 +86,8 @@ class LayerCost:
     # Of saved_bytes (every mode: the loss is never recomputed), what the loss keeps outside
     # the layer's forward: activation offload leaves it on the device.
     loss_saved_bytes: float = 0.0
+    # Context parallelism: the K, V chunk the ring holds in flight (a transient).
+    ring_buffer_bytes: float = 0.0
 
     def forward_ms(self) -> float:
         return self.forward_compute_ms + self.forward_tp_comm_ms
@@ -111,9 +114,14 @@ def layer_cost(
     intra_node_bandwidth_gb_per_s: float | None = None,
     intra_node_latency_us: float = 0.0,
     sequence_parallel: bool = False,
+    context_parallel: int = 1,
+    cp_bandwidth_gb_per_s: float | None = None,
+    cp_latency_us: float = 0.0,
 ) -> LayerCost:
-    """The cost of ``layer`` on one GPU of a tp group (module docstring for the model)."""
-    scale = micro_batch_size / profile_micro_batch_size
+    """The cost of ``layer`` on one GPU of a tp group (module docstring for the model), of a
+    cp group of ``context_parallel`` ranks whose ring uses the ``cp_*`` link."""
+    # A cp rank runs 1/c of every sample's tokens: its figures are a c times smaller batch's.
+    scale = micro_batch_size / (profile_micro_batch_size * context_parallel)
     tp_profile = layer.tensor_parallel
     split = tp if (tp_profile is not None and tp > 1) else 1
     eff = gpu.efficiency if efficiency is None else efficiency
@@ -160,8 +168,8 @@ def layer_cost(
             backward_share = (
                 backward_flops / layer.backward_flops if layer.backward_flops else 1 / split
             )
-        forward = measured.forward_ms * forward_share
-        backward = measured.backward_ms * backward_share
+        forward = measured.forward_ms * forward_share / context_parallel
+        backward = measured.backward_ms * backward_share / context_parallel
     else:
         forward = _modelled_ms(
             layer, "forward", per_gpu, scale, gpu, peak_tflops, eff, allreduces[0]
@@ -208,6 +216,24 @@ def layer_cost(
         output /= tp
     # A vocabulary-split head's loss keeps its vocabulary shard (loss_parallel).
     loss_saved = min(layer.loss_saved_activation_bytes / split, saved_none)
+    ring = ring_attention_comm(0.0, 1, 0.0, 0.0, None, 0.0)
+    if context_parallel > 1 and layer.selective_recompute_flops and layer.forward_flops:
+        # The core's share of the pass's time is its share of the FLOPs (as selective's).
+        core_forward = forward * layer.selective_recompute_flops / layer.forward_flops
+        core_backward = backward * core_backward_share(
+            layer.selective_recompute_flops, layer.backward_flops
+        )
+        chunk = kv_bytes(layer.attention_kv_bytes, layer.output_activation_bytes) * scale / split
+        ring = ring_attention_comm(
+            chunk,
+            context_parallel,
+            core_forward,
+            core_backward,
+            cp_bandwidth_gb_per_s,
+            cp_latency_us,
+        )
+        fwd_comm += ring.forward_ms
+        bwd_comm += ring.backward_ms
     if layer.kind in NOT_RECOMPUTED:
         # The runtime checkpoints blocks only (``autoplan.runtime.recompute``): under full
         # recompute the embedding and the head keep what they keep without it.
@@ -229,6 +255,7 @@ def layer_cost(
         measured=measured is not None,
         regather_ms=regather,
         loss_saved_bytes=loss_saved * scale,
+        ring_buffer_bytes=ring.buffer_bytes,
     )
 
 

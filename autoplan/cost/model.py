@@ -27,6 +27,14 @@ the stage's replicas under ZeRO-1; ZeRO-2/3 shard more and cost per-micro-batch 
 ``autoplan.cost.sharding``) + saved activations of the micro-batches in flight + the
 largest transient; it must stay within the device memory less the type's reserve.
 
+Context parallelism (``ReplicaGroup.cp`` = c, ``autoplan.cost.context_parallel``): each replica
+is tp × c GPUs, each cp rank runs 1/c of every sample's tokens, and the gradient reduction,
+ZeRO's sharding and the optimizer step run over the stage's replicas × c ranks. A
+``with_context_parallel(c)`` view costs every group at cp c where the group says 1: its device
+classes count cp groups (c GPUs of a node) as their GPUs, so the search, unchanged, places cp
+groups inside nodes; ``evaluate`` of the same plan with ``cp = c`` on the groups gives the same
+figures.
+
 ``CostModel.tables`` precomputes prefix sums per (device class, tp, micro-batch size) so that
 the search costs a stage [i, j) in O(1); ``CostModel.evaluate`` sums layer by layer, an
 independent path the oracle tests compare the search against.
@@ -300,6 +308,7 @@ class CostModel:
         # What ``tables`` costs when not told: the search runs on a view of each setting.
         self.sequence_parallel = False
         self.host_limit = True  # offload's host-memory bound (``without_host_limit``)
+        self.context_parallel = 1  # cp of groups that say 1 (``with_context_parallel``)
 
     def with_sequence_parallel(self, sequence_parallel: bool) -> CostModel:
         """This model costing sequence parallelism on or off where a caller does not say
@@ -307,6 +316,27 @@ class CostModel:
         view = copy.copy(self)
         view.sequence_parallel = sequence_parallel
         return view
+
+    def with_context_parallel(self, cp: int) -> CostModel:
+        """This model costing every group at cp ``cp`` (module docstring): a class's "GPU" is
+        a cp group of ``cp`` GPUs of one node; classes whose nodes ``cp`` does not divide
+        have none. The search runs on this view; configs it returns get ``cp`` on their groups
+        (``with_cp``) and are costed by this model itself."""
+        view = copy.copy(self)
+        view.context_parallel = self.context_parallel * cp
+        view.classes = [
+            dataclasses.replace(
+                c,
+                gpus_per_node=max(1, c.gpus_per_node // cp),
+                num_nodes=c.num_nodes if c.gpus_per_node % cp == 0 else 0,
+            )
+            for c in self.classes
+        ]
+        return view
+
+    def cp_of(self, group: ReplicaGroup) -> int:
+        """The cp degree ``group`` runs at in this model (its own, times a view's)."""
+        return group.cp * self.context_parallel
 
     # ---- per-layer tables -------------------------------------------------------------
     @functools.lru_cache(maxsize=8192)  # noqa: B019 (the model lives as long as one solve)
@@ -316,11 +346,14 @@ class CostModel:
         tp: int,
         micro_batch_size: int,
         sequence_parallel: bool | None = None,
+        cp: int = 1,
     ) -> CostTables:
         """Per-layer costs and their prefix sums for one (class, tp, micro-batch size), with
-        sequence parallelism on or off (None: the model's ``sequence_parallel``)."""
+        sequence parallelism on or off (None: the model's ``sequence_parallel``), at
+        context-parallel degree ``cp`` (times the model's)."""
         if sequence_parallel is None:
             sequence_parallel = self.sequence_parallel
+        cp *= self.context_parallel
         dc = self.classes[device_class]
         costed: dict[int, LayerCost] = {}
         for position in sorted(set(self._same_as)):
@@ -334,6 +367,7 @@ class CostModel:
                 intra_node_bandwidth_gb_per_s=dc.intra_node_bandwidth_gb_per_s,
                 intra_node_latency_us=dc.intra_node_latency_us,
                 sequence_parallel=sequence_parallel,
+                **self._ring_link(dc, tp, cp),
             )
         layers = [costed[position] for position in self._same_as]
         host = dc.host_link_bandwidth_gb_per_s
@@ -363,6 +397,7 @@ class CostModel:
                         intra_node_bandwidth_gb_per_s=dc.intra_node_bandwidth_gb_per_s,
                         intra_node_latency_us=dc.intra_node_latency_us,
                         sequence_parallel=sequence_parallel,
+                        **self._ring_link(dc, tp, cp),
                     )
                     merged[key] = block_cost(cost, layers[p], layers[p + 1])
                 blocks[p] = merged[key]
@@ -407,6 +442,22 @@ class CostModel:
             parked={m: _prefix([parked_bytes(c, m) for c in layers]) for m in ALL_MODES},
         )
 
+    def _ring_link(self, dc: DeviceClass, tp: int, cp: int) -> dict[str, float | int]:
+        """``layer_cost``'s cp arguments: the ring inside a node when a replica's tp × cp GPUs
+        fit in one (the search places them so), else between nodes, each node's bandwidth
+        shared by the tp rings that leave it together."""
+        # In a view, a class's "GPU" is a cp group: its real GPUs per node are cp times more.
+        real_per_node = dc.gpus_per_node * self.context_parallel
+        bandwidth, latency = dc.intra_node_bandwidth_gb_per_s, dc.intra_node_latency_us
+        if tp * cp > real_per_node:
+            bandwidth = dc.inter_node_bandwidth_gb_per_s / min(tp, real_per_node)
+            latency = dc.inter_node_latency_us
+        return {
+            "context_parallel": cp,
+            "cp_bandwidth_gb_per_s": bandwidth,
+            "cp_latency_us": latency,
+        }
+
     # ---- pieces shared by the search and the evaluation --------------------------------
     def static_bytes(
         self, params_per_gpu: float, replicas: int, zero: int
@@ -414,13 +465,20 @@ class CostModel:
         """(weights, gradients, optimizer states) bytes of ``params_per_gpu`` parameters at
         ZeRO level ``zero`` (``sharding``; a bool reads as level 0 or 1)."""
         return sharding.static_bytes(
-            params_per_gpu, replicas, int(zero), self.dtype_bytes, self.optimizer_bytes_per_param
+            params_per_gpu,
+            replicas * self.context_parallel,
+            int(zero),
+            self.dtype_bytes,
+            self.optimizer_bytes_per_param,
         )
 
     def static_bytes_per_param(self, replicas: int, zero: int) -> float:
         """Weights + gradients + optimizer bytes per parameter held."""
         return sharding.static_bytes_per_param(
-            replicas, int(zero), self.dtype_bytes, self.optimizer_bytes_per_param
+            replicas * self.context_parallel,
+            int(zero),
+            self.dtype_bytes,
+            self.optimizer_bytes_per_param,
         )
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 (the model lives as long as one solve)
@@ -433,7 +491,10 @@ class CostModel:
         if int(zero) <= 1:
             return 0.0
         return sharding.transient_bytes(
-            self.largest_layer_params(tp), replicas, int(zero), self.dtype_bytes
+            self.largest_layer_params(tp),
+            replicas * self.context_parallel,
+            int(zero),
+            self.dtype_bytes,
         )
 
     def zero_collective_ms(
@@ -448,6 +509,7 @@ class CostModel:
         (``autoplan.cost.offload``): an offloading one adds the layers in transit."""
         base, _ = split_mode(recompute)
         extra = transit_bytes(layer, recompute)
+        extra += layer.ring_buffer_bytes  # cp: the K, V chunk in flight
         if base == "none":
             return 2 * layer.output_bytes + extra
         return layer.full_activation_bytes + extra
@@ -490,6 +552,7 @@ class CostModel:
     ) -> float:
         """Adam step, memory-bound: states read and written, gradient read, weight written
         (of the shard under any ZeRO level)."""
+        replicas *= self.context_parallel  # cp ranks shard the states as replicas do
         params = params_per_gpu / replicas if (zero1 and replicas > 1) else params_per_gpu
         moved = params * (2 * self.optimizer_bytes_per_param + 2 * self.dtype_bytes)
         return moved / (self.classes[device_class].gpu.memory_bandwidth_gb_per_s * 1e9) * 1e3
@@ -516,7 +579,7 @@ class CostModel:
         classes = tuple(sorted({g.device_class for g in groups}))
         node_samples = 0
         for g in groups:
-            per_node = max(1, self.classes[g.device_class].gpus_per_node // g.tp)
+            per_node = max(1, self.classes[g.device_class].gpus_per_node // (g.tp * g.cp))
             node_samples = max(node_samples, min(g.replicas, per_node) * g.micro_batch_size)
         single = None
         if len(classes) == 1 and self.classes[classes[0]].num_nodes == 1:
@@ -550,7 +613,8 @@ class CostModel:
     ) -> float:
         """Gradient all-reduce over a stage's replicas; ``params_per_gpu[g]`` is what one GPU
         of group g holds (module docstring)."""
-        replicas = sum(g.replicas for g in groups)
+        # cp ranks reduce gradients of different tokens: they join the ring as replicas do.
+        replicas = sum(g.replicas * self.cp_of(g) for g in groups)
         if replicas <= 1:
             return 0.0
         if self.in_one_node(groups):
@@ -590,7 +654,9 @@ class CostModel:
             return 0.0
         dc = self.classes[group.device_class]
         whole = max(layer.output_activation_bytes for layer in layers if layer.kind == "block")
-        payload = whole * group.micro_batch_size / self.profile.micro_batch_size
+        payload = (
+            whole * group.micro_batch_size / (self.profile.micro_batch_size * self.cp_of(group))
+        )
         one = ring_collective_ms(
             payload, group.tp, dc.intra_node_bandwidth_gb_per_s, dc.intra_node_latency_us
         )
@@ -611,6 +677,7 @@ class CostModel:
             group.recompute,
             group.offload,
             sp,
+            group.cp,
         )
 
     # The figures depend on none of the group's replicas, the stage's ZeRO level or the rest of
@@ -626,10 +693,11 @@ class CostModel:
         r: str,
         offload: bool,
         sequence_parallel: bool,
+        cp: int = 1,
     ) -> GroupCost:
-        group = ReplicaGroup(device_class, tp, 1, micro_batch_size, r, offload)
+        group = ReplicaGroup(device_class, tp, 1, micro_batch_size, r, offload, cp)
         stage = StageChoice(layer_start, layer_end, (group,))
-        tables = self.tables(device_class, tp, micro_batch_size, sequence_parallel)
+        tables = self.tables(device_class, tp, micro_batch_size, sequence_parallel, cp)
         units = layers = tables.layers[layer_start:layer_end]
         if tables.blocks:  # the times of whole blocks as blocks (block_parts)
             layers = stage_pieces(tables.alone, tables.blocks, layer_start, layer_end)
@@ -664,7 +732,7 @@ class CostModel:
 
     def _with_zero(self, stage: StageChoice, costs: tuple[GroupCost, ...]) -> tuple[GroupCost, ...]:
         """The groups' costs with what ZeRO-2/3's per-micro-batch collectives expose."""
-        if stage.zero_stage <= 1 or stage.replicas <= 1:
+        if stage.zero_stage <= 1 or stage.replicas * stage.cp * self.context_parallel <= 1:
             return costs
         collective = self.zero_collective_ms(stage.groups, tuple(c.params_per_gpu for c in costs))
         out = []
@@ -738,9 +806,11 @@ class CostModel:
                 for g in range(len(stage.groups))
             ]
             steps = []
+            # The ranks that shard gradients and states: replicas × cp (cp ranks as replicas).
+            ranks = stage.replicas * stage.cp
             for g, group in enumerate(stage.groups):
                 k = group.device_class
-                weights, grads, opt = self.static_bytes(params[g], stage.replicas, stage.zero_stage)
+                weights, grads, opt = self.static_bytes(params[g], ranks, stage.zero_stage)
                 mem = RankMemory(
                     pipeline_rank=r,
                     gpu_type=self.classes[k].gpu.name,
@@ -749,9 +819,12 @@ class CostModel:
                     optimizer_bytes=opt,
                     activations_bytes=flight * max(groups_cost[c][g].saved_bytes for c in chunks),
                     transient_bytes=max(groups_cost[c][g].transient_bytes for c in chunks)
-                    + self.zero_transient_bytes(group.tp, stage.replicas, stage.zero_stage)
+                    + self.zero_transient_bytes(group.tp, ranks, stage.zero_stage)
                     + sharding.gathered_bytes(
-                        params[g], stage.replicas, stage.zero_stage, self.dtype_bytes
+                        params[g],
+                        ranks * self.context_parallel,
+                        stage.zero_stage,
+                        self.dtype_bytes,
                     ),
                     capacity_bytes=self.capacity_bytes(k),
                     reserved_bytes=self.reserved_bytes(k),
@@ -783,8 +856,7 @@ class CostModel:
                         f"has {mem.capacity_bytes / 1e9:.2f} GB"
                     )
                 steps.append(
-                    self.optimizer_ms(params[g], k, stage.replicas, stage.zero1)
-                    + self.step_overhead_ms(k)
+                    self.optimizer_ms(params[g], k, ranks, stage.zero1) + self.step_overhead_ms(k)
                 )
             # ZeRO-2/3 reduce-scatter every micro-batch's gradients in its backward
             # (``sharding``): nothing is left to all-reduce after the last one.

@@ -271,6 +271,8 @@ def profile_model(
                 input_activation_bytes=trace.input_activation_bytes,
                 loss_saved_activation_bytes=trace.loss_saved_bytes,
                 output_activation_bytes=trace.output.nbytes,
+                # Layers without attention leave it unset (nothing for a ring to send).
+                attention_kv_bytes=trace.attention_kv_bytes or None,
                 tensor_parallel=(_tensor_parallel_profile(tp, divisor) if tp is not None else None),
                 replica_of=replica_of,
                 measured=[measured[source]] if source in measured else [],

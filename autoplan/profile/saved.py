@@ -35,6 +35,8 @@ class _AttentionCoreMode(TorchFunctionMode):
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
         tracker = self.tracker
+        # The keys and values as the core receives them (what ring attention sends around).
+        tracker.core_kv_bytes += sum(t.numel() * t.element_size() for t in args[1:3])
         for tensor in args[:3]:
             key = storage_key(tensor)
             tracker.core_input_keys.add(key)
@@ -64,6 +66,7 @@ class SavedActivationTracker:
         self.saved_inside_core: set[int] = set()
         self.core_input_keys: set[int] = set()
         self.core_forward_flops = 0
+        self.core_kv_bytes = 0
         self.in_core = False
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._core_mode = _AttentionCoreMode(self)

@@ -231,6 +231,14 @@ class LayerProfile(_Strict):
     output_activation_bytes: int = Field(
         ge=0, description="Bytes of the layer's output: what a pipeline stage ending here sends."
     )
+    attention_kv_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Bytes of the keys and values the layer's attention core "
+        "(scaled_dot_product_attention) receives: what ring attention passes around a "
+        "context-parallel group. None for profiles made before it was recorded (the cost "
+        "model then takes 2 × the output, multi-head attention's K and V).",
+    )
     tensor_parallel: TensorParallelProfile | None = Field(
         default=None, description="Tensor-parallel behaviour; None if the layer cannot be split."
     )

@@ -58,6 +58,8 @@ class LayerTrace:
     output: TensorMeta
     # Of saved_activation_bytes, what the loss saved (outside the layer's own forward).
     loss_saved_bytes: int = 0
+    # K and V bytes the attention core received (context parallelism's ring payload).
+    attention_kv_bytes: int = 0
 
 
 def loss_of(output: torch.Tensor, loss: str) -> torch.Tensor | None:
@@ -125,4 +127,5 @@ def trace_layer(
         input_activation_bytes=sum(t.numel() * t.element_size() for t in inputs),
         output=TensorMeta(tuple(output.shape), output.dtype),
         loss_saved_bytes=saved - layer_saved,
+        attention_kv_bytes=tracker.core_kv_bytes,
     )

@@ -1,0 +1,127 @@
+"""Context parallelism (ring attention): what a cp group of degree c does to one layer's costs.
+
+Each of the c ranks of a cp group holds a chunk of every sample's sequence (s / c tokens) and
+runs every layer on its chunk; only attention needs the other chunks' keys and values, which
+travel around the ring (Liu et al. 2023, "Ring Attention"; torch's
+``torch.distributed.tensor.experimental.context_parallel``, Megatron-LM's
+``--context-parallel-size``). Per layer with an attention core (a layer whose profile has
+``selective_recompute_flops > 0``: the core is what selective recompute redoes), per rank:
+
+- **Compute.** Everything outside the core is per token: 1/c of the layer. The core is
+  s/c queries against all s keys: 1/c of its FLOPs. With a causal mask, contiguous chunks
+  would give rank r (2r + 1)/c² of the masked work (the last rank almost twice the mean);
+  the sequence is instead cut into 2c pieces and rank r takes pieces r and 2c − 1 − r
+  (``load_balanced_chunks``), which gives every rank exactly 1/c (``causal_work_share``).
+  So a rank's FLOPs and activation bytes are those of a micro-batch c times smaller (the
+  cost model scales by 1/c); the weights it reads per pass do not shrink.
+- **Ring.** The core runs in c steps; at each of the first c − 1 the rank sends the K and V
+  chunk it holds to the next rank while it attends to it (forward), and the K, V chunk with
+  its accumulated dK, dV (twice the bytes) in backward. A step's send overlaps that step's
+  share of the core (1/c of the rank's core time): exposed per pass = (c − 1) ·
+  max(0, send − core / c) (``ring_attention_comm``). The send is one point-to-point message,
+  α + S / β, on the intra-node link when the tp·c GPUs of a replica share a node.
+- **Memory.** Saved activations are the chunk's (1/c); the ring holds one K, V chunk in
+  flight besides the one in use (``RingComm.buffer_bytes``, a transient).
+- **Gradients.** The c ranks hold the same weights and compute gradients of different tokens:
+  the gradient reduction runs over dp · c ranks, and ZeRO shards over them too (as FSDP's
+  ``dp_shard × cp`` mesh in torchtitan, Megatron-LM's data-parallel-with-cp group).
+
+Key and value bytes come from the profile (``LayerProfile.attention_kv_bytes``: the K and V
+the core receives); profiles written before it was recorded use 2 × the layer's output
+(multi-head attention's K and V; an upper bound under grouped-query attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cost.comm import p2p_ms
+
+__all__ = [
+    "RingComm",
+    "causal_work_share",
+    "core_backward_share",
+    "kv_bytes",
+    "load_balanced_chunks",
+    "ring_attention_comm",
+]
+
+# torch's flop formula for SDPA's backward counts four matmuls against forward's two
+# (torch.utils.flop_counter.sdpa_backward_flop_count), so the core's backward is 2× forward.
+CORE_BACKWARD_OVER_FORWARD = 2.0
+
+
+def load_balanced_chunks(cp: int, rank: int) -> tuple[int, int]:
+    """The two of 2·cp equal pieces of the sequence rank ``rank`` holds under a causal mask:
+    ``rank`` and ``2·cp − 1 − rank`` (the head of the sequence with its tail)."""
+    if not 0 <= rank < cp:
+        raise ValueError(f"rank {rank} is not in a cp group of {cp}")
+    return rank, 2 * cp - 1 - rank
+
+
+def causal_work_share(cp: int, rank: int, *, balanced: bool = True) -> float:
+    """Rank ``rank``'s fraction of a causal attention core's unmasked work (query-key pairs).
+
+    Counted in pieces of the sequence: with n pieces the causal core has n²/2 unit squares
+    (each piece attends fully to the pieces before it and half to itself). Contiguous chunks
+    (n = c): rank r holds r full squares and a half, (2r + 1)/c² of the whole. Load-balanced
+    (n = 2c, ``load_balanced_chunks``): pieces r and 2c − 1 − r hold r + 1/2 and
+    2c − 1 − r + 1/2 squares, 2c in all of the 2c² there are: 1/c for every rank.
+    """
+    pieces = load_balanced_chunks(cp, rank) if balanced else (rank,)
+    total = (2 * cp if balanced else cp) ** 2 / 2
+    return sum(piece + 0.5 for piece in pieces) / total
+
+
+def kv_bytes(attention_kv_bytes: int | None, output_activation_bytes: int) -> float:
+    """The layer's K and V bytes for the whole micro-batch profiled (module docstring)."""
+    if attention_kv_bytes is not None:
+        return float(attention_kv_bytes)
+    return 2.0 * output_activation_bytes
+
+
+def core_backward_share(core_forward_flops: float, backward_flops: float) -> float:
+    """Fraction of a layer's backward that is its attention core's backward."""
+    if backward_flops <= 0:
+        return 0.0
+    return min(1.0, CORE_BACKWARD_OVER_FORWARD * core_forward_flops / backward_flops)
+
+
+@dataclass(frozen=True)
+class RingComm:
+    """One layer's ring on one rank, per micro-batch: the sends and what they expose."""
+
+    steps: int  # sends per pass: c − 1
+    forward_send_ms: float  # one forward step's send (K, V chunk)
+    backward_send_ms: float  # one backward step's send (K, V and dK, dV)
+    forward_ms: float  # exposed in forward: steps · max(0, send − core step)
+    backward_ms: float  # exposed in backward
+    buffer_bytes: float  # the chunk in flight beside the one in use (transient)
+
+
+def ring_attention_comm(
+    chunk_kv_bytes: float,
+    cp: int,
+    core_forward_ms: float,
+    core_backward_ms: float,
+    bandwidth_gb_per_s: float | None,
+    latency_us: float,
+) -> RingComm:
+    """The ring of one layer on one rank (module docstring): ``chunk_kv_bytes`` is the K and V
+    of one rank's chunk (what one forward step sends), ``core_*_ms`` the rank's whole core time
+    per pass (all c steps). Times are zero without a bandwidth (counted all the same)."""
+    if cp <= 1:
+        return RingComm(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    steps = cp - 1
+    forward_send = backward_send = 0.0
+    if bandwidth_gb_per_s is not None:
+        forward_send = p2p_ms(chunk_kv_bytes, bandwidth_gb_per_s, latency_us)
+        backward_send = p2p_ms(2 * chunk_kv_bytes, bandwidth_gb_per_s, latency_us)
+    return RingComm(
+        steps=steps,
+        forward_send_ms=forward_send,
+        backward_send_ms=backward_send,
+        forward_ms=steps * max(0.0, forward_send - core_forward_ms / cp),
+        backward_ms=steps * max(0.0, backward_send - core_backward_ms / cp),
+        buffer_bytes=chunk_kv_bytes,
+    )
