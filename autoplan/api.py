@@ -10,6 +10,9 @@ these functions and their keywords keep their meaning::
     plan = api.solve(profile, "a100-v100", global_batch=128, time_limit_s=30)
     plan.prediction.tokens_per_s, plan.prediction.mfu
     result = api.simulate(plan)  # event by event, per replica
+    mine = api.cost_plan(profile, "a100-v100", global_batch=128,  # price a config you wrote
+                         stages="A100-80GB:L0-15:tp4:dp2 | V100-32GB:L16-33:tp4:dp2",
+                         micro_batch_size=2)
     rows = api.sweep(profile, "a100-v100", nodes=[2, 4, 8], global_batch=128,
                      prices={"A100-80GB": 1.8, "V100-32GB": 0.9})
     api.save(plan, "plan.json")  # the file `autoplan show / run / launch` read
@@ -40,7 +43,10 @@ from autoplan.cluster.catalog import load_cluster as _read_cluster
 from autoplan.cluster.schema import Cluster
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, file_sha256, read_json_model, write_json_model
+from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
+from autoplan.plan.pricing import Priced, price_configuration
 from autoplan.plan.schema import Plan
+from autoplan.plan.stage_spec import StageSpec
 from autoplan.profile.schema import DType, Profile
 from autoplan.simulate import SimulationResult, simulate_plan
 from autoplan.solve import SolveOptions
@@ -51,13 +57,16 @@ from autoplan.sweep.csv_file import write_sweep_csv
 __all__ = [
     "Cluster",
     "Plan",
+    "Priced",
     "Profile",
     "SimulationResult",
     "SolveOptions",
     "SweepRow",
+    "cost_plan",
     "load_cluster",
     "load_plan",
     "load_profile",
+    "price",
     "profile",
     "save",
     "save_sweep",
@@ -185,11 +194,77 @@ def solve(
     )
 
 
+def price(
+    profile: Profile | PathLike,
+    cluster: Cluster | PathLike | None = None,
+    *,
+    plan: Plan | PathLike | None = None,
+    stages: str | Sequence[StageSpec] | None = None,
+    global_batch: int | None = None,
+    num_micro_batches: int | None = None,
+    micro_batch_size: int = 1,
+    schedule: str = "1f1b",
+    pipeline_degree: int | None = None,
+    recompute: str = "none",
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    catalog: Sequence[PathLike] = (),
+) -> Priced:
+    """``cost_plan`` with the cost model's violations beside the plan (what does not fit
+    memory; empty when it fits)."""
+    loaded, sha256 = _profile_and_hash(profile)
+    given = None
+    if plan is not None:
+        given = plan if isinstance(plan, Plan) else read_json_model(plan, Plan)
+    hardware = None if cluster is None else load_cluster(cluster)
+    if catalog:
+        if hardware is None and given is not None:
+            hardware = given.inputs.cluster
+        if hardware is not None:
+            hardware = _with_catalogs(hardware, catalog)
+    return price_configuration(
+        loaded,
+        hardware,
+        plan=given,
+        stages=stages,
+        profile_sha256=sha256,
+        global_batch=global_batch,
+        num_micro_batches=num_micro_batches,
+        micro_batch_size=micro_batch_size,
+        schedule=schedule,
+        pipeline_degree=pipeline_degree,
+        recompute=recompute,
+        zero_stage=zero,
+        sequence_parallel=sequence_parallel,
+    )
+
+
+def cost_plan(
+    profile: Profile | PathLike,
+    cluster: Cluster | PathLike | None = None,
+    **configuration: Any,
+) -> Plan:
+    """Price a configuration you wrote, as ``autoplan cost`` does: nothing is searched, the
+    same cost model, placement, memory and validity checks as ``solve``'s plans.
+
+    Give ``plan=`` (a Plan or plan JSON path, hand-written or edited; its own cluster unless
+    ``cluster`` is given) or ``stages=`` (``'A100:L0-11:tp2:dp4 | V100:L12-23:tp2:dp4'``,
+    inclusive layer ranges, see ``autoplan.plan.stage_spec``; or a list of ``StageSpec``) on
+    ``cluster`` with ``global_batch`` (or ``num_micro_batches``), ``micro_batch_size`` (samples
+    of EACH replica per micro-batch), ``schedule``, ``pipeline_degree`` (for interleaved
+    schedules), ``recompute``, ``zero``, ``sequence_parallel``, ``catalog`` overlays.
+    Memory that does not fit is in the plan's memory estimates (``price`` lists it); a
+    configuration that cannot be placed or breaks the validator's rules raises."""
+    return price(profile, cluster, **configuration).plan
+
+
 def simulate(plan: Plan | PathLike) -> SimulationResult:
     """Play ``plan``'s schedule replica by replica, as ``autoplan simulate`` does: per-replica
     timelines with memory curves, the simulated iteration time beside the plan's prediction."""
     loaded = plan if isinstance(plan, Plan) else read_json_model(plan, Plan)
     check_plan(loaded)
+    if edited_since_costed(loaded):
+        raise InputError(stale_timings_message(str(plan) if not isinstance(plan, Plan) else "plan"))
     too_big = simulation_size_problem(loaded)
     if too_big is not None:
         raise InputError(too_big)

@@ -152,22 +152,23 @@ def _own_problems(plan: Plan) -> list[str]:
     return problems
 
 
-def all_plan_problems(plan: Plan, profile: Profile | None = None) -> list[str]:
+def all_plan_problems(plan: Plan, profile: Profile | None = None, *, fit: bool = True) -> list[str]:
     """Every problem of ``plan``: autoplan's own checks (module docstring), then the
-    validator's. Where our own checks already failed, a validator that trips over the same
+    validator's (``fit=False``: not whether its memory fits, see ``plan_problems``). Where
+    our own checks already failed, a validator that trips over the same
     broken plan adds nothing rather than crashing the command."""
     own = _own_problems(plan)
     if not own:
-        return plan_problems(plan, profile)
+        return plan_problems(plan, profile, fit=fit)
     try:
-        return own + plan_problems(plan, profile)
+        return own + plan_problems(plan, profile, fit=fit)
     except Exception:  # the plan is already refused; its first problems say why
         return own
 
 
-def check_plan(plan: Plan, profile: Profile | None = None) -> None:
+def check_plan(plan: Plan, profile: Profile | None = None, *, fit: bool = True) -> None:
     """Raise PlanInvalidError listing every problem of ``plan`` (see ``all_plan_problems``)."""
-    problems = all_plan_problems(plan, profile)
+    problems = all_plan_problems(plan, profile, fit=fit)
     if problems:
         raise PlanInvalidError(problems)
 

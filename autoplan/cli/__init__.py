@@ -4,6 +4,7 @@
 from autoplan.cli import (  # noqa: F401
     calibrate_cmd,
     catalog_cmd,
+    cost_cmd,
     export_cmd,
     launch_cmd,
     profile_cmd,

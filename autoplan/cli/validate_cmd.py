@@ -10,7 +10,11 @@ import typer
 from autoplan.checks import check_plan
 from autoplan.cli.app import command
 from autoplan.cli.inputs import read_profile
+from autoplan.errors import InputError
 from autoplan.files import read_json_model
+from autoplan.names import printable
+from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
+from autoplan.plan.repricing import timing_mismatch
 from autoplan.plan.schema import Plan
 
 __all__ = ["validate"]
@@ -24,7 +28,7 @@ def validate(
         typer.Option(
             "--profile",
             help="The profile JSON the plan was solved on: adds the tp-divisibility and "
-            "memory-floor checks.",
+            "memory-floor checks, and prices the plan again to check its recorded timings.",
         ),
     ] = None,
 ) -> None:
@@ -32,7 +36,18 @@ def validate(
     plan = read_json_model(plan_path, Plan)
     profile = read_profile(profile_path) if profile_path is not None else None
     check_plan(plan, profile)
-    checks = "with profile" if profile is not None else "without profile"
+    if edited_since_costed(plan):
+        raise InputError(stale_timings_message(str(plan_path)))
+    if profile is not None:
+        mismatch = timing_mismatch(plan, profile)
+        if mismatch is not None:
+            raise InputError(
+                f"{printable(str(plan_path))}: its timings do not follow from "
+                f"{printable(str(profile_path))} ({mismatch}; an --efficiency given to solve "
+                f"is not recorded); price it again: autoplan cost {printable(str(plan_path))} "
+                f"--profile {printable(str(profile_path))} -o PRICED.json"
+            )
+    checks = "with profile, timings recomputed" if profile is not None else "without profile"
     par = plan.parallelism
     typer.echo(
         f"{plan_path}: valid ({checks}): {len(plan.stages)} stages on {plan.world_size} GPUs "

@@ -14,6 +14,7 @@ from autoplan.cli.app import command
 from autoplan.cli.inputs import read_plan
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, check_outputs, write_json_model
+from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
 from autoplan.plan.schema import Plan
 from autoplan.schedule import format_grid, schedule_order, unit_step_grid
 from autoplan.simulate import SimulationResult, simulate_plan
@@ -127,6 +128,8 @@ def simulate(
     prediction."""
     check_outputs({"--trace": trace, "--png": png, "--out": out}, [plan_path])
     plan = read_plan(plan_path)
+    if edited_since_costed(plan):
+        raise InputError(stale_timings_message(str(plan_path)))
     too_big = simulation_size_problem(plan)
     if too_big is not None:
         raise InputError(too_big)

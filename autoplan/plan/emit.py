@@ -7,6 +7,7 @@ import math
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel, PlanCost, RankMemory
 from autoplan.cost.zero_bubble import group_weight_gradient_ms
+from autoplan.plan.fingerprint import costed_sha256
 from autoplan.plan.ranks import build_rank_map, place
 from autoplan.plan.schema import (
     Alternative,
@@ -24,7 +25,7 @@ from autoplan.plan.schema import (
 )
 from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
 
-__all__ = ["emit_plan", "model_flops_per_iteration", "stage_types"]
+__all__ = ["emit_plan", "model_flops_per_iteration", "stage_types", "with_fingerprint"]
 
 
 def _round(value: float) -> float:
@@ -222,7 +223,7 @@ def emit_plan(
         memory=[_memory_estimate(mem) for mem in cost.memory],
         idle_gpus=_idle(model, config),
     )
-    return Plan(
+    plan = Plan(
         inputs=inputs,
         parallelism=parallelism,
         stages=stages,
@@ -241,6 +242,13 @@ def emit_plan(
             for i, (alt, alt_cost) in enumerate(alternatives)
         ],
     )
+    return with_fingerprint(plan)
+
+
+def with_fingerprint(plan: Plan) -> Plan:
+    """``plan`` with its prediction marked as computed for its present stages and inputs."""
+    prediction = plan.prediction.model_copy(update={"costed_sha256": costed_sha256(plan)})
+    return plan.model_copy(update={"prediction": prediction})
 
 
 def _summary(model: CostModel, config: PlanConfig) -> str:

@@ -421,6 +421,12 @@ class Prediction(_Strict):
     idle_gpus: list[IdleGpus] = Field(
         default_factory=list, description="GPUs of the cluster the plan leaves unused."
     )
+    costed_sha256: str | None = Field(
+        default=None,
+        description="SHA-256 of the inputs, parallelism and stages these figures were "
+        "computed for (autoplan.plan.fingerprint); a plan edited since no longer matches it. "
+        "None in plans written before it was recorded.",
+    )
 
 
 class Alternative(_Strict):

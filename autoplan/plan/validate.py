@@ -79,8 +79,11 @@ def validate_plan(plan: Plan, profile: Profile | None = None) -> None:
         raise PlanInvalidError(problems)
 
 
-def plan_problems(plan: Plan, profile: Profile | None = None) -> list[str]:
-    """Every rule ``plan`` breaks, as one message each (empty when valid)."""
+def plan_problems(plan: Plan, profile: Profile | None = None, *, fit: bool = True) -> list[str]:
+    """Every rule ``plan`` breaks, as one message each (empty when valid).
+
+    ``fit=False`` leaves out whether the memory estimates fit the GPUs (``autoplan cost``
+    prices a configuration that does not fit, and says so, rather than refusing it)."""
     problems: list[str] = []
     _check_layers_and_stages(plan, profile, problems)
     _check_batch_and_schedule(plan, problems)
@@ -90,7 +93,7 @@ def plan_problems(plan: Plan, profile: Profile | None = None) -> list[str]:
     _check_async_pb(plan, problems)
     if profile is not None:
         _check_against_profile(plan, profile, problems)
-    _check_memory(plan, profile, problems)
+    _check_memory(plan, profile, problems, fit)
     _check_prediction(plan, problems)
     _check_idle_gpus(plan, problems)
     return problems
@@ -506,7 +509,7 @@ def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
 
 
 def _check_estimate(
-    estimate: MemoryEstimate, specs: dict[str, GpuSpec], problems: list[str]
+    estimate: MemoryEstimate, specs: dict[str, GpuSpec], problems: list[str], fit: bool
 ) -> None:
     what = _kind_text(_estimate_kind(estimate))
     parts = (
@@ -521,7 +524,7 @@ def _check_estimate(
             f"memory of {what}: parts add up to {parts} bytes, total says {estimate.total_bytes}"
         )
     needed = estimate.total_bytes + estimate.reserved_bytes
-    if needed > estimate.capacity_bytes:
+    if fit and needed > estimate.capacity_bytes:
         reserve = (
             f" (of which {estimate.reserved_bytes / _GIB:.2f} GiB reserved)"
             if estimate.reserved_bytes
@@ -541,13 +544,13 @@ def _check_estimate(
         )
 
 
-def _check_memory(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
+def _check_memory(plan: Plan, profile: Profile | None, problems: list[str], fit: bool) -> None:
     specs = gpu_specs(plan.inputs.cluster)
     kinds = _replica_kinds(plan)
     estimates: dict[_Kind, list[MemoryEstimate]] = defaultdict(list)
     for estimate in plan.prediction.memory:
         estimates[_estimate_kind(estimate)].append(estimate)
-        _check_estimate(estimate, specs, problems)
+        _check_estimate(estimate, specs, problems, fit)
     for kind in kinds:
         if kind not in estimates:
             problems.append(f"no memory estimate for {_kind_text(kind)}")
@@ -558,7 +561,7 @@ def _check_memory(plan: Plan, profile: Profile | None, problems: list[str]) -> N
     for kind in kinds:
         floor = _memory_floor_bytes(plan, profile, kind)
         spec = specs.get(kind[1])
-        if spec is not None:
+        if fit and spec is not None:
             usable = spec.memory_bytes - int(spec.memory_reserve_gib * _GIB)
             if floor > usable:
                 reserve = (

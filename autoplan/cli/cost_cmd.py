@@ -1,0 +1,210 @@
+"""``autoplan cost``: price a configuration you wrote (a plan file, stage specs or Megatron-style
+flags) against a profile and a cluster, with nothing searched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from autoplan import limits
+from autoplan.api import price
+from autoplan.cli.app import command
+from autoplan.cli.inputs import catalog_path, check_bounds, cluster_path
+from autoplan.cluster.catalog import load_cluster
+from autoplan.errors import InputError
+from autoplan.files import check_outputs, read_json_model, write_json_model
+from autoplan.plan.schema import Plan
+from autoplan.plan.stage_spec import megatron_stage_specs
+from autoplan.profile.schema import Profile
+from autoplan.view import print_document, solve_summary
+
+__all__ = ["cost"]
+
+_GIB = 1024**3
+
+
+def _split(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(part) for part in value.split(",")]
+    except ValueError:
+        raise InputError(f"--layer-split must be comma-separated integers; got {value!r}") from None
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=140)
+
+
+@command("cost")
+def cost(
+    plan_path: Annotated[
+        Path | None,
+        typer.Argument(help="A plan JSON to price (hand-written or edited); or use --stages/--tp."),
+    ] = None,
+    profile_path: Annotated[
+        Path, typer.Option("--profile", "-p", help="Profile JSON from `autoplan profile`.")
+    ] = Path("profile.json"),
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            "-c",
+            help="Cluster YAML or a shipped example's name (default for a plan: its own).",
+        ),
+    ] = None,
+    stages: Annotated[
+        str | None,
+        typer.Option(
+            "--stages",
+            help="Stages as 'TYPES:Lfirst-last:tpT:dpD | ...' (inclusive layers; 'A+B' mixes "
+            "types, 'A*2+B*1' says how many replicas each; extras :mbB :full :z1 :offload), "
+            "e.g. 'RTX-2080+RTX-3090:L0-11:tp8:dp2 | RTX-2080+Titan-RTX:L12-25:tp8:dp2'.",
+        ),
+    ] = None,
+    tp: Annotated[
+        int | None, typer.Option("--tp", help="Megatron-style: tp of every stage.")
+    ] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline ranks.")] = None,
+    dp: Annotated[
+        int | None, typer.Option("--dp", help="Megatron-style: replicas of every stage.")
+    ] = None,
+    layer_split: Annotated[
+        str | None, typer.Option("--layer-split", help="Layers per stage, e.g. '10,12,10'.")
+    ] = None,
+    gpu_type: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-type",
+            help="Megatron-style: the GPU type of every stage, or one per stage, comma-"
+            "separated ('A+B' mixes types in a stage). Needed when the cluster has several.",
+        ),
+    ] = None,
+    micro_batch_size: Annotated[
+        int,
+        typer.Option(
+            "--micro-batch-size",
+            help="Samples per micro-batch of EACH replica (Megatron-LM's --micro-batch-size).",
+        ),
+    ] = 1,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", help="Samples per iteration, all replicas.")
+    ] = None,
+    num_micro_batches: Annotated[
+        int | None, typer.Option("--num-micro-batches", help="Micro-batches per iteration.")
+    ] = None,
+    schedule: Annotated[
+        str,
+        typer.Option(
+            "--schedule",
+            help="gpipe, 1f1b, interleaved_1f1b, interleaved_zero_bubble, zbv or dualpipev.",
+        ),
+    ] = "1f1b",
+    recompute: Annotated[
+        str, typer.Option("--recompute", help="none, selective or full (stages that do not say).")
+    ] = "none",
+    zero: Annotated[
+        int, typer.Option("--zero", min=0, max=3, help="ZeRO level (stages that do not say).")
+    ] = 0,
+    sequence_parallel: Annotated[
+        bool, typer.Option("--sp/--no-sp", help="Sequence parallelism with tp.")
+    ] = False,
+    catalog: Annotated[
+        list[Path] | None,
+        typer.Option("--catalog", help="Catalog overlay YAML (repeatable; later files win)."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the priced plan here.")
+    ] = None,
+) -> None:
+    """Price a plan file or a configuration you describe: the same prediction, memory and
+    validity checks as `solve`'s plans, nothing searched."""
+    check_bounds(
+        {
+            "--tp": (tp, 1, limits.MAX_GPUS_PER_NODE),
+            "--pp": (pp, 1, limits.MAX_PIPELINE_DEGREE),
+            "--dp": (dp, 1, limits.MAX_CLUSTER_GPUS),
+            "--micro-batch-size": (micro_batch_size, 1, limits.MAX_MICRO_BATCH_SIZE),
+            "--global-batch": (global_batch, 1, limits.MAX_GLOBAL_BATCH_SIZE),
+            "--num-micro-batches": (num_micro_batches, 1, limits.MAX_NUM_MICRO_BATCHES),
+        }
+    )
+    megatron = any(v is not None for v in (tp, dp, layer_split, gpu_type)) or (
+        pp is not None and plan_path is None and stages is None
+    )
+    given = [name for name, on in (("a plan", plan_path), ("--stages", stages)) if on is not None]
+    if megatron:
+        given.append("--tp/--dp/--layer-split/--gpu-type")
+    if len(given) != 1:
+        raise InputError(
+            "price one configuration: a plan file, --stages, or Megatron-style --tp/--pp/--dp"
+            + (f" (got {', '.join(given)})" if given else "")
+        )
+    cluster_file = cluster_path(cluster) if cluster is not None else None
+    inputs = [profile_path, catalog_path(), *(catalog or [])]
+    inputs += [p for p in (plan_path, cluster_file) if p is not None]
+    check_outputs({"--output": output}, inputs)
+    if plan_path is not None:
+        flags = (global_batch, num_micro_batches, pp)
+        if any(value is not None for value in flags):
+            raise InputError("a plan file gives its own batch and pipeline: drop those flags")
+        priced = price(
+            profile_path,
+            None if cluster_file is None else load_cluster(cluster_file),
+            plan=read_json_model(plan_path, Plan),
+            catalog=catalog or [],
+        )
+    else:
+        if cluster_file is None:
+            raise InputError("--cluster is needed to price --stages or --tp/--pp/--dp")
+        hardware = load_cluster(cluster_file)
+        if stages is None:
+            profile = read_json_model(profile_path, Profile)
+            types = sorted({group.gpu for group in hardware.node_groups})
+            if gpu_type is None and len(types) > 1:
+                raise InputError(
+                    f"the cluster has GPU types {', '.join(types)}: say which each stage runs "
+                    "on with --gpu-type (one, or one per stage; 'A+B' mixes) or use --stages"
+                )
+            specs = megatron_stage_specs(
+                len(profile.layers),
+                tp or 1,
+                pp or 1,
+                dp or 1,
+                gpu_type.split(",") if gpu_type is not None else types,
+                _split(layer_split),
+            )
+            pp = None  # the specs have one stage per pipeline rank
+        else:
+            specs = stages  # type: ignore[assignment]  # price parses the text
+        priced = price(
+            profile_path,
+            hardware,
+            stages=specs,
+            global_batch=global_batch,
+            num_micro_batches=num_micro_batches,
+            micro_batch_size=micro_batch_size,
+            schedule=schedule,
+            pipeline_degree=pp,
+            recompute=recompute,
+            zero=zero,
+            sequence_parallel=sequence_parallel,
+            catalog=catalog or [],
+        )
+    plan = priced.plan
+    console = _console()
+    print_document(console, solve_summary(plan))
+    for violation in priced.violations:
+        console.print(f"[bold red]does not fit:[/] {violation}")
+    if priced.violations:
+        console.print(
+            "[bold red]warning:[/] the plan does not fit its GPUs' memory: `show` and `run` "
+            "refuse it (fewer samples per replica, recompute, ZeRO or more stages may fit)"
+        )
+    if output is not None:
+        write_json_model(output, plan)
+        console.print(f"wrote {output}")

@@ -1,0 +1,411 @@
+"""Price a configuration a person wrote: a plan file or stage specs → the plan solve would write.
+
+``autoplan cost`` and ``autoplan.api.cost_plan`` read a configuration (a plan file, hand-written
+or edited, or stage specs: ``autoplan.plan.stage_spec``), turn it into the cost model's
+``PlanConfig``, cost it with the same ``CostModel.evaluate`` the search uses, and emit it with
+the same ``emit_plan`` (placement on the nodes, rank map, prediction, memory per replica kind).
+Nothing is searched: every knob is the user's.
+
+Stage specs name GPU types; where a stage mixes types without saying how many replicas each
+runs (``A+B:...:dp3``), the split is the first (most even first, stages in order) that fits
+the cluster's GPUs and nodes. Replicas of one type go to its device classes in file order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from autoplan.checks import check_plan
+from autoplan.cluster.schema import Cluster
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.model import CostModel, PlanCost
+from autoplan.errors import InputError
+from autoplan.names import shown
+from autoplan.plan.emit import emit_plan
+from autoplan.plan.ranks import place
+from autoplan.plan.schema import MULTI_STAGE_SCHEDULES, V_SCHEDULES, Plan, PlanInputs
+from autoplan.plan.stage_spec import StageSpec, format_stage_specs, parse_stages
+from autoplan.profile.schema import Profile
+from autoplan.solve import SolveOptions, cost_model
+
+__all__ = [
+    "Priced",
+    "config_from_plan",
+    "config_from_specs",
+    "price_config",
+    "price_configuration",
+]
+
+# Splits of mixed stages tried before giving up and asking for explicit counts (``A*2+B*1``).
+_MAX_SPLITS = 20_000
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A priced configuration: the plan as solve would write it, and the cost model's
+    violations (what does not fit memory; empty when it fits)."""
+
+    plan: Plan
+    violations: list[str]
+
+
+def _normal(name: str) -> str:
+    # GPU names are written many ways ("GH-96", "gh96", "RTX_3090"): compare without case,
+    # dashes, underscores or spaces.
+    return "".join(ch for ch in name.casefold() if ch not in "-_ .")
+
+
+def _classes_named(model: CostModel, name: str) -> list[int]:
+    """Device classes a stage's type name stands for: its GPU type, or a node group's name."""
+    wanted = _normal(name)
+    by_type = [c.index for c in model.classes if _normal(c.gpu.name) == wanted]
+    if by_type:
+        return by_type
+    by_group = [c.index for c in model.classes if any(_normal(g) == wanted for g in c.groups)]
+    if by_group:
+        return by_group
+    known = sorted(
+        {c.gpu.name for c in model.classes} | {g for c in model.classes for g in c.groups}
+    )
+    raise InputError(
+        f"--stages names {shown(name)}: the cluster has no such GPU type or node group "
+        f"(it has {', '.join(known)})"
+    )
+
+
+def _rank_of(schedule: str, pp: int, index: int) -> int:
+    return 2 * pp - 1 - index if schedule in V_SCHEDULES and index >= pp else index % pp
+
+
+def _even_first(total: int, parts: int) -> list[tuple[int, ...]]:
+    """Compositions of ``total`` into ``parts`` positive parts, the most even first."""
+    out = [
+        tuple(b - a for a, b in zip((0, *cuts), (*cuts, total), strict=True))
+        for cuts in itertools.combinations(range(1, total), parts - 1)
+    ]
+    return sorted(out, key=lambda c: (max(c) - min(c), [-x for x in c]))
+
+
+def _stage_splits(spec: StageSpec) -> list[tuple[int, ...]]:
+    """Replicas per listed type: given counts kept, the rest split every way (even first)."""
+    free = [i for i, t in enumerate(spec.types) if t.replicas is None]
+    given = sum(t.replicas or 0 for t in spec.types)
+    left = spec.data_parallel_degree - given
+    if not free:
+        return [tuple(t.replicas or 0 for t in spec.types)]
+    if left < len(free):
+        return []
+    out = []
+    for parts in _even_first(left, len(free)):
+        counts = [t.replicas or 0 for t in spec.types]
+        for i, n in zip(free, parts, strict=True):
+            counts[i] = n
+        out.append(tuple(counts))
+    return out
+
+
+def _groups(
+    model: CostModel,
+    spec: StageSpec,
+    counts: tuple[int, ...],
+    classes: list[list[int]],
+    free: list[int],
+    defaults: tuple[int, str],
+) -> tuple[ReplicaGroup, ...] | None:
+    """The stage's replica groups, taking GPUs from ``free`` (per class; updated), or None
+    when the counts do not fit what is left."""
+    tp = spec.tensor_parallel_degree
+    mbs = spec.micro_batch_size or defaults[0]
+    recompute = spec.recompute or defaults[1]
+    groups = []
+    for count, options in zip(counts, classes, strict=True):
+        for k in options:
+            per_node = model.classes[k].gpus_per_node // tp
+            take = min(count, free[k] // tp, per_node * model.classes[k].num_nodes)
+            if take <= 0:
+                continue
+            groups.append(ReplicaGroup(k, tp, take, mbs, recompute, spec.offload))
+            free[k] -= take * tp
+            count -= take
+            if count == 0:
+                break
+        if count:
+            return None
+    return tuple(groups)
+
+
+def _assignments(
+    model: CostModel,
+    specs: list[StageSpec],
+    pp: int,
+    defaults: tuple[int, str],
+) -> Iterator[list[tuple[ReplicaGroup, ...]]]:
+    """Every way (up to ``_MAX_SPLITS``) to give the first ``pp`` stages their groups."""
+    classes = [[_classes_named(model, t.name) for t in spec.types] for spec in specs[:pp]]
+    for spec, names in zip(specs, classes, strict=False):
+        for t, options in zip(spec.types, names, strict=True):
+            if spec.tensor_parallel_degree > max(model.classes[k].gpus_per_node for k in options):
+                raise InputError(
+                    f"--stages: tp {spec.tensor_parallel_degree} exceeds the "
+                    f"{max(model.classes[k].gpus_per_node for k in options)} GPUs per node of "
+                    f"{shown(t.name)} (a tp group stays within one node)"
+                )
+    splits = [_stage_splits(spec) for spec in specs[:pp]]
+    for tried, choice in enumerate(itertools.product(*splits), start=1):
+        if tried > _MAX_SPLITS:
+            raise InputError(
+                "--stages: too many ways to split the mixed stages' replicas among their GPU "
+                "types; say how many each runs, e.g. A100*2+V100*1"
+            )
+        free = [c.total_gpus for c in model.classes]
+        out = []
+        for spec, counts, names in zip(specs[:pp], choice, classes, strict=True):
+            groups = _groups(model, spec, counts, names, free, defaults)
+            if groups is None:
+                break
+            out.append(groups)
+        else:
+            yield out
+
+
+def config_from_specs(
+    model: CostModel,
+    specs: list[StageSpec],
+    *,
+    global_batch: int | None = None,
+    num_micro_batches: int | None = None,
+    micro_batch_size: int = 1,
+    schedule: str = "1f1b",
+    pipeline_degree: int | None = None,
+    recompute: str = "none",
+    zero_stage: int = 0,
+    sequence_parallel: bool = False,
+) -> PlanConfig:
+    """The configuration ``specs`` describe on ``model``'s cluster.
+
+    ``micro_batch_size``: samples per micro-batch of each replica where a stage does not say
+    (``:mbB``); ``pipeline_degree``: pipeline ranks (default: one per stage; fewer for the
+    multi-stage schedules, whose rank r runs stages r, r + pp, ...). The micro-batches are
+    ``num_micro_batches``, or ``global_batch`` over one micro-batch's samples.
+    Raises InputError naming what does not fit."""
+    layers = model.num_layers
+    if specs[-1].last_layer != layers - 1:
+        raise InputError(
+            f"--stages end at layer {specs[-1].last_layer}; the model's last layer is "
+            f"{layers - 1} (layers 0-{layers - 1}, {layers} layers)"
+        )
+    pp = pipeline_degree or len(specs)
+    if len(specs) % pp:
+        raise InputError(f"{len(specs)} stages do not divide among {pp} pipeline ranks")
+    chunks = len(specs) // pp
+    if chunks > 1 and schedule not in MULTI_STAGE_SCHEDULES:
+        raise InputError(
+            f"{len(specs)} stages on {pp} pipeline ranks need a multi-stage schedule "
+            f"({', '.join(MULTI_STAGE_SCHEDULES)}), not {schedule}"
+        )
+    for s, spec in enumerate(specs):
+        owner = specs[_rank_of(schedule, pp, s)]
+        same = ("types", "tensor_parallel_degree", "data_parallel_degree", "micro_batch_size")
+        if any(getattr(spec, f) != getattr(owner, f) for f in same):
+            raise InputError(
+                f"--stages stage {s} runs on the GPUs of stage {_rank_of(schedule, pp, s)} "
+                f"(pipeline rank {_rank_of(schedule, pp, s)}): give it the same types, tp, dp "
+                "and micro-batch size"
+            )
+    samples = [
+        spec.data_parallel_degree * (spec.micro_batch_size or micro_batch_size) for spec in specs
+    ]
+    if len(set(samples)) > 1:
+        rows = ", ".join(f"stage {s}: {n}" for s, n in enumerate(samples))
+        raise InputError(
+            f"every stage must take the same samples per micro-batch (dp × per-replica "
+            f"micro-batch size); they take {rows}: set each stage's with :mbB"
+        )
+    if num_micro_batches is None:
+        if global_batch is None:
+            raise InputError("give --global-batch or --num-micro-batches")
+        if global_batch % samples[0]:
+            raise InputError(
+                f"--global-batch {global_batch} is not a multiple of one micro-batch's "
+                f"{samples[0]} samples (dp × per-replica micro-batch size)"
+            )
+        num_micro_batches = global_batch // samples[0]
+    elif global_batch is not None and global_batch != num_micro_batches * samples[0]:
+        raise InputError(
+            f"--global-batch {global_batch} != {num_micro_batches} micro-batches × "
+            f"{samples[0]} samples"
+        )
+    defaults = (micro_batch_size, recompute)
+    for groups in _assignments(model, specs, pp, defaults):
+        stages = tuple(
+            StageChoice(
+                spec.first_layer,
+                spec.last_layer + 1,
+                groups[_rank_of(schedule, pp, s)],
+                zero_stage if spec.zero_stage is None else spec.zero_stage,
+            )
+            for s, spec in enumerate(specs)
+        )
+        config = PlanConfig(num_micro_batches, schedule, chunks, stages, sequence_parallel)
+        try:
+            place(model, config)
+        except ValueError:
+            continue  # this split does not fit the nodes: try the next
+        return config
+    have = ", ".join(f"{c.total_gpus} {c.gpu.name} ({c.label})" for c in model.classes)
+    raise InputError(
+        f"the stages do not fit the cluster's GPUs and nodes (it has {have}); check each "
+        "stage's tp × dp and GPU types"
+    )
+
+
+def config_from_plan(model: CostModel, plan: Plan) -> PlanConfig:
+    """The configuration of ``plan``'s stages and replicas (their GPU types by node), as the
+    cost model reads it. Replicas of one kind in a stage become one group."""
+    if plan.parallelism.schedule == "async_pb":
+        raise InputError(
+            "async_pb plans are priced by `autoplan solve --allow-async`, not by `autoplan cost`"
+        )
+    class_of_group = {name: c.index for c in model.classes for name in c.groups}
+    class_of_node = {node.name: class_of_group[node.group] for node in model.cluster.nodes()}
+    stages = []
+    for stage in plan.stages:
+        counts: dict[tuple[int, int, int, str, bool], int] = {}
+        for replica in stage.replicas:
+            k = class_of_node.get(replica.node)
+            if k is None:
+                raise InputError(
+                    f"stage {stage.index}: node {shown(replica.node)} is not in the cluster"
+                )
+            if model.classes[k].gpu.name != replica.gpu_type:
+                raise InputError(
+                    f"stage {stage.index}: node {shown(replica.node)} has "
+                    f"{model.classes[k].gpu.name} GPUs, the replica says {replica.gpu_type}"
+                )
+            key = (
+                k,
+                replica.tensor_parallel_degree,
+                replica.micro_batch_size,
+                replica.recompute,
+                replica.offload,
+            )
+            counts[key] = counts.get(key, 0) + 1
+        groups = tuple(
+            ReplicaGroup(k, tp, n, mbs, recompute, offload)
+            for (k, tp, mbs, recompute, offload), n in counts.items()
+        )
+        stages.append(StageChoice(stage.layer_start, stage.layer_end, groups, stage.zero_stage))
+    par = plan.parallelism
+    return PlanConfig(
+        par.num_micro_batches,
+        par.schedule,
+        par.virtual_stages_per_rank,
+        tuple(stages),
+        par.sequence_parallel,
+    )
+
+
+def price_config(model: CostModel, config: PlanConfig, inputs: PlanInputs) -> Priced:
+    """``config`` costed and emitted as a plan (no alternatives: nothing was searched).
+
+    Raises InputError where the stages of one pipeline rank differ or the GPUs do not fit
+    the nodes; memory that does not fit is a violation, not an error (the price is still the
+    answer the user asked for)."""
+    if config.samples_per_iteration != inputs.global_batch_size:
+        raise InputError(
+            f"the stages run {config.samples_per_iteration} samples per iteration "
+            f"({config.num_micro_batches} micro-batches of {config.micro_batch_size}); the "
+            f"global batch is {inputs.global_batch_size}"
+        )
+    expected = 0
+    for s, stage in enumerate(config.stages):
+        if stage.layer_start != expected or stage.layer_end <= stage.layer_start:
+            raise InputError(
+                f"stage {s} holds layers [{stage.layer_start}, {stage.layer_end}); the stages "
+                f"must cover the layers in order without gaps, so it must start at {expected} "
+                "and hold at least one"
+            )
+        expected = stage.layer_end
+    if expected != model.num_layers:
+        raise InputError(
+            f"the stages end at layer {expected - 1}; the model has layers "
+            f"0-{model.num_layers - 1} ({model.num_layers} layers)"
+        )
+    try:
+        cost: PlanCost = model.evaluate(config)
+        plan = emit_plan(model, config, cost, inputs, [])
+    except ValueError as error:
+        raise InputError(f"the stages cannot be placed on the cluster: {error}") from None
+    return Priced(plan, list(cost.violations))
+
+
+def price_configuration(
+    profile: Profile,
+    cluster: Cluster | None,
+    *,
+    plan: Plan | None = None,
+    stages: str | Sequence[StageSpec] | None = None,
+    profile_sha256: str = "",
+    global_batch: int | None = None,
+    num_micro_batches: int | None = None,
+    micro_batch_size: int = 1,
+    schedule: str = "1f1b",
+    pipeline_degree: int | None = None,
+    recompute: str = "none",
+    zero_stage: int = 0,
+    sequence_parallel: bool = False,
+) -> Priced:
+    """Price ``plan`` (on its own cluster unless ``cluster`` is given) or ``stages`` (text or
+    specs, on ``cluster``), checked as ``solve``'s plans are, memory fit aside (see ``Priced``).
+
+    Raises InputError for what cannot be priced, PlanInvalidError for a plan that breaks the
+    validator's rules."""
+    if (plan is None) == (stages is None):
+        raise InputError("price either a plan or stages, not both or neither")
+    if plan is not None:
+        if plan.inputs.model.name != profile.model.name:
+            raise InputError(
+                f"the plan is for model {shown(plan.inputs.model.name)}; the profile is of "
+                f"{shown(profile.model.name)}"
+            )
+        hardware = plan.inputs.cluster if cluster is None else cluster
+        model = cost_model(profile, hardware, SolveOptions())
+        config = config_from_plan(model, plan)
+        pinned = {"source": "plan"}
+    else:
+        if cluster is None:
+            raise InputError("pricing stages needs a cluster")
+        hardware = cluster
+        specs = parse_stages(stages) if isinstance(stages, str) else list(stages or [])
+        if not specs:
+            raise InputError("no stages to price")
+        model = cost_model(profile, hardware, SolveOptions())
+        config = config_from_specs(
+            model,
+            specs,
+            global_batch=global_batch,
+            num_micro_batches=num_micro_batches,
+            micro_batch_size=micro_batch_size,
+            schedule=schedule,
+            pipeline_degree=pipeline_degree,
+            recompute=recompute,
+            zero_stage=zero_stage,
+            sequence_parallel=sequence_parallel,
+        )
+        pinned = {"stages": format_stage_specs(specs)}
+    inputs = PlanInputs(
+        model=profile.model,
+        profile_sha256=profile_sha256,
+        seq_len=profile.seq_len,
+        dtype=profile.dtype,
+        cluster=hardware,
+        global_batch_size=config.samples_per_iteration,
+        strategy="given",
+        pinned=pinned,
+    )
+    priced = price_config(model, config, inputs)
+    # Memory that does not fit is the answer (``violations``), not a reason to refuse.
+    check_plan(priced.plan, profile, fit=False)
+    return priced
