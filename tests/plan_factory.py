@@ -82,6 +82,7 @@ def make_stages_plan(
     *,
     model: str = "gpt-tiny",
     num_model_layers: int | None = None,
+    layer_modules: list[str] | None = None,
     virtual_stages_per_rank: int = 1,
     schedule: ScheduleName = "1f1b",
     num_micro_batches: int = 4,
@@ -243,7 +244,10 @@ def make_stages_plan(
     return Plan(
         inputs=PlanInputs(
             model=ModelRef(
-                name=model, parameter_count=_parameter_count(model), num_layers=total_layers
+                name=model,
+                parameter_count=_parameter_count(model),
+                num_layers=total_layers,
+                layer_modules=layer_modules,
             ),
             profile_sha256="hand-made",
             seq_len=seq_len,
@@ -265,6 +269,7 @@ def make_plan(
     *,
     model: str = "gpt-tiny",
     num_model_layers: int | None = None,
+    layer_modules: list[str] | None = None,
     data_parallel: int = 1,
     tensor_parallel: int = 1,
     virtual_stages_per_rank: int = 1,
@@ -300,6 +305,7 @@ def make_plan(
         replicas,
         model=model,
         num_model_layers=num_model_layers,
+        layer_modules=layer_modules,
         virtual_stages_per_rank=virtual_stages_per_rank,
         schedule=schedule,
         num_micro_batches=num_micro_batches,

@@ -30,6 +30,7 @@ from tests.distributed_driver import (
     split_loss_inputs,
 )
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
+from tests.runtime_models import HF_DECODER_LAYERS
 from tests.single_process_reference import reference_training
 from tests.torchrun_plans import run_plans
 
@@ -86,7 +87,25 @@ def _uniform_plans() -> dict[str, Plan]:
         "sequential_pp2_gpipe": make_plan(
             [1, 3], model="tests.runtime_models:mlp_stack", schedule="gpipe", num_micro_batches=2
         ),
+        # A decoder written like Hugging Face's (embed_tokens, a ModuleList of blocks, norm,
+        # lm_head): neither a LayeredModel nor a Sequential, split into the layer modules its
+        # profile finds; the reference trains the model through its own forward.
+        "hf_decoder_pp2_1f1b": make_plan(
+            [3, 4],
+            model="tests.runtime_models:hf_decoder",
+            layer_modules=HF_DECODER_LAYERS,
+            schedule="1f1b",
+            num_micro_batches=2,
+        ),
         # world size 4
+        "hf_decoder_pp2_dp2_gpipe": make_plan(
+            [5, 2],
+            model="tests.runtime_models:hf_decoder",
+            layer_modules=HF_DECODER_LAYERS,
+            data_parallel=2,
+            schedule="gpipe",
+            num_micro_batches=2,
+        ),
         "pp2_dp2_interleaved_zero1": make_plan(
             [2, 1, 1, 2],
             data_parallel=2,

@@ -139,6 +139,16 @@ def profile_import(
     )
 
 
+def _module_paths(value: str | None) -> list[str] | None:
+    """``--layer-modules``: comma-separated module paths (None when not given)."""
+    if value is None:
+        return None
+    paths = [path.strip() for path in value.split(",")]
+    if not all(paths):
+        raise InputError(f"--layer-modules takes module paths separated by commas, got {value!r}")
+    return paths
+
+
 @command("profile", cls=_ProfileCommand)
 def profile(
     model: str = typer.Argument(
@@ -182,6 +192,17 @@ def profile(
             "block's attention and MLP parts apart, so stages may start or end mid-block).",
         ),
     ] = "block",
+    layer_modules: Annotated[
+        str | None,
+        typer.Option(
+            "--layer-modules",
+            help="A factory model's pipeline layers, by module path, comma-separated (as "
+            "torch.distributed.pipelining's split points name them; a ModuleList stands for "
+            "its entries), e.g. 'model.layers'; the modules its forward runs around them "
+            "(embedding, norm, head) are layers too. Default: the entries of its largest "
+            "ModuleList of one module type.",
+        ),
+    ] = None,
 ) -> None:
     """Profile a model per layer (FLOPs, bytes, parameters, activations) without allocating it.
 
@@ -213,6 +234,7 @@ def profile(
         replicate=not all_layers,
         attention=kernel,
         granularity=grain,
+        layer_modules=_module_paths(layer_modules),
     )
     if table is not None and not measure:
         raise InputError("--table writes measured times: add --measure")

@@ -28,6 +28,7 @@ from autoplan.errors import InputError
 from autoplan.profile.layers import pipeline_layers
 from autoplan.profile.schema import MeasuredTimes
 from autoplan.profile.tracer import loss_of
+from autoplan.zoo.decoder import LayerChain
 from autoplan.zoo.dtypes import default_dtype, set_matmul_precision
 from autoplan.zoo.registry import ModelSpec
 
@@ -145,13 +146,15 @@ def measure_layers(
     repeats: int = 5,
     warmup: int = 2,
     dtype_name: str | None = None,
+    layer_modules: list[str] | None = None,
 ) -> dict[int, MeasuredTimes]:
     """Median forward/backward times of the layers at ``profiled_indices`` on the local device.
 
     ``needed_bytes`` is the profile's estimate of what the run needs; more than 90% of the
     device's free memory is refused. ``dtype_name`` (the profile's dtype, e.g. 'tf32') sets
     PyTorch's matmul precision for the run (``set_matmul_precision``), restored afterwards.
-    Half precision on the CPU is refused (:func:`check_trusted`).
+    Half precision on the CPU is refused (:func:`check_trusted`). ``layer_modules``: the
+    layers' module paths of a decoder-shaped factory model (the profile's).
     """
     device = measure_device()
     check_trusted(device, dtype, dtype_name)
@@ -166,6 +169,8 @@ def measure_layers(
     with default_dtype(dtype), torch.device(device):
         model, example = spec.build_with_input(micro_batch_size, seq_len)
     model = model.to(device=device, dtype=dtype)
+    if layer_modules is not None:
+        model = LayerChain(model, layer_modules)
     layers, _ = pipeline_layers(model)
     items = list(example) if isinstance(example, tuple | list) else [example]
     hidden = [

@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autoplan.errors import InputError
 from autoplan.profile.attention import ATTENTION_KERNELS, AttentionKernel, UnfusedAttentionMode
-from autoplan.profile.layers import PipelineLayer, pipeline_layers
+from autoplan.profile.layers import PipelineLayer, as_layer_chain, pipeline_layers
 from autoplan.profile.measure import check_trusted, measure_device, measure_layers
 from autoplan.profile.schema import (
     DType,
@@ -38,6 +38,7 @@ from autoplan.profile.tensor_parallel import (
     trace_tensor_parallel,
 )
 from autoplan.profile.tracer import LayerTrace, TensorMeta
+from autoplan.zoo.decoder import LayerChain
 from autoplan.zoo.dtypes import default_dtype, torch_dtype
 from autoplan.zoo.registry import LossKind, ModelSpec, get_model_spec
 from autoplan.zoo.sub_blocks import set_granularity
@@ -155,6 +156,7 @@ def profile_model(
     tensor_parallel_divisor: int | None = None,
     loss: LossKind | None = None,
     granularity: Granularity = "block",
+    layer_modules: list[str] | None = None,
 ) -> Profile:
     """Profile ``model_name`` (zoo name or 'package.module:factory') per layer.
 
@@ -173,6 +175,11 @@ def profile_model(
     ``granularity='sub-block'`` lists each block of a zoo model as its two residual parts
     (:mod:`autoplan.zoo.sub_blocks`), each with its own figures, so that a stage may start or
     end mid-block.
+
+    A factory model that is neither a LayeredModel nor an ``nn.Sequential`` is split into
+    the layers of its decoder shape (embedding, each block of its largest ModuleList of one
+    type, norm, head: :mod:`autoplan.zoo.decoder`), or of the modules ``layer_modules`` names;
+    the profile records their module paths for the runtime.
 
     ``replicate=False`` traces every layer even when identical to an earlier one.
     ``measure=True`` also times the real model on the local device (CUDA if present).
@@ -209,7 +216,10 @@ def profile_model(
             if spec.vocab_size is None
             else None
         )
+        model, chain_note = as_layer_chain(model, inputs, layer_modules)
         layers, layering_note = pipeline_layers(model)
+        layering_note = chain_note or layering_note
+        found_modules = list(model.layer_paths) if isinstance(model, LayerChain) else None
         if attention == "math":
             with UnfusedAttentionMode():
                 results = _trace_layers(spec, layers, inputs, replicate, divisor)
@@ -240,6 +250,7 @@ def profile_model(
             repeats=measure_repeats,
             warmup=measure_warmup,
             dtype_name=dtype,
+            layer_modules=found_modules,
         )
     layer_profiles = []
     for index, (layer, (trace, tp, replica_of, param_count)) in enumerate(
@@ -290,6 +301,7 @@ def profile_model(
             unit_names=(
                 [layer.name for layer in layer_profiles] if granularity == "sub-block" else None
             ),
+            layer_modules=found_modules,
         ),
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,

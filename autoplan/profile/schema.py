@@ -69,11 +69,26 @@ class ModelRef(_Strict):
         "of its stages. None at block grain.",
     )
 
+    layer_modules: list[str] | None = Field(
+        default=None,
+        max_length=limits.MAX_LAYERS,
+        description="For a model that is neither a zoo LayeredModel nor an nn.Sequential (a "
+        "decoder written like Hugging Face's or torchtitan's): each layer's module path in the "
+        "model, in call order (e.g. 'model.embed_tokens', 'model.layers.0', ..., 'lm_head'), "
+        "as `profile` found them (autoplan.zoo.decoder); the runtime builds stages of these "
+        "modules. None for the zoo, an nn.Sequential, or a model profiled as one layer.",
+    )
+
     @model_validator(mode="after")
     def _check_unit_names(self) -> ModelRef:
         if self.unit_names is not None and len(self.unit_names) != self.num_layers:
             raise ValueError(
                 f"unit_names lists {len(self.unit_names)} units; num_layers is {self.num_layers}"
+            )
+        if self.layer_modules is not None and len(self.layer_modules) != self.num_layers:
+            raise ValueError(
+                f"layer_modules lists {len(self.layer_modules)} modules; num_layers is "
+                f"{self.num_layers}"
             )
         return self
 

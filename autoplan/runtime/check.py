@@ -20,6 +20,7 @@ from autoplan.runtime.model_stage import pipeline_layers
 from autoplan.runtime.tensor_parallel import vocabulary_shard_rows, vocabulary_sizes
 from autoplan.schedule.zero_bubble import zero_bubble_problem
 from autoplan.zoo import get_model_spec
+from autoplan.zoo.decoder import LayerChain
 from autoplan.zoo.sub_blocks import set_granularity
 
 __all__ = ["check_runnable", "meta_model"]
@@ -31,7 +32,10 @@ def meta_model(plan: Plan) -> nn.Module:
     """The plan's whole model on the meta device: shapes only, nothing allocated."""
     with torch.device("meta"):
         model = get_model_spec(plan.inputs.model.name).build()
-    return set_granularity(model, plan.inputs.model.granularity)
+    model = set_granularity(model, plan.inputs.model.granularity)
+    # A decoder-shaped factory model is run as the layer modules its profile recorded.
+    layer_modules = plan.inputs.model.layer_modules
+    return LayerChain(model, layer_modules) if layer_modules is not None else model
 
 
 def _placement(replica: Replica) -> tuple[str, str, int, tuple[int, ...], int]:

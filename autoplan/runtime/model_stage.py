@@ -7,7 +7,9 @@ Building the whole model first costs host memory for big models; it is the simpl
 guarantee identical initial weights without a checkpoint.
 
 Pipeline layers are what the profiler measured: the ``layers`` entries of a zoo
-``LayeredModel``, the children of a factory's ``nn.Sequential``, or a factory's whole module.
+``LayeredModel``, the children of a factory's ``nn.Sequential``, the layer modules the profile
+recorded for a decoder-shaped factory model (run as a :class:`~autoplan.zoo.decoder.LayerChain`,
+parameter names unchanged), or a factory's whole module.
 Weights shared by layers of different stages (tied embeddings) become one copy per stage:
 :func:`find_tied_weights` lists them so that the runtime can sum their gradients.
 """
@@ -23,6 +25,7 @@ from torch import nn
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, Stage
 from autoplan.zoo import LayeredModel, get_model_spec, keep_layers
+from autoplan.zoo.decoder import LayerChain
 from autoplan.zoo.dtypes import default_dtype, torch_dtype
 from autoplan.zoo.sub_blocks import keep_units, model_units, set_granularity
 
@@ -37,17 +40,23 @@ __all__ = [
 
 
 def build_full_model(
-    model_name: str, dtype: str, seed: int, granularity: str = "block"
+    model_name: str,
+    dtype: str,
+    seed: int,
+    granularity: str = "block",
+    layer_modules: list[str] | None = None,
 ) -> nn.Module:
     """The whole model, initialised from ``seed`` in ``dtype``: the same on every call; its
-    pipeline layers are the units of ``granularity`` (the weights are the same at either)."""
+    pipeline layers are the units of ``granularity`` (the weights are the same at either), or
+    the modules ``layer_modules`` names (a LayerChain of the same weights and names)."""
     spec = get_model_spec(model_name)
     torch_type = torch_dtype(dtype)
     torch.manual_seed(seed)
     # Building under the default dtype allocates the weights once, in the training dtype.
     with default_dtype(torch_type if torch_type.is_floating_point else torch.float32):
         model = spec.build()
-    return set_granularity(model.to(torch_type), granularity)
+    model = set_granularity(model.to(torch_type), granularity)
+    return LayerChain(model, layer_modules) if layer_modules is not None else model
 
 
 def pipeline_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -57,6 +66,8 @@ def pipeline_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
         return [(f"layers.{unit.layer_name}", unit.module) for unit in model_units(model)]
     if isinstance(model, nn.Sequential):
         return list(model.named_children())
+    if isinstance(model, LayerChain):
+        return model.layers()
     return [("", model)]
 
 
@@ -68,6 +79,8 @@ def keep_stage_layers(model: nn.Module, start: int, end: int) -> nn.Module:
         return keep_layers(model, start, end)
     if isinstance(model, nn.Sequential):
         return model[start:end]  # a slice keeps the children's original names
+    if isinstance(model, LayerChain):
+        return model.keep(start, end)
     if (start, end) != (0, 1):
         raise InputError(
             f"{type(model).__name__} is one pipeline layer; cannot keep layers [{start}, {end})"
@@ -111,7 +124,11 @@ def build_stage_models(
     """One module per stage in ``stages``, each holding that stage's layers with their weights,
     and the weights tied across the plan's stages."""
     full = build_full_model(
-        plan.inputs.model.name, plan.inputs.dtype, seed, plan.inputs.model.granularity
+        plan.inputs.model.name,
+        plan.inputs.dtype,
+        seed,
+        plan.inputs.model.granularity,
+        plan.inputs.model.layer_modules,
     )
     num_layers = len(pipeline_layers(full))
     if num_layers != plan.inputs.model.num_layers:
