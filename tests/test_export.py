@@ -55,6 +55,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "--global-batch-size",
         "--seq-length",
         "--recompute-num-layers",
+        "--context-parallel-size",
     ):
         parser.add_argument(name, type=int, default=None)
     parser.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
@@ -123,6 +124,7 @@ TORCHTITAN_FIELDS = {
         "pipeline_parallel_layers_per_stage",
         "pipeline_parallel_schedule",
         "pipeline_parallel_microbatch_size",
+        "context_parallel_degree",
     },
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param"},
     "activation_checkpoint": {"mode", "selective_ac_option"},

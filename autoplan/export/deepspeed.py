@@ -54,6 +54,12 @@ def _check(shape: PlanShape) -> None:
     pp = shape.pipeline_degree
     if shape.dtype not in _PRECISIONS:
         raise _fail(f"its dtype is {shape.dtype}; DeepSpeed trains in fp32, bf16 or fp16")
+    if shape.context_parallel_degree > 1:
+        raise _fail(
+            f"it uses context parallelism (cp {shape.context_parallel_degree}); DeepSpeed's "
+            "config has no ring attention (its Ulysses sequence parallelism is all-to-all "
+            "attention in the model's code)"
+        )
     if shape.schedule == "interleaved_1f1b":
         raise _fail(
             "it interleaves the pipeline (interleaved 1F1B); DeepSpeed's pipeline engine runs "

@@ -56,6 +56,9 @@ class PlanShape(_Strict):
     schedule: ScheduleName
     data_parallel_degree: int = Field(ge=1, description="dp: replicas of every stage.")
     tensor_parallel_degree: int = Field(ge=1, description="tp: GPUs of every replica.")
+    context_parallel_degree: int = Field(
+        default=1, ge=1, description="cp: tp groups of every replica, each a sequence chunk."
+    )
     micro_batch_size: int = Field(ge=1, description="Samples of each micro-batch per replica.")
     num_micro_batches: int = Field(ge=1, description="Micro-batches per iteration.")
     global_batch_size: int = Field(ge=1, description="Samples per iteration, all replicas.")
@@ -107,6 +110,21 @@ def _listing(values: list[str]) -> str:
     return ", ".join(dict.fromkeys(values))
 
 
+def _grid_numbered(plan: Plan, dp: int, cp: int, tp: int) -> bool:
+    """Whether the ranks follow rank = ((pipeline rank · dp + replica) · cp + cp index) · tp +
+    tp index over exactly those GPUs: Megatron-LM's tp-cp-dp-pp order and torchtitan's
+    (pp, dp, cp, tp) mesh (with cp = 1, ``Plan.uniform_shape``)."""
+    if cp == 1:
+        return plan.uniform_shape() == (dp, tp)
+    width = cp * tp
+    for stage in plan.stages:
+        for d, replica in enumerate(stage.replicas):
+            start = (stage.pipeline_rank * dp + d) * width
+            if replica.ranks != list(range(start, start + width)):
+                return False
+    return len(plan.rank_map) == plan.parallelism.pipeline_degree * dp * width
+
+
 def plan_shape(plan: Plan, target: str) -> PlanShape:
     """The plan's one (pp, dp, tp) shape; NotExpressibleError naming the first stage or part
     that has another (mixed GPU types, unequal tp, dp, shares, recompute or ZeRO level, ranks out
@@ -130,6 +148,13 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
                 f"stage {stage.index}'s replicas take uneven shares of each micro-batch "
                 f"({_listing(shares)} samples); {target} gives every replica the same share",
             )
+        cps = [str(r.context_parallel_degree) for r in stage.replicas]
+        if len(set(cps)) > 1:
+            raise NotExpressibleError(
+                target,
+                f"stage {stage.index}'s replicas differ in context-parallel degree "
+                f"({_listing(cps)}); {target} gives every replica one cp",
+            )
         modes = [r.recompute for r in stage.replicas]
         if len(set(modes)) > 1:
             raise NotExpressibleError(
@@ -138,8 +163,16 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
             )
     first = stages[0]
     tp = first.replicas[0].tensor_parallel_degree
+    cp = first.replicas[0].context_parallel_degree
     dp = first.data_parallel_degree
     for stage in stages[1:]:
+        other_cp = stage.replicas[0].context_parallel_degree
+        if other_cp != cp:
+            raise NotExpressibleError(
+                target,
+                f"stages differ in context-parallel degree (stage {first.index}: cp {cp}, "
+                f"stage {stage.index}: cp {other_cp}); {target} uses one cp for every stage",
+            )
         other = stage.replicas[0].tensor_parallel_degree
         if other != tp:
             raise NotExpressibleError(
@@ -176,14 +209,14 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
                 f"{first.zero_stage}, stage {stage.index}: ZeRO-{stage.zero_stage}); {target} "
                 "sets one level for every stage",
             )
-    if plan.uniform_shape() != (dp, tp):
+    if not _grid_numbered(plan, dp, cp, tp):
         # Every check above passed, so only the numbering is off: the launchers number ranks
         # rank = pipeline_rank * dp * tp + replica * tp + tp_index, and torchrun numbers them
         # node by node in the plan's launch order.
         raise NotExpressibleError(
             target,
-            "its ranks are not numbered pipeline rank, then replica, then tp index, as "
-            f"{target} numbers them",
+            "its ranks are not numbered pipeline rank, then replica, then cp index, then tp "
+            f"index, as {target} numbers them",
         )
     par = plan.parallelism
     return PlanShape(
@@ -192,6 +225,7 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
         schedule=par.schedule,
         data_parallel_degree=dp,
         tensor_parallel_degree=tp,
+        context_parallel_degree=cp,
         micro_batch_size=first.replicas[0].micro_batch_size,
         num_micro_batches=par.num_micro_batches,
         global_batch_size=plan.inputs.global_batch_size,

@@ -19,7 +19,8 @@ Recompute: the plan's ``full`` is Megatron-LM's full recompute of every layer
 (``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``); its
 ``selective`` is Megatron-LM's own selective recompute (attention core recomputed). ZeRO-1 is
 ``--use-distributed-optimizer`` (ZeRO-2/3 plans are refused), sequence parallelism
-``--sequence-parallel``. Megatron-LM has
+``--sequence-parallel``, context parallelism ``--context-parallel-size`` (its ring attention
+with load-balanced causal chunks, ranks ordered tp-cp-dp-pp as the plan's). Megatron-LM has
 no GPipe schedule: a GPipe plan runs as 1F1B, with the same bubble and fewer micro-batches in
 flight (a note says so).
 """
@@ -155,6 +156,11 @@ def megatron_args(plan: Plan, kinds: list[LayerKind] | None) -> list[list[str]]:
     args = [
         ["--tensor-model-parallel-size", str(shape.tensor_parallel_degree)],
         ["--pipeline-model-parallel-size", str(shape.pipeline_degree)],
+        *(
+            [["--context-parallel-size", str(shape.context_parallel_degree)]]
+            if shape.context_parallel_degree > 1
+            else []
+        ),
         *_split_args(plan, shape, layout),
         ["--num-layers", str(layout.num_blocks)],
         ["--micro-batch-size", str(shape.micro_batch_size)],
@@ -202,8 +208,9 @@ def export_megatron(plan: Plan, kinds: list[LayerKind] | None, source: str) -> E
     lines = [
         f"# Megatron-LM arguments for {printable(source)} (autoplan export --to {TARGET}).",
         f"# {printable(model.name)}: seq {shape.seq_len}, {shape.dtype}; {shape.world_size} GPUs"
-        f" = pp {shape.pipeline_degree} x dp {shape.data_parallel_degree} x tp "
-        f"{shape.tensor_parallel_degree}. Launch the plan's nodes in this order (torchrun "
+        f" = pp {shape.pipeline_degree} x dp {shape.data_parallel_degree} x "
+        f"{f'cp {shape.context_parallel_degree} x ' if shape.context_parallel_degree > 1 else ''}"
+        f"tp {shape.tensor_parallel_degree}. Launch the plan's nodes in this order (torchrun "
         "--node-rank):",
     ]
     lines += [

@@ -97,6 +97,9 @@ def torchtitan_config(plan: Plan, kinds: list[LayerKind] | None) -> dict[str, di
         "tensor_parallel_degree": shape.tensor_parallel_degree,
         "pipeline_parallel_degree": pp,
     }
+    if shape.context_parallel_degree > 1:
+        # torchtitan's mesh is (pp, dp_replicate, dp_shard, cp, tp): the plan's rank order.
+        parallelism["context_parallel_degree"] = shape.context_parallel_degree
     if shape.zero1:
         # ZeRO-3 regathers the weights for the backward; ZeRO-1 and 2 keep them gathered.
         reshard = "always" if shape.zero_stage == 3 else "never"

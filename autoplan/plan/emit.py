@@ -155,6 +155,7 @@ def emit_plan(
                         gpu_type=slots.node.gpu,
                         node=slots.node.name,
                         tensor_parallel_degree=group.tp,
+                        context_parallel_degree=group.cp,
                         ranks=ranks[p][g][r],
                         micro_batch_size=group.micro_batch_size,
                         recompute=group.recompute,  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ class ReplicaSlots:
 
     node: Node
     slots: tuple[int, ...]
+    tp: int = 0  # its tp degree: slot i is cp index i // tp, tp index i % tp (0: all tp)
 
 
 def _fit(free: dict[str, list[bool]], nodes: list[Node], size: int) -> tuple[Node, int]:
@@ -60,7 +61,7 @@ def place(model: CostModel, config: PlanConfig) -> list[list[list[ReplicaSlots]]
             blocks.append((stage.gpus, p, 0, None))
             continue
         for g, group in enumerate(stage.groups):
-            blocks.extend((group.tp, p, g, r) for r in range(group.replicas))
+            blocks.extend((group.tp * group.cp, p, g, r) for r in range(group.replicas))
     out: list[list[list[ReplicaSlots | None]]] = [
         [[None] * group.replicas for group in stage.groups] for stage in config.stages[:pp]
     ]
@@ -69,13 +70,15 @@ def place(model: CostModel, config: PlanConfig) -> list[list[list[ReplicaSlots]]
         device_class = stage.groups[g].device_class
         node, start = _fit(free, of_class[device_class], size)
         if r is not None:
-            out[p][g][r] = ReplicaSlots(node, tuple(range(start, start + size)))
+            tp = stage.groups[g].tp
+            out[p][g][r] = ReplicaSlots(node, tuple(range(start, start + size)), tp)
             continue
         slot = start
         for gg, group in enumerate(stage.groups):
+            width = group.tp * group.cp
             for rr in range(group.replicas):
-                out[p][gg][rr] = ReplicaSlots(node, tuple(range(slot, slot + group.tp)))
-                slot += group.tp
+                out[p][gg][rr] = ReplicaSlots(node, tuple(range(slot, slot + width)), group.tp)
+                slot += width
     return out  # type: ignore[return-value]
 
 
@@ -113,7 +116,8 @@ def build_rank_map(
             ranks[p].append([])
             for replica in group:
                 replica_ranks = []
-                for tp_index, slot in enumerate(replica.slots):
+                for index, slot in enumerate(replica.slots):
+                    cp_index, tp_index = divmod(index, replica.tp or len(replica.slots))
                     name = replica.node.name
                     rank = offset[name] + local[(name, slot)]
                     replica_ranks.append(rank)
@@ -127,6 +131,7 @@ def build_rank_map(
                             pipeline_rank=p,
                             dp_index=dp_index,
                             tp_index=tp_index,
+                            cp_index=cp_index,
                         )
                     )
                 ranks[p][-1].append(replica_ranks)

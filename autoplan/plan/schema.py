@@ -21,6 +21,11 @@ order (``node_rank``); torchrun gives node ``k`` the ranks after those of nodes 
 A plan whose every pipeline rank has the same number of replicas of the same tp, with the same
 shares, and whose ranks follow ``r = pipeline_rank * dp * tp + dp_index * tp + tp_index`` is
 *uniform*: one DeviceMesh of shape ``(pp, dp, tp)`` describes it (``Plan.is_uniform``).
+
+Context parallelism: a replica of ``context_parallel_degree`` c > 1 is c × tp GPUs of one node;
+each of its c cp groups of tp GPUs runs a chunk of every sample's sequence (ring attention),
+and its ``ranks`` list cp index by cp index, tp index within (rank ``i`` is cp index
+``i // tp``, tp index ``i % tp``). Plans written before the field have c = 1.
 """
 
 from __future__ import annotations
@@ -183,10 +188,18 @@ class Replica(_Strict):
     tensor_parallel_degree: int = Field(
         ge=1, le=limits.MAX_GPUS_PER_NODE, description="tp: GPUs splitting each layer."
     )
+    context_parallel_degree: int = Field(
+        default=1,
+        ge=1,
+        le=limits.MAX_GPUS_PER_NODE,
+        description="cp: GPUs splitting every sample's sequence (ring attention, load-balanced "
+        "causal chunks); the replica is cp × tp GPUs and its cp ranks reduce gradients with "
+        "the stage's replicas.",
+    )
     ranks: list[int] = Field(
         min_length=1,
         max_length=limits.MAX_GPUS_PER_NODE,
-        description="Global ranks of its GPUs, by tp index (len = tp).",
+        description="Global ranks of its GPUs, by cp index then tp index (len = cp × tp).",
     )
     micro_batch_size: int = Field(
         ge=1,
@@ -202,10 +215,12 @@ class Replica(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Replica:
-        if len(self.ranks) != self.tensor_parallel_degree:
+        gpus = self.tensor_parallel_degree * self.context_parallel_degree
+        if len(self.ranks) != gpus:
             raise ValueError(
                 f"replica on {self.node} lists {len(self.ranks)} ranks; its "
-                f"tensor_parallel_degree is {self.tensor_parallel_degree}"
+                f"tensor_parallel_degree ({self.tensor_parallel_degree}) × "
+                f"context_parallel_degree ({self.context_parallel_degree}) is {gpus}"
             )
         return self
 
@@ -297,6 +312,9 @@ class RankEntry(_Strict):
     pipeline_rank: int = Field(ge=0)
     dp_index: int = Field(ge=0, description="Index of its replica in its stages' replicas.")
     tp_index: int = Field(ge=0, description="Its position in its replica's tp group.")
+    cp_index: int = Field(
+        default=0, ge=0, description="Its position in its replica's cp ring (0 without cp)."
+    )
 
 
 class ReplicaTiming(_Strict):
@@ -490,6 +508,8 @@ class Plan(_Strict):
         for stage in self.stages:
             if stage.shares != shares:
                 return None
+            if any(replica.context_parallel_degree != 1 for replica in stage.replicas):
+                return None  # a (pp, dp, tp) mesh has no cp dimension
             if any(replica.tensor_parallel_degree != tp for replica in stage.replicas):
                 return None
             for d, replica in enumerate(stage.replicas):

@@ -90,6 +90,7 @@ def plan_problems(plan: Plan, profile: Profile | None = None, *, fit: bool = Tru
     _check_replicas(plan, problems)
     _check_nodes(plan, problems)
     _check_sequence_parallel(plan, problems)
+    _check_context_parallel(plan, problems)
     _check_async_pb(plan, problems)
     if profile is not None:
         _check_against_profile(plan, profile, problems)
@@ -131,6 +132,26 @@ def _check_sequence_parallel(plan: Plan, problems: list[str]) -> None:
                 f"sequence parallelism: tensor parallel degree {degree} does not divide the "
                 f"sequence length {seq}"
             )
+
+
+def _check_context_parallel(plan: Plan, problems: list[str]) -> None:
+    """cp cuts every sample into 2·cp equal pieces (load-balanced causal chunks), so 2·cp must
+    divide the sequence length; a stage's replicas share one cp (its cp ranks reduce
+    gradients with its replicas as one group)."""
+    seq = plan.inputs.seq_len
+    for stage in plan.stages:
+        degrees = sorted({r.context_parallel_degree for r in stage.replicas})
+        if len(degrees) > 1:
+            problems.append(
+                f"stage {stage.index} mixes context parallel degrees {degrees}; its replicas "
+                "share one"
+            )
+        for degree in degrees:
+            if degree > 1 and seq % (2 * degree):
+                problems.append(
+                    f"context parallel degree {degree} of stage {stage.index}: 2 × {degree} "
+                    f"load-balanced chunks do not divide the sequence length {seq}"
+                )
 
 
 def _close(a: float, b: float) -> bool:
@@ -267,6 +288,7 @@ def _gpus_and_shares(replica: Replica) -> tuple[str, str, int, tuple[int, ...], 
         replica.gpu_type,
         replica.node,
         replica.tensor_parallel_degree,
+        replica.context_parallel_degree,
         tuple(replica.ranks),
         replica.micro_batch_size,
     )
@@ -314,11 +336,10 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
                 )
         for d, replica in enumerate(first.replicas):
             name = f"replica {d} of pipeline rank {p}"
-            if len(replica.ranks) != replica.tensor_parallel_degree:
-                problems.append(
-                    f"{name} lists {len(replica.ranks)} ranks; its tp is "
-                    f"{replica.tensor_parallel_degree}"
-                )
+            tp, cp = replica.tensor_parallel_degree, replica.context_parallel_degree
+            if len(replica.ranks) != tp * cp:
+                degree = f"tp × cp is {tp} × {cp}" if cp > 1 else f"tp is {tp}"
+                problems.append(f"{name} lists {len(replica.ranks)} ranks; its {degree}")
             node = cluster_nodes.get(replica.node)
             if node is None:
                 problems.append(f"{name} is on node '{replica.node}', not in the cluster")
@@ -326,7 +347,8 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
                 problems.append(
                     f"{name} says GPU type {replica.gpu_type}; node {node.name} has {node.gpu}"
                 )
-            for t, rank in enumerate(replica.ranks):
+            for position, rank in enumerate(replica.ranks):
+                c, t = divmod(position, tp)
                 if rank in owner:
                     problems.append(f"rank {rank} belongs to {owner[rank]} and to {name}")
                     continue
@@ -337,11 +359,15 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
                     continue
                 says = (entry.pipeline_rank, entry.dp_index, entry.tp_index, entry.node)
                 should = (p, d, t, replica.node)
-                if says != should or entry.gpu_type != replica.gpu_type:
+                if says != should or entry.gpu_type != replica.gpu_type or entry.cp_index != c:
+                    # The cp index is named only where cp is in play.
+                    said = f"cp {entry.cp_index}, " if cp > 1 or entry.cp_index else ""
+                    due = f"cp {c}, " if cp > 1 or entry.cp_index else ""
+                    where = f"rank {position}" if cp > 1 else f"tp index {t}"
                     problems.append(
                         f"rank {rank} says (pipeline {entry.pipeline_rank}, dp {entry.dp_index}, "
-                        f"tp {entry.tp_index}, {entry.node}, {entry.gpu_type}); as tp index {t} "
-                        f"of {name} it is (pipeline {p}, dp {d}, tp {t}, {replica.node}, "
+                        f"{said}tp {entry.tp_index}, {entry.node}, {entry.gpu_type}); as {where} "
+                        f"of {name} it is (pipeline {p}, dp {d}, {due}tp {t}, {replica.node}, "
                         f"{replica.gpu_type})"
                     )
     for entry in plan.rank_map:
@@ -495,7 +521,8 @@ def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
         )
         per_gpu = params / tp
         optimizer = 2 * moment_bytes * per_gpu
-        n = len(stage.replicas)
+        # cp ranks shard ZeRO's states as replicas do.
+        n = sum(replica.context_parallel_degree for replica in stage.replicas)
         weights = grads = per_gpu * profile.dtype_bytes
         if stage.zero1 and n > 1:
             optimizer /= n
@@ -682,7 +709,8 @@ def _check_allreduce_figures(plan: Plan, problems: list[str]) -> None:
     for p, ms in enumerate(per_rank):
         if ms < 0:
             problems.append(f"pipeline rank {p}'s all-reduce time {ms} ms is negative")
-        elif ms > 0 and len(replicas.get(p, [])) == 1:
+        elif ms > 0 and [r.context_parallel_degree for r in replicas.get(p, [])] == [1]:
+            # (A replica's cp ranks reduce gradients among themselves.)
             problems.append(
                 f"pipeline rank {p} has one replica, yet its gradient all-reduce takes {ms:.6g} ms"
             )

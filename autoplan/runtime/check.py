@@ -226,6 +226,12 @@ def check_runnable(plan: Plan) -> None:
             f"the plan's stages cover layers [0, {plan.stages[-1].layer_end}); the model has "
             f"{num_layers}"
         )
+    cps = sorted({r.context_parallel_degree for s in plan.stages for r in s.replicas} - {1})
+    if cps:
+        raise InputError(
+            f"the plan uses context parallelism (cp {cps[0]}), which autoplan's runtime does not "
+            "execute in a plan yet: export it to Megatron-LM or torchtitan (autoplan export)"
+        )
     _check_stage_layout(plan)
     _check_shares(plan)
     _check_replicas(plan)

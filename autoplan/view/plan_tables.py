@@ -38,14 +38,22 @@ def micro_batch_sizes_text(sizes: list[int]) -> str:
 
 def replicas_text(stage: Stage) -> str:
     """A stage's replicas by kind, in order of first appearance, e.g.
-    'A100-40GB tp1 × 4 (8 samples each) + V100-16GB tp4 × 1 (4 samples)'."""
-    kinds: Counter[tuple[str, int, int]] = Counter()
+    'A100-40GB tp1 × 4 (8 samples each) + V100-16GB tp4 × 1 (4 samples)'; a context-parallel
+    replica reads 'H100 tp2 cp4 × 1' (cp groups of tp GPUs, each a chunk of the sequence)."""
+    kinds: Counter[tuple[str, int, int, int]] = Counter()
     for replica in stage.replicas:
-        kinds[(replica.gpu_type, replica.tensor_parallel_degree, replica.micro_batch_size)] += 1
+        kind = (
+            replica.gpu_type,
+            replica.tensor_parallel_degree,
+            replica.context_parallel_degree,
+            replica.micro_batch_size,
+        )
+        kinds[kind] += 1
     parts = []
-    for (gpu_type, tp, share), count in kinds.items():
+    for (gpu_type, tp, cp, share), count in kinds.items():
         samples = f"{share} samples each" if count > 1 else f"{share} samples"
-        parts.append(f"{gpu_type} tp{tp} × {count} ({samples})")
+        ring = f" cp{cp}" if cp > 1 else ""
+        parts.append(f"{gpu_type} tp{tp}{ring} × {count} ({samples})")
     return " + ".join(parts)
 
 
