@@ -10,7 +10,6 @@ import typer
 from rich.console import Console
 
 from autoplan import limits
-from autoplan.api import price
 from autoplan.cli.app import command
 from autoplan.cli.inputs import catalog_path, check_bounds, cluster_path
 from autoplan.cluster.catalog import load_cluster
@@ -123,6 +122,10 @@ def cost(
 ) -> None:
     """Price a plan file or a configuration you describe: the same prediction, memory and
     validity checks as `solve`'s plans, nothing searched."""
+    # PuLP and NumPy come with the solver: imported here, so that `autoplan --help` and the
+    # small commands start without them.
+    from autoplan.api import price
+
     check_bounds(
         {
             "--tp": (tp, 1, limits.MAX_GPUS_PER_NODE),

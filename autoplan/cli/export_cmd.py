@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,12 +17,13 @@ from autoplan import limits
 from autoplan.cli.app import command
 from autoplan.cli.inputs import check_bounds, read_plan, read_profile
 from autoplan.errors import InputError
-from autoplan.export import EXPORTERS, export_plan, layer_kinds
-from autoplan.export.best import BestExpressible, best_expressible
 from autoplan.files import check_outputs, file_sha256, write_json_model, write_text_atomic
 from autoplan.names import printable
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import Profile
+
+if TYPE_CHECKING:
+    from autoplan.export.best import BestExpressible
 
 __all__ = ["export_command"]
 
@@ -107,6 +108,11 @@ def export_command(
 ) -> None:
     """Write the launcher's own arguments or config for a plan (Megatron-LM: a bash array of
     arguments; torchtitan: TOML sections; DeepSpeed: config JSON)."""
+    # PuLP and NumPy come with the solver: imported here, so that `autoplan --help` and the
+    # small commands start without them.
+    from autoplan.export import EXPORTERS, export_plan, layer_kinds
+    from autoplan.export.best import best_expressible
+
     check_bounds({"--time-limit": (time_limit, 0.001, limits.MAX_TIME_LIMIT_S)})
     if plan_out is not None and best is None:
         raise InputError("--plan-out writes the re-solved plan: it needs --best-expressible")

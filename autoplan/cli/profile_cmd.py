@@ -260,32 +260,12 @@ def profile(
 @command("models")
 def models() -> None:
     """List the model zoo."""
-    from autoplan.zoo.registry import get_model_spec, model_names
+    # The rows come from the user's cache when the zoo is unchanged: no torch to import.
+    from autoplan.cli.zoo_table import ZOO_COLUMNS, zoo_rows
 
     table = Table(title="autoplan model zoo")
-    for column in (
-        "name",
-        "family",
-        "parameters",
-        "layers",
-        "hidden",
-        "heads",
-        "kv heads",
-        "vocab",
-        "max seq",
-    ):
+    for column in ZOO_COLUMNS:
         table.add_column(column, justify="left" if column in ("name", "family") else "right")
-    for name in model_names():
-        spec = get_model_spec(name)
-        table.add_row(
-            name,
-            spec.family,
-            f"{spec.parameter_count():,}",
-            str(spec.num_blocks),
-            str(spec.hidden_size),
-            str(spec.num_attention_heads),
-            str(spec.num_kv_heads),
-            str(spec.vocab_size),
-            str(spec.max_seq_len),
-        )
+    for row in zoo_rows():
+        table.add_row(*row)
     _console().print(table)

@@ -20,8 +20,6 @@ from autoplan.cluster.catalog import (
 )
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model
-from autoplan.solve import SolveOptions, solve_outcome
-from autoplan.solve.async_pb import async_line
 from autoplan.view import print_document, solve_summary
 
 __all__ = ["solve_command"]
@@ -194,6 +192,11 @@ def solve_command(
     ] = None,
 ) -> None:
     """Find the fastest executable plan for a profile on a cluster and write it as JSON."""
+    # PuLP and NumPy come with the solver: imported here, so that `autoplan --help` and the
+    # small commands start without them.
+    from autoplan.solve import SolveOptions, solve_outcome
+    from autoplan.solve.async_pb import async_line
+
     _check_sizes(global_batch, tp, pp, dp, micro_batch_size, num_micro_batches, top_k, time_limit)
     cluster_file = _cluster_path(cluster)
     inputs = [profile_path, cluster_file, catalog_path(), *(catalog or [])]

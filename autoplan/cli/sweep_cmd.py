@@ -26,13 +26,6 @@ from autoplan.cluster.catalog import load_cluster
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, check_outputs, file_sha256
 from autoplan.names import shown
-from autoplan.solve import SolveOptions
-from autoplan.sweep import DEFAULT_TRAIN_TOKENS, configurations, run_sweep
-from autoplan.sweep.csv_file import write_sweep_csv
-from autoplan.sweep.plot import write_sweep_png
-from autoplan.view import print_document
-from autoplan.view.sweep_table import sweep_document
-from autoplan.view.units import count_text
 
 __all__ = ["sweep"]
 
@@ -131,8 +124,9 @@ def sweep(
         ),
     ] = None,
     tokens: Annotated[
-        float, typer.Option("--tokens", help="Tokens the run trains on, e.g. 1e12.")
-    ] = DEFAULT_TRAIN_TOKENS,
+        float | None,
+        typer.Option("--tokens", help="Tokens the run trains on, e.g. 2e12; default 1e12."),
+    ] = None,
     price: Annotated[
         list[str] | None,
         typer.Option(
@@ -159,6 +153,17 @@ def sweep(
 ) -> None:
     """Solve a profile on a cluster scaled to several sizes; print throughput, MFU, time to
     train and cost per configuration."""
+    # Solving, sweeping and plotting pull in PuLP, NumPy and matplotlib: imported here, so
+    # that `autoplan --help` and the small commands start without them.
+    from autoplan.solve import SolveOptions
+    from autoplan.sweep import DEFAULT_TRAIN_TOKENS, configurations, run_sweep
+    from autoplan.sweep.csv_file import write_sweep_csv
+    from autoplan.sweep.plot import write_sweep_png
+    from autoplan.view import print_document
+    from autoplan.view.sweep_table import sweep_document
+    from autoplan.view.units import count_text
+
+    tokens = DEFAULT_TRAIN_TOKENS if tokens is None else tokens
     check_bounds({"--time-limit": (time_limit, 0.001, limits.MAX_TIME_LIMIT_S)})
     node_counts = _int_list("--nodes", nodes)
     batches = None if global_batch is None else _int_list("--global-batch", global_batch)

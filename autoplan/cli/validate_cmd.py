@@ -14,7 +14,6 @@ from autoplan.errors import InputError
 from autoplan.files import read_json_model
 from autoplan.names import printable
 from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
-from autoplan.plan.repricing import timing_mismatch
 from autoplan.plan.schema import Plan
 
 __all__ = ["validate"]
@@ -33,6 +32,9 @@ def validate(
     ] = None,
 ) -> None:
     """Check a plan independently of the solver: stages, replicas, ranks, nodes, batch, memory."""
+    # Pricing the plan again needs the cost model (NumPy): imported only here.
+    from autoplan.plan.repricing import timing_mismatch
+
     plan = read_json_model(plan_path, Plan)
     profile = read_profile(profile_path) if profile_path is not None else None
     check_plan(plan, profile)

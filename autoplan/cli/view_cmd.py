@@ -19,7 +19,6 @@ from autoplan.plan.schema import Plan
 from autoplan.schedule import format_grid, schedule_order, unit_step_grid
 from autoplan.simulate import SimulationResult, simulate_plan
 from autoplan.simulate.chrome_trace import write_chrome_trace
-from autoplan.simulate.gantt import write_gantt_png
 from autoplan.view import Document, Section, compare_document, plan_document, print_document
 from autoplan.view.units import bytes_text, duration_text, percent_text
 
@@ -150,6 +149,8 @@ def simulate(
         console.print(f"wrote {trace} (Chrome trace: open in ui.perfetto.dev or chrome://tracing)")
     if png is not None:
         with atomic_output(png) as temporary:
+            from autoplan.simulate.gantt import write_gantt_png  # matplotlib: only when drawn
+
             write_gantt_png(temporary, result, title)
         console.print(f"wrote {png}")
     if out is not None:
