@@ -138,6 +138,15 @@ def solve_command(
         bool | None,
         typer.Option("--sp/--no-sp", help="Pin sequence parallelism (with tp) on or off."),
     ] = None,
+    expert_parallel: Annotated[
+        int | None,
+        typer.Option(
+            "--ep",
+            min=1,
+            help="Pin the expert-parallel degree of every stage (mixture-of-experts models; "
+            "1: none). Default: searched over the divisors of the experts.",
+        ),
+    ] = None,
     layer_split: Annotated[
         str | None, typer.Option("--layer-split", help="Layers per stage, e.g. '10,12,10'.")
     ] = None,
@@ -219,6 +228,7 @@ def solve_command(
         zero_stage=zero,
         offload=offload,
         sequence_parallel=sequence_parallel,
+        expert_parallel=expert_parallel,
         layer_split=_layer_split(layer_split),
         strategy=strategy,  # type: ignore[arg-type]
         space=space,  # type: ignore[arg-type]

@@ -126,6 +126,7 @@ def merge_parts(attn: LayerProfile, mlp: LayerProfile, index: int) -> LayerProfi
         part=None,
         replica_of=None,
         measured=[],
+        experts=attn.experts or mlp.experts,
     )
     return attn.model_copy(update=update)
 

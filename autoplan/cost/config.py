@@ -47,12 +47,15 @@ class ReplicaGroup:
 @dataclass(frozen=True, order=True)
 class StageChoice:
     """Layers [layer_start, layer_end) on ``groups``; ``zero_stage`` shards across all the
-    stage's replicas: 1 the optimizer states, 2 also the gradients, 3 also the parameters."""
+    stage's replicas: 1 the optimizer states, 2 also the gradients, 3 also the parameters;
+    ``ep`` splits the routed experts of its MoE layers over expert groups of ep replicas
+    inside each replica group (``autoplan.cost.expert_parallel``)."""
 
     layer_start: int
     layer_end: int
     groups: tuple[ReplicaGroup, ...]
     zero_stage: int = 0
+    ep: int = 1
 
     @property
     def zero1(self) -> bool:
@@ -147,6 +150,7 @@ class PlanConfig:
                 for g in stage.groups
             )
             zero = f" z{stage.zero_stage}" if stage.zero_stage else ""
+            zero += f" ep{stage.ep}" if stage.ep > 1 else ""
             parts.append(f"{stage.layer_start}-{stage.layer_end}: {groups}{zero}")
         return " | ".join(parts)
 

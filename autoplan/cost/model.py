@@ -63,6 +63,7 @@ from autoplan.cost.comm import allreduce_ms as nccl_allreduce_ms
 from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.devices import DeviceClass, block_sizes, device_classes
+from autoplan.cost.expert_parallel import expert_layer_cost
 from autoplan.cost.layers import (
     LayerCost,
     layer_cost,
@@ -84,7 +85,7 @@ from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
 from autoplan.cost.sequence_parallel import ring_collective_ms, sequence_runs
 from autoplan.cost.zero_bubble import zero_bubble_pipeline
 from autoplan.plan.schema import V_SCHEDULES
-from autoplan.profile.schema import Profile
+from autoplan.profile.schema import LayerProfile, Profile
 from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
 
 __all__ = [
@@ -309,6 +310,7 @@ class CostModel:
         self.sequence_parallel = False
         self.host_limit = True  # offload's host-memory bound (``without_host_limit``)
         self.context_parallel = 1  # cp of groups that say 1 (``with_context_parallel``)
+        self.expert_parallel = 1  # ep of stages that say 1 (``with_expert_parallel``)
 
     def with_sequence_parallel(self, sequence_parallel: bool) -> CostModel:
         """This model costing sequence parallelism on or off where a caller does not say
@@ -338,6 +340,17 @@ class CostModel:
         """The cp degree ``group`` runs at in this model (its own, times a view's)."""
         return group.cp * self.context_parallel
 
+    def with_expert_parallel(self, expert_parallel: int) -> CostModel:
+        """This model costing every stage at expert-parallel degree ``expert_parallel`` where
+        a stage does not say otherwise (the search's view of one ep: ``solve.expert_parallel``)."""
+        view = copy.copy(self)
+        view.expert_parallel = expert_parallel
+        return view
+
+    def stage_expert_parallel(self, stage: StageChoice) -> int:
+        """The ep a stage runs at: its own, or the view's where it says 1."""
+        return stage.ep if stage.ep > 1 else self.expert_parallel
+
     # ---- per-layer tables -------------------------------------------------------------
     @functools.lru_cache(maxsize=8192)  # noqa: B019 (the model lives as long as one solve)
     def tables(
@@ -347,14 +360,23 @@ class CostModel:
         micro_batch_size: int,
         sequence_parallel: bool | None = None,
         cp: int = 1,
+        expert_parallel: int | None = None,
     ) -> CostTables:
         """Per-layer costs and their prefix sums for one (class, tp, micro-batch size), with
         sequence parallelism on or off (None: the model's ``sequence_parallel``), at
-        context-parallel degree ``cp`` (times the model's)."""
+        context-parallel degree ``cp`` (times the model's) and expert-parallel degree
+        ``expert_parallel`` (None: the model's ``expert_parallel``)."""
         if sequence_parallel is None:
             sequence_parallel = self.sequence_parallel
         cp *= self.context_parallel
+        ep = self.expert_parallel if expert_parallel is None else expert_parallel
         dc = self.classes[device_class]
+
+        def with_experts(layer: LayerProfile, cost: LayerCost) -> LayerCost:
+            return expert_layer_cost(
+                cost, layer, dc, tp, ep, micro_batch_size, self.profile.micro_batch_size
+            )
+
         costed: dict[int, LayerCost] = {}
         for position in sorted(set(self._same_as)):
             costed[position] = layer_cost(
@@ -369,6 +391,7 @@ class CostModel:
                 sequence_parallel=sequence_parallel,
                 **self._ring_link(dc, tp, cp),
             )
+        costed = {x: with_experts(self.profile.layers[x], c) for x, c in costed.items()}
         layers = [costed[position] for position in self._same_as]
         host = dc.host_link_bandwidth_gb_per_s
         # Per distinct layer, then spread: a model's repeated blocks cost the same.
@@ -399,6 +422,7 @@ class CostModel:
                         sequence_parallel=sequence_parallel,
                         **self._ring_link(dc, tp, cp),
                     )
+                    cost = with_experts(block, cost)
                     merged[key] = block_cost(cost, layers[p], layers[p + 1])
                 blocks[p] = merged[key]
             layers, *starts = whole_block_passes(
@@ -678,6 +702,7 @@ class CostModel:
             group.offload,
             sp,
             group.cp,
+            self.stage_expert_parallel(stage),
         )
 
     # The figures depend on none of the group's replicas, the stage's ZeRO level or the rest of
@@ -694,10 +719,13 @@ class CostModel:
         offload: bool,
         sequence_parallel: bool,
         cp: int = 1,
+        expert_parallel: int = 1,
     ) -> GroupCost:
         group = ReplicaGroup(device_class, tp, 1, micro_batch_size, r, offload, cp)
         stage = StageChoice(layer_start, layer_end, (group,))
-        tables = self.tables(device_class, tp, micro_batch_size, sequence_parallel, cp)
+        tables = self.tables(
+            device_class, tp, micro_batch_size, sequence_parallel, cp, expert_parallel
+        )
         units = layers = tables.layers[layer_start:layer_end]
         if tables.blocks:  # the times of whole blocks as blocks (block_parts)
             layers = stage_pieces(tables.alone, tables.blocks, layer_start, layer_end)

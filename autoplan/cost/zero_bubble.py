@@ -177,7 +177,12 @@ def group_weight_gradient_ms(model: CostModel, stage: StageChoice, group: int) -
     profile = model.profile
     tokens = profile.seq_len * profile.micro_batch_size
     choice = stage.groups[group]
-    tables = model.tables(choice.device_class, choice.tp, choice.micro_batch_size)
+    tables = model.tables(
+        choice.device_class,
+        choice.tp,
+        choice.micro_batch_size,
+        expert_parallel=model.stage_expert_parallel(stage),
+    )
     w = 0.0
     for i, span in piece_spans(tables.blocks, stage.layer_start, stage.layer_end):
         if span == 1:

@@ -60,6 +60,11 @@ def _check(shape: PlanShape) -> None:
             "config has no ring attention (its Ulysses sequence parallelism is all-to-all "
             "attention in the model's code)"
         )
+    if shape.expert_parallel_degree > 1:
+        raise _fail(
+            f"it splits experts (ep {shape.expert_parallel_degree}); DeepSpeed sets expert "
+            "parallelism in the model's MoE layers (deepspeed.moe), not in its config"
+        )
     if shape.schedule == "interleaved_1f1b":
         raise _fail(
             "it interleaves the pipeline (interleaved 1F1B); DeepSpeed's pipeline engine runs "

@@ -73,6 +73,9 @@ class PlanShape(_Strict):
         description="The one ZeRO level of every stage: 0-3 (0 when dp = 1); each target "
         "says which it runs.",
     )
+    expert_parallel_degree: int = Field(
+        default=1, ge=1, description="ep of every stage (1: no expert parallelism)."
+    )
     stage_layers: list[int] = Field(description="Layers of each stage, in stage order.")
     world_size: int = Field(ge=1)
 
@@ -209,6 +212,13 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
                 f"{first.zero_stage}, stage {stage.index}: ZeRO-{stage.zero_stage}); {target} "
                 "sets one level for every stage",
             )
+    degrees = [str(s.expert_parallel_degree) for s in stages]
+    if len(set(degrees)) > 1:
+        raise NotExpressibleError(
+            target,
+            f"stages use different expert-parallel degrees ({_listing(degrees)}); {target} "
+            "sets one for every stage",
+        )
     if not _grid_numbered(plan, dp, cp, tp):
         # Every check above passed, so only the numbering is off: the launchers number ranks
         # rank = pipeline_rank * dp * tp + replica * tp + tp_index, and torchrun numbers them
@@ -234,6 +244,7 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
         recompute=first.replicas[0].recompute,
         zero1=dp > 1 and first.zero1,
         zero_stage=first.zero_stage if dp > 1 else 0,
+        expert_parallel_degree=first.expert_parallel_degree,
         stage_layers=[stage.layer_end - stage.layer_start for stage in stages],
         world_size=plan.world_size,
     )

@@ -182,6 +182,9 @@ def megatron_args(plan: Plan, kinds: list[LayerKind] | None) -> list[list[str]]:
         args.append(["--use-distributed-optimizer"])
     if plan.parallelism.sequence_parallel and shape.tensor_parallel_degree > 1:
         args.append(["--sequence-parallel"])
+    if shape.expert_parallel_degree > 1:
+        # Megatron-LM's expert groups sit inside the data-parallel group, as the plan's do.
+        args.append(["--expert-model-parallel-size", str(shape.expert_parallel_degree)])
     return args
 
 

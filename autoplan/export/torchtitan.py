@@ -100,6 +100,16 @@ def torchtitan_config(plan: Plan, kinds: list[LayerKind] | None) -> dict[str, di
     if shape.context_parallel_degree > 1:
         # torchtitan's mesh is (pp, dp_replicate, dp_shard, cp, tp): the plan's rank order.
         parallelism["context_parallel_degree"] = shape.context_parallel_degree
+    if shape.expert_parallel_degree > 1:
+        # torchtitan's expert_parallel_degree borrows its ranks from FSDP's shard dimension
+        # (and cp), never from replicated data parallelism, where the plan's groups are.
+        raise NotExpressibleError(
+            TARGET,
+            f"its expert groups (ep {shape.expert_parallel_degree}) are replicated (ZeRO 0) "
+            "data-parallel replicas; torchtitan's expert_parallel_degree must divide "
+            f"data_parallel_shard_degree (1) times context_parallel_degree "
+            f"({shape.context_parallel_degree})",
+        )
     if shape.zero1:
         # ZeRO-3 regathers the weights for the backward; ZeRO-1 and 2 keep them gathered.
         reshard = "always" if shape.zero_stage == 3 else "never"

@@ -184,6 +184,7 @@ def emit_plan(
                 layer_end=stage.layer_end,
                 replicas=replicas,
                 zero_stage=stage.zero_stage,  # type: ignore[arg-type]
+                expert_parallel_degree=stage.ep,
             )
         )
         timings.append(

@@ -245,6 +245,15 @@ class Stage(_Strict):
         description="ZeRO sharding across this stage's replicas: 0 none, 1 optimizer states, "
         "2 + gradients, 3 + parameters (FSDP2 fully_shard).",
     )
+    expert_parallel_degree: int = Field(
+        default=1,
+        ge=1,
+        le=limits.MAX_CLUSTER_GPUS,
+        description="ep: the routed experts of its MoE layers split over expert groups of ep "
+        "consecutive replicas (inside the data-parallel group: ep divides the replicas of "
+        "each GPU type and tp, and the experts); each rank holds experts / ep of each layer "
+        "and tokens reach them by all-to-all. 1: every replica holds every expert.",
+    )
 
     @model_validator(mode="before")
     @classmethod

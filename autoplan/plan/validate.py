@@ -92,6 +92,7 @@ def plan_problems(plan: Plan, profile: Profile | None = None, *, fit: bool = Tru
     _check_sequence_parallel(plan, problems)
     _check_context_parallel(plan, problems)
     _check_async_pb(plan, problems)
+    _check_expert_parallel(plan, profile, problems)
     if profile is not None:
         _check_against_profile(plan, profile, problems)
     _check_memory(plan, profile, problems, fit)
@@ -115,6 +116,50 @@ def _check_async_pb(plan: Plan, problems: list[str]) -> None:
                 f"async_pb stage {stage.index} has recompute {modes or ['none']} / offload "
                 f"{any(r.offload for r in stage.replicas)}; it needs neither"
             )
+
+
+def _check_expert_parallel(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
+    """ep cuts a stage's replicas into expert groups of ep consecutive replicas, each of one
+    GPU type, tp and share (its ranks exchange equal slot buffers); ep divides the experts of
+    every MoE layer of the stage (with the profile: and the stage has some); no ZeRO with it
+    (``autoplan.cost.expert_parallel``)."""
+    for stage in plan.stages:
+        ep = stage.expert_parallel_degree
+        if ep == 1:
+            continue
+        where = f"stage {stage.index} (ep {ep})"
+        replicas = stage.replicas
+        if len(replicas) % ep:
+            problems.append(f"{where}: ep must divide its {len(replicas)} replicas")
+        else:
+            for start in range(0, len(replicas), ep):
+                kinds = {
+                    (
+                        r.gpu_type,
+                        r.tensor_parallel_degree,
+                        r.context_parallel_degree,
+                        r.micro_batch_size,
+                    )
+                    for r in replicas[start : start + ep]
+                }
+                if len(kinds) > 1:
+                    problems.append(
+                        f"{where}: expert group of replicas {start}-{start + ep - 1} mixes "
+                        f"(GPU type, tp, cp, share) {sorted(kinds)}; an expert group is one kind"
+                    )
+        if stage.zero_stage:
+            problems.append(f"{where} has ZeRO-{stage.zero_stage}; ep composes with ZeRO 0 only")
+        if profile is None:
+            continue
+        counts = {
+            layer.experts.num_experts
+            for layer in profile.layers[stage.layer_start : stage.layer_end]
+            if layer.experts is not None
+        }
+        if not counts:
+            problems.append(f"{where}: its layers have no experts")
+        for count in sorted(c for c in counts if c % ep):
+            problems.append(f"{where}: ep must divide the {count} experts of its MoE layers")
 
 
 def _check_sequence_parallel(plan: Plan, problems: list[str]) -> None:
@@ -516,9 +561,12 @@ def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
     for stage in plan.stages:
         if stage.pipeline_rank != pipeline_rank:
             continue
-        params = sum(
-            layer.param_count for layer in profile.layers[stage.layer_start : stage.layer_end]
-        )
+        layers = profile.layers[stage.layer_start : stage.layer_end]
+        params = sum(layer.param_count for layer in layers)
+        # Expert parallelism leaves each GPU 1/ep of the routed experts.
+        ep = stage.expert_parallel_degree
+        experts = sum(layer.experts.expert_param_count for layer in layers if layer.experts)
+        params -= experts * (1 - 1 / ep)
         per_gpu = params / tp
         optimizer = 2 * moment_bytes * per_gpu
         # cp ranks shard ZeRO's states as replicas do.

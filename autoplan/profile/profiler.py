@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autoplan.errors import InputError
 from autoplan.profile.attention import ATTENTION_KERNELS, AttentionKernel, UnfusedAttentionMode
+from autoplan.profile.experts import expert_profile
 from autoplan.profile.layers import PipelineLayer, as_layer_chain, pipeline_layers
 from autoplan.profile.measure import check_trusted, measure_device, measure_layers
 from autoplan.profile.schema import (
@@ -225,6 +226,12 @@ def profile_model(
                 results = _trace_layers(spec, layers, inputs, replicate, divisor)
         else:
             results = _trace_layers(spec, layers, inputs, replicate, divisor)
+        tokens = micro_batch_size * seq_len
+        experts = {
+            index: expert_profile(layers[index].module, tokens, torch_type)
+            for index, (_, _, replica_of, _) in enumerate(results)
+            if replica_of is None
+        }
     notes = [layering_note] if input_note is None else [layering_note, input_note]
     profiled = [index for index, (_, _, replica_of, _) in enumerate(results) if replica_of is None]
     replicas = len(layers) - len(profiled)
@@ -286,6 +293,7 @@ def profile_model(
                 attention_kv_bytes=trace.attention_kv_bytes or None,
                 tensor_parallel=(_tensor_parallel_profile(tp, divisor) if tp is not None else None),
                 replica_of=replica_of,
+                experts=experts[source],
                 measured=[measured[source]] if source in measured else [],
             )
         )

@@ -16,6 +16,7 @@ from autoplan import limits
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
     "DType",
+    "ExpertProfile",
     "Granularity",
     "LayerKind",
     "LayerProfile",
@@ -142,6 +143,40 @@ class TensorParallelProfile(_Strict):
         default=None,
         ge=0,
         description="Part of `backward_matmul_fixed_bytes` that splits across the tp group.",
+    )
+
+
+class ExpertProfile(_Strict):
+    """The routed experts of a mixture-of-experts layer (``autoplan.profile.experts``).
+
+    Their FLOPs are inside the layer's own at capacity: every expert runs ``capacity_tokens``
+    slots whatever the routing, the imbalance the capacity factor allows paid as padding.
+    """
+
+    num_experts: int = Field(ge=1, description="Routed experts of the layer (E).")
+    top_k: int = Field(ge=1, description="Experts each token is routed to (k).")
+    capacity_factor: float = Field(
+        gt=0, description="Slots per expert as a multiple of the even share tokens·k/E."
+    )
+    capacity_tokens: int = Field(
+        ge=1,
+        description="Slots of one expert per micro-batch: ceil(capacity_factor · tokens · k / "
+        "E); picks past it are dropped.",
+    )
+    expert_param_count: int = Field(
+        ge=0, description="Parameters of all routed experts (what expert parallelism splits)."
+    )
+    expert_forward_flops: int = Field(
+        ge=0, description="Forward FLOPs of one expert on its capacity_tokens slots."
+    )
+    expert_backward_flops: int = Field(
+        ge=0, description="Backward FLOPs of one expert on its capacity_tokens slots."
+    )
+    dispatch_bytes: int = Field(
+        ge=0,
+        description="Bytes of the slot buffer (experts × capacity × hidden): what one "
+        "all-to-all of the micro-batch carries from each GPU (four per pass pair: dispatch "
+        "and combine, forward and backward).",
     )
 
 
@@ -272,6 +307,9 @@ class LayerProfile(_Strict):
     replica_of: int | None = Field(
         default=None,
         description="Index of the identical layer whose profile this is a copy of (profiled once).",
+    )
+    experts: ExpertProfile | None = Field(
+        default=None, description="Routed experts, for a mixture-of-experts layer; else None."
     )
     measured: list[MeasuredTimes] = Field(
         default_factory=list,

@@ -30,6 +30,14 @@ from autoplan.runtime import tensor_parallel
 from autoplan.runtime.check import meta_model
 from autoplan.runtime.engine import Optimizer
 from autoplan.runtime.executor import ActionListExecutor, loss_weight
+from autoplan.runtime.expert_parallel import (
+    apply_expert_parallel,
+    expert_families,
+    expert_group_ranks,
+    expert_rank_sets,
+    expert_reductions,
+    reduce_expert_gradients,
+)
 from autoplan.runtime.grad_sync import GradientSync, parameter_families
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
@@ -61,7 +69,7 @@ def group_rank_sets(plan: Plan, sync: GradientSync) -> list[tuple[int, ...]]:
         if stage.zero1 and stage.data_parallel_degree > 1:
             tp = stage.replicas[0].tensor_parallel_degree
             sets += [tuple(zero1_ranks(stage, t)) for t in range(tp)]
-    return sets + sync.rank_sets()
+    return sets + sync.rank_sets() + expert_rank_sets(plan)
 
 
 class GroupsEngine:
@@ -76,10 +84,14 @@ class GroupsEngine:
         self.device = device
         place = rank_place(plan, entry.rank)
         self.place = place
-        families = parameter_families(plan, meta_model(plan))
-        # FSDP2 sums the gradients of a ZeRO-2/3 stage's own parameters (stage_zero).
-        by_fsdp = fsdp_families(plan, families)
+        self.place_rank = entry.rank
+        whole = meta_model(plan)
+        families = parameter_families(plan, whole)
+        # FSDP2 sums the gradients of a ZeRO-2/3 stage's own parameters (stage_zero), and
+        # expert parallelism those of its split experts (expert_parallel).
+        by_fsdp = fsdp_families(plan, families) | expert_families(plan, families, whole)
         synced = [family for index, family in enumerate(families) if index not in by_fsdp]
+        self.expert_reductions = expert_reductions(plan)
         self.sync = GradientSync(plan, synced, entry.rank)
         self.groups = ProcessGroups(group_rank_sets(plan, self.sync))
 
@@ -107,6 +119,11 @@ class GroupsEngine:
                     sequence_parallel=plan.parallelism.sequence_parallel,
                     recompute=replica.recompute,
                 )
+            if stage.expert_parallel_degree > 1:
+                ep = stage.expert_parallel_degree
+                group = self.groups.get(expert_group_ranks(stage, place.replica, place.tp_index))
+                assert group is not None  # ep > 1 ranks
+                apply_expert_parallel(model, group, ep, place.replica % ep)
             apply_recompute(model, replica.recompute)
             apply_offload(model, replica.offload)
             model.to(device)
@@ -179,6 +196,7 @@ class GroupsEngine:
         with loss_context(self.split_vocabulary):
             losses = self.executor.run(inputs, targets)
         self.sync.synchronize(self.modules, self.groups)
+        reduce_expert_gradients(self.modules, self.expert_reductions, self.groups, self.place_rank)
         if not self.reports_loss:
             return 0.0
         return sum(float(value.double().sum()) for value in losses)

@@ -83,8 +83,12 @@ def plan_summary(plan: Plan) -> str:
 def select_executor(plan: Plan, choice: ExecutorChoice = "auto") -> Literal["mesh", "groups"]:
     """'mesh' for a uniform plan under 'auto', 'groups' for any other; an explicit choice is
     kept ('mesh' refused for a plan one DeviceMesh cannot hold)."""
+    # Expert parallelism runs on the groups executor's per-stage groups only.
+    experts = any(stage.expert_parallel_degree > 1 for stage in plan.stages)
+    if choice == "mesh" and experts:
+        raise InputError("the mesh executor runs no expert parallelism: use the groups executor")
     if choice == "auto":
-        return "mesh" if plan.uniform_shape() is not None else "groups"
+        return "mesh" if plan.uniform_shape() is not None and not experts else "groups"
     if choice == "mesh" and plan.uniform_shape() is None:
         raise InputError(
             "the mesh executor needs every stage to have the same replicas (dp, tp, shares) on "

@@ -26,6 +26,7 @@ from autoplan.solve.diagnose import (
     diagnose_infeasible,
     diagnose_megatron_infeasible,
 )
+from autoplan.solve.expert_parallel import search_with_expert_parallel
 from autoplan.solve.granularity import block_seed_profile, seeded_search
 from autoplan.solve.host_memory import host_memory_diagnosis
 from autoplan.solve.options import SolveOptions
@@ -96,7 +97,15 @@ def solve_candidates(
     # At sub-block grain the block-grain plan seeds the search (autoplan.solve.granularity).
     seed = block_seed_profile(model.profile, options)
     block_model = None if seed is None else cost_model(seed, model.cluster, options)
-    result = seeded_search(model, block_model, global_batch_size, options, progress)
+    result = search_with_expert_parallel(
+        model,
+        block_model,
+        global_batch_size,
+        options,
+        lambda view, block_view, batch, run_options: seeded_search(
+            view, block_view, batch, run_options, progress
+        ),
+    )
     if options.strategy == "data-parallel":
         extra = equal_share_candidates(model, global_batch_size, options)
         merged = sorted(result.candidates + extra, key=lambda c: c.iteration_ms)

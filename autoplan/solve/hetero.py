@@ -125,7 +125,13 @@ class HeteroSource:
     # ---- the options ---------------------------------------------------------------------
     def _replica_counts(self, kind: Kind) -> list[int]:
         k, t = kind
-        return [g // t for g in class_gpu_counts(self.model, k, t) if g // t <= self.b]
+        # Expert groups of ep replicas (autoplan.solve.expert_parallel): ep divides each count.
+        ep = self.model.expert_parallel
+        return [
+            g // t
+            for g in class_gpu_counts(self.model, k, t)
+            if g // t <= self.b and (g // t) % ep == 0
+        ]
 
     def _allocations(self) -> list[Allocation]:
         pinned = self.pinned

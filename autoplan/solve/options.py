@@ -41,6 +41,12 @@ class SolveOptions(BaseModel):
         default=None,
         description="Megatron-style sequence parallelism with tp (None: searched both ways).",
     )
+    expert_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        description="Expert-parallel degree of every stage (None: searched over the divisors "
+        "of the experts; 1 for a dense model).",
+    )
     layer_split: list[int] | None = Field(
         default=None, description="Layers per stage (pins pp to its length)."
     )
@@ -88,7 +94,7 @@ class SolveOptions(BaseModel):
         """The pinned knobs, as strings, for the plan's record."""
         names = ["tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "schedule"]
         names += ["recompute", "zero1", "zero_stage", "offload", "layer_split"]
-        names += ["sequence_parallel"]
+        names += ["sequence_parallel", "expert_parallel"]
         out = {}
         for name in names:
             value = getattr(self, name)

@@ -55,6 +55,8 @@ def shared_candidates(
                 dp = sum(replicas)
                 if options.dp is not None and dp != options.dp:
                     continue
+                if any(n % model.expert_parallel for n in replicas):
+                    continue  # expert groups of ep replicas (autoplan.solve.expert_parallel)
                 # Every level the runtime runs (the groups executor shards ZeRO-2/3 with
                 # FSDP2), one share program each: the levels trade memory for collectives.
                 for level in zero_levels(dp, True, options):

@@ -271,6 +271,8 @@ def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[Group]:
         for dp in divisors(batch):
             if options.dp is not None and dp != options.dp:
                 continue
+            if dp % model.expert_parallel:
+                continue  # expert groups of ep replicas (autoplan.solve.expert_parallel)
             caps = tuple(class_caps(model, tp, dp))
             if not any(caps) or ((options.zero1 or options.zero_stage) and dp == 1):
                 continue

@@ -97,7 +97,8 @@ def overview_section(plan: Plan) -> Section:
         "pipeline",
         f"{par.pipeline_degree} ranks{virtual}, {len(plan.stages)} stages, {par.schedule}"
         + (f", {zero}" if zero else "")
-        + (", sequence parallelism (SP) on" if par.sequence_parallel else ""),
+        + (", sequence parallelism (SP) on" if par.sequence_parallel else "")
+        + _expert_text(plan),
     )
     if par.async_pb is not None:  # it changes the optimisation, not only the speed
         settings = par.async_pb
@@ -129,6 +130,16 @@ def overview_section(plan: Plan) -> Section:
         "; ".join(f"{g.count} {g.gpu_type}: {g.reason}" for g in idle) if idle else "none",
     )
     return section
+
+
+def _expert_text(plan: Plan) -> str:
+    """', expert parallelism ep 4 on 2 stages' (each degree), or '' without ep."""
+    degrees = sorted({s.expert_parallel_degree for s in plan.stages} - {1})
+    counts = [sum(s.expert_parallel_degree == d for s in plan.stages) for d in degrees]
+    return "".join(
+        f", expert parallelism ep {d} on {n} stage{'s' if n > 1 else ''}"
+        for d, n in zip(degrees, counts, strict=True)
+    )
 
 
 def stages_section(plan: Plan) -> Section:
@@ -169,7 +180,8 @@ def stages_section(plan: Plan) -> Section:
                 replica.recompute + (" +offload" if replica.offload else "")
                 for replica in stage.replicas
             ),
-            str(stage.zero_stage) if stage.zero_stage else "no",
+            (str(stage.zero_stage) if stage.zero_stage else "no")
+            + (f" · ep {stage.expert_parallel_degree}" if stage.expert_parallel_degree > 1 else ""),
             *times,
             _time_source(count, timing),
         )

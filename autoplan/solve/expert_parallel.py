@@ -1,0 +1,111 @@
+"""Expert parallelism as a searched knob: one ep degree per plan, applied to every stage.
+
+Like sequence parallelism (``autoplan.solve.sequence_parallel``), ep changes every layer's
+costs (its MoE layers' all-to-alls and expert memory: ``autoplan.cost.expert_parallel``), so
+the search runs once per degree e on a view of the cost model costing every stage at e
+(``CostModel.with_expert_parallel``), whose space holds only replica groups of a multiple of
+e replicas (the uniform, heterogeneous and shared-stage searches read ``expert_parallel``),
+and the candidates are merged: the best of the runs is the best of the space with ep in it.
+
+Degrees searched: 1 and every divisor of the gcd of the MoE layers' expert counts up to the
+cluster's GPUs (a dense model: 1 only); pinned, that degree. ep > 1 runs with ZeRO level 0
+(the cost model does not compose ZeRO with ep: ``autoplan.cost.expert_parallel``). A plan's
+stages carry the degree (``StageChoice.ep``), and its cost is ``CostModel.evaluate`` of that
+config on the plain model, which the view's figures equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+
+from autoplan.cost.config import PlanConfig
+from autoplan.cost.expert_parallel import expert_counts
+from autoplan.cost.model import CostModel
+from autoplan.errors import InputError
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.space import divisors
+from autoplan.solve.uniform import config_key
+
+__all__ = ["expert_degrees", "search_with_expert_parallel", "with_expert_degree"]
+
+Search = Callable[[CostModel, CostModel | None, int, SolveOptions], SearchResult]
+
+
+def expert_degrees(model: CostModel, options: SolveOptions) -> list[int]:
+    """The ep degrees to search (module docstring); raises InputError for a pinned degree the
+    model cannot take."""
+    counts = expert_counts(model.profile)
+    pinned = options.expert_parallel
+    if not counts:
+        if pinned not in (None, 1):
+            raise InputError(f"--ep {pinned}: {model.profile.model.name} has no experts")
+        return [1]
+    common = math.gcd(*counts)
+    if pinned is not None:
+        if common % pinned:
+            raise InputError(f"--ep {pinned} must divide the experts of every MoE layer ({common})")
+        return [pinned]
+    gpus = sum(c.total_gpus for c in model.classes)
+    return [e for e in divisors(common) if e <= gpus]
+
+
+def with_expert_degree(config: PlanConfig, ep: int) -> PlanConfig:
+    """``config`` with every stage at expert-parallel degree ``ep``."""
+    if ep == 1:
+        return config
+    return dataclasses.replace(
+        config, stages=tuple(dataclasses.replace(stage, ep=ep) for stage in config.stages)
+    )
+
+
+def search_with_expert_parallel(
+    model: CostModel,
+    block_model: CostModel | None,
+    batch: int,
+    options: SolveOptions,
+    run: Search,
+) -> SearchResult:
+    """``run`` (the search at one ep, on views of ``model`` and ``block_model``) once per
+    degree of ``expert_degrees``, the candidates merged and ranked (module docstring)."""
+    degrees = expert_degrees(model, options)
+    if degrees == [1]:
+        return run(model, block_model, batch, options)
+    deadline = time.monotonic() + options.time_limit_s
+    candidates: dict[tuple, Candidate] = {}
+    considered = solved = 0
+    timed_out = False
+    for position, ep in enumerate(degrees):
+        left = max(deadline - time.monotonic(), 1e-3) / (len(degrees) - position)
+        update: dict[str, object] = {"time_limit_s": left}
+        if ep > 1:
+            if options.zero_stage not in (None, 0) or options.zero1:
+                continue  # ZeRO pinned on: ep > 1 is not composed with it
+            update["zero_stage"] = 0
+        result = run(
+            model.with_expert_parallel(ep),
+            None if block_model is None else block_model.with_expert_parallel(ep),
+            batch,
+            options.model_copy(update=update),
+        )
+        considered += result.configs_considered
+        solved += result.partitions_solved
+        timed_out = timed_out or result.timed_out
+        for candidate in result.candidates:
+            config = with_expert_degree(candidate.config, ep)
+            cost = model.evaluate(config)
+            key = (*config_key(config), config.sequence_parallel)
+            candidates.setdefault(key, Candidate(cost.iteration_ms, config, cost))
+    ranked = sorted(
+        candidates.values(),
+        key=lambda c: (
+            not c.cost.feasible,
+            c.iteration_ms,
+            config_key(c.config),
+            c.config.sequence_parallel,
+        ),
+    )
+    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out)
