@@ -21,6 +21,7 @@ from autoplan.profile.schema import Profile
 from autoplan.solve.async_pb import async_alternative, best_async
 from autoplan.solve.async_plan import emit_async_plan
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
+from autoplan.solve.context_parallel import search_with_context_parallel
 from autoplan.solve.diagnose import (
     diagnose_before_search,
     diagnose_infeasible,
@@ -97,15 +98,23 @@ def solve_candidates(
     # At sub-block grain the block-grain plan seeds the search (autoplan.solve.granularity).
     seed = block_seed_profile(model.profile, options)
     block_model = None if seed is None else cost_model(seed, model.cluster, options)
-    result = search_with_expert_parallel(
-        model,
-        block_model,
-        global_batch_size,
-        options,
-        lambda view, block_view, batch, run_options: seeded_search(
-            view, block_view, batch, run_options, progress
-        ),
-    )
+
+    # One search per context-parallel degree and, inside it, per expert-parallel degree, each
+    # on the models' views of them.
+    def one_degree(view: CostModel, batch: int, run: SolveOptions) -> SearchResult:
+        cp = view.context_parallel
+        block_view = block_model
+        if block_model is not None and cp > 1:
+            block_view = block_model.with_context_parallel(cp)
+        return search_with_expert_parallel(
+            view,
+            block_view,
+            batch,
+            run,
+            lambda v, block_v, b, run_options: seeded_search(v, block_v, b, run_options, progress),
+        )
+
+    result = search_with_context_parallel(model, global_batch_size, options, one_degree)
     if options.strategy == "data-parallel":
         extra = equal_share_candidates(model, global_batch_size, options)
         merged = sorted(result.candidates + extra, key=lambda c: c.iteration_ms)

@@ -47,6 +47,18 @@ class SolveOptions(BaseModel):
         description="Expert-parallel degree of every stage (None: searched over the divisors "
         "of the experts; 1 for a dense model).",
     )
+    cp: int | None = Field(
+        default=None,
+        ge=1,
+        description="Context-parallel degree of every stage (ring attention over cp GPUs of a "
+        "node); None searches 1 and the degrees the nodes and the sequence allow "
+        "(autoplan.solve.context_parallel).",
+    )
+    cp_min_seq_len: int = Field(
+        default=8192,
+        ge=1,
+        description="Shortest sequence (tokens) at which cp > 1 is searched when cp is not pinned.",
+    )
     layer_split: list[int] | None = Field(
         default=None, description="Layers per stage (pins pp to its length)."
     )
@@ -94,7 +106,7 @@ class SolveOptions(BaseModel):
         """The pinned knobs, as strings, for the plan's record."""
         names = ["tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "schedule"]
         names += ["recompute", "zero1", "zero_stage", "offload", "layer_split"]
-        names += ["sequence_parallel", "expert_parallel"]
+        names += ["sequence_parallel", "expert_parallel", "cp"]
         out = {}
         for name in names:
             value = getattr(self, name)

@@ -1,0 +1,99 @@
+"""Context parallelism as a searched knob: one search per cp degree, on the cost model's view.
+
+A cp degree c turns every replica of a plan into c tp groups, each running a chunk of every
+sample's sequence (``autoplan.cost.context_parallel``). The search needs no new dimension
+for it: on ``CostModel.with_context_parallel(c)`` a device class counts cp groups of c GPUs of
+one node as its GPUs, and costs every group at cp c, so the same search (uniform,
+shared-stage and heterogeneous families, sequence parallelism on and off) runs over plans whose
+replicas are tp × c GPUs inside a node (cp within a node first, where the ring's sends are on
+NVLink). Its configurations come back with ``cp = c`` on their groups and are costed again by
+the model itself (``evaluate``, the figure the plan reports); the best over the degrees is the
+best of the space with the knob in it. One cp holds for every stage of a plan.
+
+Degrees searched: 1 and the powers of two up to ``MAX_CONTEXT_PARALLEL`` that divide some
+class's GPUs per node and whose 2·c load-balanced chunks divide the sequence, for a model with
+an attention core. Sequences shorter than ``SolveOptions.cp_min_seq_len`` are searched at cp 1
+only unless cp is pinned: there a chunk's attention is too short to hide the ring's sends and a
+sample's activations rarely bind, and each degree costs one more search.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from autoplan.cost.config import with_cp
+from autoplan.cost.model import CostModel
+from autoplan.errors import InputError
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.uniform import config_key
+
+__all__ = ["MAX_CONTEXT_PARALLEL", "cp_choices", "search_with_context_parallel"]
+
+MAX_CONTEXT_PARALLEL = 8
+
+# (model view, batch, options) -> the candidates of one search
+Searcher = Callable[[CostModel, int, SolveOptions], SearchResult]
+
+
+def cp_choices(model: CostModel, options: SolveOptions) -> list[int]:
+    """The cp degrees to search (module docstring), ascending."""
+    profile = model.profile
+    if options.cp is not None:
+        if options.cp > 1 and profile.seq_len % (2 * options.cp):
+            raise InputError(
+                f"--cp {options.cp}: 2 × {options.cp} load-balanced chunks do not divide the "
+                f"sequence length {profile.seq_len}"
+            )
+        return [options.cp]
+    if options.strategy != "optimal":
+        return [1]  # the baselines are what they are: no cp
+    attention = any(layer.selective_recompute_flops > 0 for layer in profile.layers)
+    if not attention or profile.seq_len < options.cp_min_seq_len:
+        return [1]
+    out = [1]
+    cp = 2
+    while cp <= MAX_CONTEXT_PARALLEL and profile.seq_len % (2 * cp) == 0:
+        if any(c.gpus_per_node % cp == 0 for c in model.classes):
+            out.append(cp)
+        cp *= 2
+    return out
+
+
+def search_with_context_parallel(
+    model: CostModel, batch: int, options: SolveOptions, searcher: Searcher
+) -> SearchResult:
+    """``searcher`` once per cp degree on the model's view of it, the candidates merged and
+    ranked by ``model.evaluate`` (module docstring). The time limit is shared: each run gets
+    an equal part of what is left."""
+    runs = cp_choices(model, options)
+    deadline = time.monotonic() + options.time_limit_s
+    candidates: dict[tuple, Candidate] = {}
+    considered = solved = 0
+    timed_out = False
+    for position, cp in enumerate(runs):
+        left = max(deadline - time.monotonic(), 1e-3) / (len(runs) - position)
+        view = model if cp == 1 else model.with_context_parallel(cp)
+        result = searcher(view, batch, options.model_copy(update={"time_limit_s": left}))
+        considered += result.configs_considered
+        solved += result.partitions_solved
+        timed_out = timed_out or result.timed_out
+        for candidate in result.candidates:
+            config, cost = candidate.config, candidate.cost
+            if cp > 1:
+                config = with_cp(config, cp)
+                cost = model.evaluate(config)
+            key = (*config_key(config), config.sequence_parallel)
+            candidates.setdefault(key, Candidate(cost.iteration_ms, config, cost))
+    ranked = sorted(
+        candidates.values(),
+        key=lambda c: (
+            not c.cost.feasible,
+            c.iteration_ms if math.isfinite(c.iteration_ms) else math.inf,
+            config_key(c.config),
+            c.config.sequence_parallel,
+        ),
+    )
+    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out)
