@@ -148,7 +148,7 @@ def test_per_stage_tp_and_micro_batch(files) -> None:
 @pytest.mark.parametrize(
     ("stages", "says"),
     [
-        ("FAST:L0-12:tp2", "expected TYPES:Lfirst-last:tpT:dpD"),
+        ("FAST:0-12:tp2:dp1", "expected TYPES:Lfirst-last:tpT:dpD"),
         ("FAST:L0-25:tp2:mb1", "no dp"),
         ("FAST:L0-12:tp2:dp2 | FAST:L14-25:tp2:dp2", "must start at 13"),
         ("FAST:L0-12:tp2:dp2 | FAST:L13-24:tp2:dp2", "last layer is 25"),
@@ -244,3 +244,35 @@ def test_stage_spec_text_parses_back_to_itself() -> None:
     assert format_stage_specs(specs) == text
     assert specs[0] == StageSpec.model_validate(specs[0].model_dump())
     assert [s.num_layers for s in specs] == [12, 14]
+
+
+def test_alternatives_are_written_as_stages_that_price_to_their_time(files) -> None:
+    # A plan's runners-up are written in the --stages notation: pasted into cost, each prices
+    # to the time the search recorded for it (one notation, inclusive layer ranges, everywhere).
+    plan = api.solve(files["profile"], files["two"], 32, time_limit_s=20, top_k=3)
+    assert plan.alternatives
+    for alternative in plan.alternatives:
+        head, _, stages = alternative.summary.partition(" | ")
+        knobs = dict(part.split("=") for part in head.split() if "=" in part)
+        priced = api.cost_plan(
+            files["profile"],
+            files["two"],
+            stages=stages,
+            num_micro_batches=int(knobs["m"]),
+            schedule=head.split()[2],
+            pipeline_degree=int(knobs["pp"]),
+        )
+        assert priced.prediction.iteration_time_ms == alternative.iteration_time_ms
+        assert [s.num_layers for s in parse_stages(stages)] == alternative.layer_split
+
+
+def test_replicas_of_one_stage_may_differ_per_type() -> None:
+    text = "A*1(tp4,mb4,full)+B*4(tp1,mb1):L0-11:z1 | C:L12-25:tp2:dp8:mb1"
+    specs = parse_stages(text)
+    assert format_stage_specs(specs) == text
+    assert specs[0].data_parallel_degree == 5 and specs[0].tensor_parallel_degree is None
+    assert specs[0].types[0].recompute == "full" and specs[0].types[1].micro_batch_size == 1
+    with pytest.raises(InputError, match="need their replicas"):
+        parse_stages("A(mb4)+B:L0-25:tp1:dp5")
+    with pytest.raises(InputError, match="no tp"):
+        parse_stages("A*1(tp4)+B*4:L0-25")

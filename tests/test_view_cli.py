@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typer.testing import CliRunner
 from autoplan.cli import app
 from autoplan.cluster.catalog import load_catalog
 from autoplan.cluster.schema import Cluster, NodeGroup
-from autoplan.files import write_json_model
+from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import (
     Alternative,
     IdleGpus,
@@ -88,10 +89,12 @@ def test_show_prints_stages_memory_breakdown_and_alternatives(plan_file: Path) -
     result = runner.invoke(app, ["show", str(plan_file)], env=WIDE)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    stage_rows = [line for line in lines if "cpu tp1 × 2 (2 samples each)" in line]
+    stage_rows = [line for line in lines if "cpu tp1 × 2 (micro-batch 2 each)" in line]
     assert len(stage_rows) == 4  # 2 ranks × 2 virtual stages
-    assert any("0–2 (3)" in line and "1.00 ms" in line and "2.00 ms" in line for line in stage_rows)
-    assert any("9–11 (3)" in line for line in stage_rows)
+    assert any(
+        "0-2 (3 layers)" in line and "1.00 ms" in line and "2.00 ms" in line for line in stage_rows
+    )
+    assert any("9-11 (3 layers)" in line for line in stage_rows)
     memory_rows = [line for line in lines if "5.25 GiB" in line and "66%" in line]
     assert len(memory_rows) == 2
     assert "█" in memory_rows[0]
@@ -369,8 +372,8 @@ def test_show_prints_each_stages_replicas_idle_gpus_and_reserve(hetero_file: Pat
     result = runner.invoke(app, ["show", str(hetero_file)], env=WIDE)
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "A100-40GB tp1 × 4 (3 samples each) + V100-16GB tp4 × 1 (4 samples)" in out
-    assert "A100-40GB tp1 × 4 (4 samples each)" in out
+    assert "A100-40GB tp1 × 4 (micro-batch 3 each) + V100-16GB tp4 × 1 (micro-batch 4)" in out
+    assert "A100-40GB tp1 × 4 (micro-batch 4 each)" in out
     assert "a100-0, v100-0" in out  # stage 0's nodes
     assert "none × 4, full" in out  # its recompute per replica
     assert "331 M parameters" in out
@@ -395,9 +398,11 @@ def test_views_never_truncate_when_narrow(
     assert max(len(line) for line in result.output.splitlines()) <= int(columns)
     if command == "show":
         # Every replica kind and the idle reason are there in full, folded or not.
-        flat = "".join(line.strip() for line in result.output.splitlines())
-        assert "A100-40GBtp1×4(3sampleseach)+V100-16GBtp4×1(4samples)" in flat.replace(" ", "")
-        assert "slower than the stage it would join" in result.output
+        # (A table folds a long cell onto more lines of its column: read without borders.)
+        words = " ".join(re.sub("[│┃]", " ", result.output).split())
+        flat = "".join(line.strip() for line in result.output.splitlines()).replace(" ", "")
+        assert "A100-40GBtp1×4(micro-batch3each)+V100-16GBtp4×1(micro-batch4)" in flat
+        assert "slower than the stage it would join" in words
 
 
 def test_narrow_show_stacks_rows_that_do_not_fit(hetero_file: Path) -> None:
@@ -417,7 +422,7 @@ def test_solve_summary_fits_80_columns() -> None:
         print_document(console, solve_summary(_hetero_plan()))
     text = captured.get()
     assert "…" not in text
-    assert "A100-40GB tp1 × 4 (3 samples each)" in " ".join(text.split())
+    assert "A100-40GB tp1 × 4 (micro-batch 3 each)" in " ".join(text.split())
     assert "slower than the stage it would join" in " ".join(text.split())
 
 
@@ -439,7 +444,7 @@ def test_markdown_parses_into_one_table_per_section(hetero_file: Path) -> None:
     ]
     assert sum(t.type == "table_open" for t in tokens) == len(headings)
     cells = [t for t in tokens if t.type == "inline"]
-    assert any("V100-16GB tp4 × 1 (4 samples)" in t.content for t in cells)
+    assert any("V100-16GB tp4 × 1 (micro-batch 4)" in t.content for t in cells)
     # Each table's rows have as many cells as its header.
     widths, current = [], 0
     for token in tokens:
@@ -464,12 +469,21 @@ def test_json_format_parses(command: str, hetero_file: Path, plan_file: Path) ->
     if command == "show":
         stages = next(s for s in data["sections"] if s["title"].startswith("Stages"))
         assert stages["rows"][0]["replicas"] == (
-            "A100-40GB tp1 × 4 (3 samples each) + V100-16GB tp4 × 1 (4 samples)"
+            "A100-40GB tp1 × 4 (micro-batch 3 each) + V100-16GB tp4 × 1 (micro-batch 4)"
         )
         memory = next(s for s in data["sections"] if s["title"].startswith("Memory"))
         assert "bar (width = capacity)" not in memory["rows"][0]  # bars are for terminals
         plan_items = data["sections"][0]["items"]
         assert plan_items["model"] == "opt-350m: 26 layers, 331 M parameters"
+        # Figures are numbers with their unit in the key, not display strings.
+        plan = read_json_model(hetero_file, Plan)
+        assert plan_items["iteration_ms"] == plan.prediction.iteration_time_ms
+        assert stages["rows"][0]["fwd_ms"] == plan.prediction.stage_timings[0].forward_ms
+        first = min(
+            plan.prediction.memory,
+            key=lambda m: (m.pipeline_rank, m.gpu_type, m.tensor_parallel_degree),
+        )
+        assert memory["rows"][0]["total_bytes"] == first.total_bytes
 
 
 def test_gantt_has_a_row_per_distinct_replica(tmp_path: Path) -> None:

@@ -98,3 +98,27 @@ def test_markdown_escapes_pipes_and_json_keeps_cells() -> None:
     assert "| ---: | --- | --- |" in markdown
     data = json.loads(render_json(_document()))
     assert data["sections"][0]["rows"][1] == {"stage": "1", "what": "c", "long": "x" * 120}
+
+
+def test_rounding_noise_is_no_time_and_counts_agree_with_their_noun() -> None:
+    from autoplan.view.units import counted
+
+    assert duration_text(1.8e-12) == "0 ms"  # an all-reduce hidden by backward, less rounding
+    assert duration_text(2e-6) == "0.002 µs"  # 2 ns is still a time
+    assert counted(1, "sample") == "1 sample" and counted(3, "sample") == "3 samples"
+    assert counted(1, "micro-batch", "micro-batches") == "1 micro-batch"
+    assert counted(2, "micro-batch", "micro-batches") == "2 micro-batches"
+
+
+def test_wide_tables_fold_long_cells_instead_of_stacking() -> None:
+    # A section with one long cell used to stack into 'column: value' lines at any width; a
+    # table is kept while every column can keep 14 characters, the long cell folding.
+    section = Section(title="Plans compared", columns=["", "a.json", "b.json"])
+    section.add(
+        "replicas per stage", "s0-3: " + "A100-80GB tp1 × 8 (micro-batch 2 each); " * 8, "x"
+    )
+    wide, narrow = Console(width=120, record=True), Console(width=30, record=True)
+    print_document(wide, Document(title="", sections=[section]))
+    print_document(narrow, Document(title="", sections=[section]))
+    assert "│" in wide.export_text() and "a.json:" not in wide.export_text()  # a table
+    assert "a.json:" in narrow.export_text()  # too narrow for three columns: stacked

@@ -57,7 +57,15 @@ def show(plan_path: PlanPath, output: FormatOption = Format.text) -> None:
 
 
 def _ranges(numbers: list[int]) -> str:
-    return str(numbers[0]) if len(numbers) == 1 else f"{numbers[0]}–{numbers[-1]} ({len(numbers)})"
+    """Replica indices as runs: [6] → '6', [0, 1, 2, 5] → '0-2, 5 (4 replicas)'."""
+    runs: list[list[int]] = []
+    for number in sorted(set(numbers)):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return text if len(numbers) == 1 else f"{text} ({len(set(numbers))} replicas)"
 
 
 def _simulation_document(plan: Plan, result: SimulationResult, title: str) -> Document:

@@ -213,8 +213,10 @@ def export_megatron(plan: Plan, kinds: list[LayerKind] | None, source: str) -> E
         f"# {printable(model.name)}: seq {shape.seq_len}, {shape.dtype}; {shape.world_size} GPUs"
         f" = pp {shape.pipeline_degree} x dp {shape.data_parallel_degree} x "
         f"{f'cp {shape.context_parallel_degree} x ' if shape.context_parallel_degree > 1 else ''}"
-        f"tp {shape.tensor_parallel_degree}. Launch the plan's nodes in this order (torchrun "
-        "--node-rank):",
+        f"tp {shape.tensor_parallel_degree}; global batch {shape.global_batch_size} = "
+        f"{shape.num_micro_batches} micro-batches x {shape.micro_batch_size} per replica "
+        f"(--micro-batch-size, as Megatron-LM counts it) x dp {shape.data_parallel_degree}. "
+        "Launch the plan's nodes in this order (torchrun --node-rank):",
     ]
     lines += [
         f"#   {node.node_rank}: {printable(node.name)}, {node.nproc_per_node} x "

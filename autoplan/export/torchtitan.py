@@ -203,7 +203,9 @@ def export_torchtitan(plan: Plan, kinds: list[LayerKind] | None, source: str) ->
         f"{TARGET}).",
         f"# {printable(plan.inputs.model.name)}: {shape.world_size} GPUs = pp "
         f"{shape.pipeline_degree} x dp {shape.data_parallel_degree} x tp "
-        f"{shape.tensor_parallel_degree}; launch the plan's nodes in its order (torchrun "
+        f"{shape.tensor_parallel_degree}; global batch {shape.global_batch_size} = "
+        f"{shape.num_micro_batches} micro-batches x {shape.micro_batch_size} per replica x dp "
+        f"{shape.data_parallel_degree}; launch the plan's nodes in its order (torchrun "
         "--node-rank), nodes:",
         "#   "
         + ", ".join(

@@ -23,9 +23,16 @@ from autoplan.plan.schema import (
     StageTiming,
     TimeBreakdown,
 )
+from autoplan.plan.stage_spec import StageSpec, format_stage_specs, written_stage
 from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
 
-__all__ = ["emit_plan", "model_flops_per_iteration", "stage_types", "with_fingerprint"]
+__all__ = [
+    "config_stage_specs",
+    "emit_plan",
+    "model_flops_per_iteration",
+    "stage_types",
+    "with_fingerprint",
+]
 
 
 def _round(value: float) -> float:
@@ -253,6 +260,42 @@ def with_fingerprint(plan: Plan) -> Plan:
     return plan.model_copy(update={"prediction": prediction})
 
 
+def _class_name(model: CostModel, index: int) -> str:
+    """A device class as a stage spec names it: its GPU type, or its first node group where
+    the type has several classes."""
+    gpu = model.classes[index].gpu.name
+    if sum(c.gpu.name == gpu for c in model.classes) == 1:
+        return gpu
+    return model.classes[index].groups[0]
+
+
+def config_stage_specs(model: CostModel, config: PlanConfig) -> list[StageSpec]:
+    """``config``'s stages in ``autoplan cost --stages`` notation (``plan.stage_spec``)."""
+    return [
+        written_stage(
+            stage.layer_start,
+            stage.layer_end - 1,
+            [
+                (
+                    _class_name(model, g.device_class),
+                    g.replicas,
+                    g.tp,
+                    g.micro_batch_size,
+                    g.recompute,
+                    g.offload,
+                )
+                for g in stage.groups
+            ],
+            stage.zero_stage,
+        )
+        for stage in config.stages
+    ]
+
+
 def _summary(model: CostModel, config: PlanConfig) -> str:
-    """``PlanConfig.summary`` with GPU type names for the class numbers."""
-    return config.summary(lambda k: model.classes[k].gpu.name)
+    """The pipeline's knobs, then its stages as ``autoplan cost --stages`` takes them
+    (inclusive layer ranges): 'pp=2 m=8 1f1b | A100-80GB*4:L0-11:tp1:mb2 | ...'."""
+    chunks = f" v={config.chunks}" if config.chunks > 1 else ""
+    sp = " sp" if config.sequence_parallel else ""
+    head = f"pp={config.pipeline_degree} m={config.num_micro_batches} {config.schedule}{chunks}{sp}"
+    return f"{head} | {format_stage_specs(config_stage_specs(model, config))}"

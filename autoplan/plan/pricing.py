@@ -26,7 +26,7 @@ from autoplan.names import shown
 from autoplan.plan.emit import emit_plan
 from autoplan.plan.ranks import place
 from autoplan.plan.schema import MULTI_STAGE_SCHEDULES, V_SCHEDULES, Plan, PlanInputs
-from autoplan.plan.stage_spec import StageSpec, format_stage_specs, parse_stages
+from autoplan.plan.stage_spec import StageSpec, TypeShare, format_stage_specs, parse_stages
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model
 
@@ -75,6 +75,20 @@ def _classes_named(model: CostModel, name: str) -> list[int]:
     )
 
 
+def _own_tp(spec: StageSpec, share: TypeShare) -> int:
+    """A type's tp: its own, else the stage's (the parser makes sure one is given)."""
+    return share.tensor_parallel_degree or spec.tensor_parallel_degree or 1
+
+
+def _samples(spec: StageSpec, default_mbs: int) -> int:
+    """Samples of one micro-batch the stage runs, over all its replicas."""
+    stage_mbs = spec.micro_batch_size or default_mbs
+    if all(t.micro_batch_size is None for t in spec.types):
+        return spec.data_parallel_degree * stage_mbs
+    # The parser asks for every type's replicas when one has its own share.
+    return sum((t.replicas or 0) * (t.micro_batch_size or stage_mbs) for t in spec.types)
+
+
 def _rank_of(schedule: str, pp: int, index: int) -> int:
     return 2 * pp - 1 - index if schedule in V_SCHEDULES and index >= pp else index % pp
 
@@ -116,17 +130,18 @@ def _groups(
 ) -> tuple[ReplicaGroup, ...] | None:
     """The stage's replica groups, taking GPUs from ``free`` (per class; updated), or None
     when the counts do not fit what is left."""
-    tp = spec.tensor_parallel_degree
-    mbs = spec.micro_batch_size or defaults[0]
-    recompute = spec.recompute or defaults[1]
     groups = []
-    for count, options in zip(counts, classes, strict=True):
+    for count, options, share in zip(counts, classes, spec.types, strict=True):
+        tp = _own_tp(spec, share)
+        mbs = share.micro_batch_size or spec.micro_batch_size or defaults[0]
+        recompute = share.recompute or spec.recompute or defaults[1]
+        offload = spec.offload if share.offload is None else share.offload
         for k in options:
             per_node = model.classes[k].gpus_per_node // tp
             take = min(count, free[k] // tp, per_node * model.classes[k].num_nodes)
             if take <= 0:
                 continue
-            groups.append(ReplicaGroup(k, tp, take, mbs, recompute, spec.offload))
+            groups.append(ReplicaGroup(k, tp, take, mbs, recompute, offload))
             free[k] -= take * tp
             count -= take
             if count == 0:
@@ -146,9 +161,9 @@ def _assignments(
     classes = [[_classes_named(model, t.name) for t in spec.types] for spec in specs[:pp]]
     for spec, names in zip(specs, classes, strict=False):
         for t, options in zip(spec.types, names, strict=True):
-            if spec.tensor_parallel_degree > max(model.classes[k].gpus_per_node for k in options):
+            if _own_tp(spec, t) > max(model.classes[k].gpus_per_node for k in options):
                 raise InputError(
-                    f"--stages: tp {spec.tensor_parallel_degree} exceeds the "
+                    f"--stages: tp {_own_tp(spec, t)} exceeds the "
                     f"{max(model.classes[k].gpus_per_node for k in options)} GPUs per node of "
                     f"{shown(t.name)} (a tp group stays within one node)"
                 )
@@ -214,9 +229,7 @@ def config_from_specs(
                 f"(pipeline rank {_rank_of(schedule, pp, s)}): give it the same types, tp, dp "
                 "and micro-batch size"
             )
-    samples = [
-        spec.data_parallel_degree * (spec.micro_batch_size or micro_batch_size) for spec in specs
-    ]
+    samples = [_samples(spec, micro_batch_size) for spec in specs]
     if len(set(samples)) > 1:
         rows = ", ".join(f"stage {s}: {n}" for s, n in enumerate(samples))
         raise InputError(

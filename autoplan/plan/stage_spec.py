@@ -3,18 +3,24 @@
 The grammar (stages separated by ``|``; fields after the first two in any order)::
 
     stages  := stage ( "|" stage )*
-    stage   := types ":L" first "-" last ":tp" T ":dp" D ( ":" extra )*
+    stage   := types ":L" first "-" last ( ":" extra )*
     types   := type ( "+" type )*          e.g. RTX-2080+RTX-3090, or A100*2+V100*1
-    type    := NAME ( "*" REPLICAS )?      a GPU type or node-group name; REPLICAS of the D
-    extra   := "mb" B                      samples per micro-batch of each replica
+    type    := NAME ( "*" REPLICAS )? ( "(" own ( "," own )* ")" )?
+                                           a GPU type or node-group name; REPLICAS of the D
+    extra   := own | "dp" D                D replicas in all (needed unless every type
+             | "z" Z                       says how many); ZeRO level (0-3) of the stage
+    own     := "tp" T                      GPUs per replica (needed, per stage or per type)
+             | "mb" B                      samples per micro-batch of each replica
              | "none" | "selective" | "full"  activation recompute
-             | "z" Z                       ZeRO level (0-3) across the stage's replicas
              | "offload"                   saved activations parked in host memory
 
 Layer ranges are inclusive (``L0-11`` is layers 0 to 11, twelve layers), as the stage tables
 of ``autoplan show`` print them. ``RTX-2080+RTX-3090:L0-11:tp8:dp2`` is a stage of two
 replicas of eight GPUs, one of each type (``*N`` says how many of each where several splits
 fit the cluster). This is the notation of the measured runs in ``../shared/calibration``.
+What a type says in parentheses is its replicas' own, over the stage's: the replicas of one
+stage may differ in tp, share and recompute, as ``solve``'s plans do
+(``A100*1(tp4,mb4)+V100*4(tp1,mb1):L0-11``); the alternatives of a plan are written so.
 
 Parsing only: no cluster or profile is read here (``autoplan.plan.pricing`` resolves the names).
 """
@@ -23,17 +29,26 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoplan import limits
 from autoplan.errors import InputError
 from autoplan.names import shown
 from autoplan.plan.schema import Recompute, ZeroStage
 
-__all__ = ["StageSpec", "TypeShare", "format_stage_specs", "megatron_stage_specs", "parse_stages"]
+__all__ = [
+    "StageSpec",
+    "TypeShare",
+    "format_stage_specs",
+    "megatron_stage_specs",
+    "parse_stages",
+    "written_stage",
+]
 
-_TYPE = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,63})(?:\*(?P<count>\d{1,6}))?")
 _LAYERS = re.compile(r"L(?P<first>\d{1,6})-(?P<last>\d{1,6})")
+_TYPE = re.compile(
+    r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,63})(?:\*(?P<count>\d{1,6}))?(?:\((?P<own>[^()]*)\))?"
+)
 _NUMBERED = re.compile(r"(?P<key>tp|dp|mb|z)(?P<value>\d{1,7})")
 _MAX_STAGES = limits.MAX_PIPELINE_DEGREE * limits.MAX_VIRTUAL_STAGES
 
@@ -50,6 +65,31 @@ class TypeShare(BaseModel):
         le=limits.MAX_CLUSTER_GPUS,
         description="Replicas of this type (None: split to fit the cluster).",
     )
+    tensor_parallel_degree: int | None = Field(
+        default=None, ge=1, le=limits.MAX_GPUS_PER_NODE, description="None: the stage's."
+    )
+    micro_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=limits.MAX_MICRO_BATCH_SIZE,
+        description="Samples per micro-batch of each of its replicas (None: the stage's).",
+    )
+    recompute: Recompute | None = Field(default=None, description="None: the stage's.")
+    offload: bool | None = Field(default=None, description="None: the stage's.")
+
+    def text(self) -> str:
+        """The type in the grammar of the module docstring."""
+        own = []
+        if self.tensor_parallel_degree is not None:
+            own.append(f"tp{self.tensor_parallel_degree}")
+        if self.micro_batch_size is not None:
+            own.append(f"mb{self.micro_batch_size}")
+        if self.recompute is not None:
+            own.append(self.recompute)
+        if self.offload:
+            own.append("offload")
+        count = "" if self.replicas is None else f"*{self.replicas}"
+        return self.name + count + (f"({','.join(own)})" if own else "")
 
 
 class StageSpec(BaseModel):
@@ -60,7 +100,9 @@ class StageSpec(BaseModel):
     types: list[TypeShare] = Field(min_length=1, max_length=limits.MAX_GPU_TYPES)
     first_layer: int = Field(ge=0, le=limits.MAX_LAYERS, description="First layer (inclusive).")
     last_layer: int = Field(ge=0, le=limits.MAX_LAYERS, description="Last layer (inclusive).")
-    tensor_parallel_degree: int = Field(ge=1, le=limits.MAX_GPUS_PER_NODE)
+    tensor_parallel_degree: int | None = Field(
+        default=None, ge=1, le=limits.MAX_GPUS_PER_NODE, description="None: each type says."
+    )
     data_parallel_degree: int = Field(
         ge=1, le=limits.MAX_CLUSTER_GPUS, description="Replicas of the stage, all types."
     )
@@ -80,15 +122,11 @@ class StageSpec(BaseModel):
 
     def text(self) -> str:
         """The stage in the grammar of the module docstring (parses back to itself)."""
-        types = "+".join(
-            t.name if t.replicas is None else f"{t.name}*{t.replicas}" for t in self.types
-        )
-        parts = [
-            types,
-            f"L{self.first_layer}-{self.last_layer}",
-            f"tp{self.tensor_parallel_degree}",
-            f"dp{self.data_parallel_degree}",
-        ]
+        parts = ["+".join(t.text() for t in self.types), f"L{self.first_layer}-{self.last_layer}"]
+        if self.tensor_parallel_degree is not None:
+            parts.append(f"tp{self.tensor_parallel_degree}")
+        if any(t.replicas is None for t in self.types):
+            parts.append(f"dp{self.data_parallel_degree}")
         if self.micro_batch_size is not None:
             parts.append(f"mb{self.micro_batch_size}")
         if self.recompute is not None:
@@ -100,66 +138,93 @@ class StageSpec(BaseModel):
         return ":".join(parts)
 
 
+def _options(items: list[str], where: str, allowed: tuple[str, ...]) -> dict[str, object]:
+    """``tpT``, ``mbB``, recompute, ``offload`` (and ``dpD``, ``zZ`` where allowed), each at
+    most once."""
+    out: dict[str, object] = {}
+    for item in items:
+        numbered = _NUMBERED.fullmatch(item)
+        if numbered is not None and numbered["key"] in allowed and numbered["key"] not in out:
+            out[numbered["key"]] = int(numbered["value"])
+        elif item in ("none", "selective", "full") and "recompute" not in out:
+            out["recompute"] = item
+        elif item == "offload" and "offload" not in out:
+            out["offload"] = True
+        else:
+            listed = ", ".join(f"{key}N" for key in allowed)
+            raise InputError(
+                f"{where}: {shown(item)} is not one of {listed}, none/selective/full, offload "
+                "(each at most once)"
+            )
+    return out
+
+
 def _stage(text: str, number: int) -> StageSpec:
     where = f"--stages stage {number} ({shown(text)})"
-    fields = [part.strip() for part in text.split(":")]
-    if len(fields) < 4:
+    head, _, rest = text.partition(":")
+    fields = [part.strip() for part in rest.split(":")] if rest else []
+    if not fields or not fields[0].startswith("L"):
         raise InputError(f"{where}: expected TYPES:Lfirst-last:tpT:dpD, e.g. A100:L0-11:tp2:dp4")
     types = []
-    for item in fields[0].split("+"):
+    for item in head.split("+"):
         match = _TYPE.fullmatch(item.strip())
         if match is None:
-            raise InputError(f"{where}: {shown(item)} is not a GPU type (NAME or NAME*REPLICAS)")
+            raise InputError(
+                f"{where}: {shown(item)} is not a GPU type (NAME, NAME*REPLICAS, NAME(tpT,mbB))"
+            )
+        own = _options(
+            [o.strip() for o in match["own"].split(",")] if match["own"] else [],
+            where,
+            ("tp", "mb"),
+        )
         count = match["count"]
-        types.append(TypeShare(name=match["name"], replicas=None if count is None else int(count)))
-    layers = _LAYERS.fullmatch(fields[1])
+        types.append(
+            TypeShare(
+                name=match["name"],
+                replicas=None if count is None else int(count),
+                tensor_parallel_degree=own.get("tp"),  # type: ignore[arg-type]
+                micro_batch_size=own.get("mb"),  # type: ignore[arg-type]
+                recompute=own.get("recompute"),  # type: ignore[arg-type]
+                offload=own.get("offload"),  # type: ignore[arg-type]
+            )
+        )
+    layers = _LAYERS.fullmatch(fields[0])
     if layers is None:
         raise InputError(f"{where}: the layers are written Lfirst-last, e.g. L0-11")
     first, last = int(layers["first"]), int(layers["last"])
     if last < first:
         raise InputError(f"{where}: the last layer ({last}) comes before the first ({first})")
-    numbers: dict[str, int] = {}
-    recompute: str | None = None
-    offload = False
-    for item in fields[2:]:
-        numbered = _NUMBERED.fullmatch(item)
-        if numbered is not None and numbered["key"] not in numbers:
-            numbers[numbered["key"]] = int(numbered["value"])
-        elif item in ("none", "selective", "full") and recompute is None:
-            recompute = item
-        elif item == "offload" and not offload:
-            offload = True
-        else:
-            raise InputError(
-                f"{where}: {shown(item)} is not one of tpT, dpD, mbB, none/selective/full, zZ, "
-                "offload (each at most once)"
-            )
-    for key in ("tp", "dp"):
-        if key not in numbers:
-            raise InputError(f"{where}: no {key}; write e.g. :{key}1")
-    if numbers.get("z", 0) > 3:
-        raise InputError(f"{where}: ZeRO levels are 0 to 3, not {numbers['z']}")
+    numbers = _options(fields[1:], where, ("tp", "dp", "mb", "z"))
     given = [t.replicas for t in types if t.replicas is not None]
-    if len(given) == len(types) and sum(given) != numbers["dp"]:
-        raise InputError(
-            f"{where}: the replicas per type add up to {sum(given)}, not dp {numbers['dp']}"
-        )
-    if len(types) > numbers["dp"]:
+    if "dp" not in numbers:
+        if len(given) < len(types):
+            raise InputError(f"{where}: no dp; write e.g. :dp1 (or give every type's replicas)")
+        numbers["dp"] = sum(given)
+    dp = int(numbers["dp"])  # type: ignore[call-overload]
+    if "tp" not in numbers and any(t.tensor_parallel_degree is None for t in types):
+        raise InputError(f"{where}: no tp; write e.g. :tp1 (or give every type's own)")
+    if int(numbers.get("z", 0)) > 3:  # type: ignore[call-overload]
+        raise InputError(f"{where}: ZeRO levels are 0 to 3, not {numbers['z']}")
+    if len(given) == len(types) and sum(given) != dp:
+        raise InputError(f"{where}: the replicas per type add up to {sum(given)}, not dp {dp}")
+    if len(types) > dp:
         raise InputError(f"{where}: {len(types)} GPU types need at least {len(types)} replicas")
+    if any(t.micro_batch_size is not None for t in types) and len(given) < len(types):
+        raise InputError(f"{where}: types with their own mb need their replicas: NAME*N(mbB)")
     try:
         return StageSpec(
             types=types,
             first_layer=first,
             last_layer=last,
-            tensor_parallel_degree=numbers["tp"],
-            data_parallel_degree=numbers["dp"],
-            micro_batch_size=numbers.get("mb"),
-            recompute=recompute,  # type: ignore[arg-type]  # one of the three, checked above
-            zero_stage=numbers.get("z"),  # type: ignore[arg-type]  # 0-3, checked above
-            offload=offload,
+            tensor_parallel_degree=numbers.get("tp"),  # type: ignore[arg-type]
+            data_parallel_degree=dp,
+            micro_batch_size=numbers.get("mb"),  # type: ignore[arg-type]
+            recompute=numbers.get("recompute"),  # type: ignore[arg-type]
+            zero_stage=numbers.get("z"),  # type: ignore[arg-type]
+            offload=bool(numbers.get("offload", False)),
         )
-    except ValueError as error:  # a pydantic bound: say which
-        first_error = error.errors()[0]  # type: ignore[attr-defined]
+    except ValidationError as error:  # a pydantic bound: say which
+        first_error = error.errors()[0]
         name = ".".join(str(p) for p in first_error["loc"])
         raise InputError(f"{where}: {name}: {first_error['msg']}") from None
 
@@ -222,3 +287,41 @@ def megatron_stage_specs(
         text.append(f"{name}:L{start}-{start + count - 1}:tp{tp}:dp{dp}")
         start += count
     return parse_stages(" | ".join(text))
+
+
+def written_stage(
+    first_layer: int,
+    last_layer: int,
+    groups: list[tuple[str, int, int, int, str, bool]],
+    zero_stage: int,
+) -> StageSpec:
+    """A stage of ``groups`` (name, replicas, tp, samples each, recompute, offload) as the
+    shortest spec that says it: what all groups share at the stage, the rest per type."""
+
+    def common(index: int) -> object:
+        values = {group[index] for group in groups}
+        return next(iter(values)) if len(values) == 1 else None
+
+    tp, mbs, recompute, offload = common(2), common(3), common(4), common(5)
+    types = [
+        TypeShare(
+            name=name,
+            replicas=count,
+            tensor_parallel_degree=None if tp is not None else group_tp,
+            micro_batch_size=None if mbs is not None else group_mbs,
+            recompute=None if recompute is not None else group_recompute,  # type: ignore[arg-type]
+            offload=None if offload is not None else (group_offload or None),
+        )
+        for name, count, group_tp, group_mbs, group_recompute, group_offload in groups
+    ]
+    return StageSpec(
+        types=types,
+        first_layer=first_layer,
+        last_layer=last_layer,
+        tensor_parallel_degree=tp,  # type: ignore[arg-type]
+        data_parallel_degree=sum(group[1] for group in groups),
+        micro_batch_size=mbs,  # type: ignore[arg-type]
+        recompute=None if recompute in (None, "none") else recompute,  # type: ignore[arg-type]
+        zero_stage=zero_stage or None,  # type: ignore[arg-type]
+        offload=bool(offload),
+    )

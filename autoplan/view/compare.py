@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autoplan.plan.schema import Plan
 from autoplan.view.document import Document, Section
-from autoplan.view.plan_tables import gpus_text, replicas_text
+from autoplan.view.plan_tables import gpus_text, micro_batch_text, replicas_text
 from autoplan.view.units import bytes_text, duration_text, percent_text, rate_text
 
 __all__ = ["compare_document", "compare_rows"]
@@ -25,7 +25,8 @@ def _peak_memory(plan: Plan) -> str:
 
 
 def _replicas_per_stage(plan: Plan) -> str:
-    """Consecutive stages with the same replicas folded: 's0-3: cpu tp1 × 2 (2 samples each)'."""
+    """Consecutive stages with the same replicas folded:
+    's0-3: cpu tp1 × 2 (micro-batch 2 each)'."""
     runs: list[list] = []
     for stage in plan.stages:
         text = replicas_text(stage)
@@ -52,9 +53,9 @@ def compare_rows(plan: Plan) -> dict[str, str]:
         "pipeline ranks": str(par.pipeline_degree),
         "schedule": f"{par.schedule} (v={par.virtual_stages_per_rank})",
         "micro-batches": str(par.num_micro_batches),
-        "micro-batch size": str(par.micro_batch_size),
+        "micro-batch": micro_batch_text(plan),
         "global batch": str(plan.inputs.global_batch_size),
-        "layers per stage": " ".join(str(s.layer_end - s.layer_start) for s in plan.stages),
+        "layers per stage": " ".join(f"{s.layer_start}-{s.layer_end - 1}" for s in plan.stages),
         "replicas per stage": _replicas_per_stage(plan),
         "iteration": duration_text(prediction.iteration_time_ms),
         "samples/s": rate_text(prediction.samples_per_s, "samples"),

@@ -4,7 +4,8 @@ The plan viewers (``show``, ``compare``, ``simulate``, the solve summary) build 
 ``autoplan.view.render`` lays it out as a rich table that fits the terminal, as stacked
 key–value rows when it does not, as Markdown or as JSON. Cells are text; a cell may be a rich
 ``Text`` (a coloured memory bar) in columns marked ``text_only``, which only the terminal
-layouts show.
+layouts show. A ``Figure`` cell is text that also carries its number and unit, so that JSON
+output gives numbers (``{"fwd_ms": 117.2}``) where the tables show '117 ms'.
 """
 
 from __future__ import annotations
@@ -13,7 +14,22 @@ from dataclasses import dataclass, field
 
 from rich.text import Text
 
-__all__ = ["Cell", "Document", "Section", "cell_text"]
+__all__ = ["Cell", "Document", "Figure", "Section", "cell_text"]
+
+
+class Figure(str):
+    """A cell's text (``str``: shown as it is) with the number it stands for, in ``unit``
+    ('ms', 'bytes', 'fraction', 'per_s'; '' for a plain number), for JSON output."""
+
+    value: float | int
+    unit: str
+
+    def __new__(cls, text: str, value: float | int, unit: str) -> Figure:
+        figure = super().__new__(cls, text)
+        figure.value = value
+        figure.unit = unit
+        return figure
+
 
 Cell = str | Text
 
@@ -27,7 +43,8 @@ def cell_text(cell: Cell) -> str:
 class Section:
     """A titled table. ``key_value`` sections have two columns (what, value) and no header;
     ``right`` holds the indices of right-aligned columns; ``row_styles`` a rich style per row
-    ('' for none); ``note`` a line printed under the table; ``heading_columns`` how many
+    ('' for none); ``note`` a line printed under the table (``text_note``: a further one only
+    the terminal layouts print, about the ``text_only`` columns); ``heading_columns`` how many
     leading columns name a row in the stacked layout (e.g. 'rank 0 · GPU A100 · tp 1')."""
 
     title: str
@@ -38,6 +55,7 @@ class Section:
     text_only: frozenset[int] = frozenset()
     row_styles: list[str] = field(default_factory=list)
     note: str = ""
+    text_note: str = ""
     heading_columns: int = 1
 
     def add(self, *cells: Cell, style: str = "") -> None:

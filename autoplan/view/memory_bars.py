@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from autoplan.plan.schema import MemoryEstimate, Plan
-from autoplan.view.document import Section
+from autoplan.view.document import Figure, Section
 from autoplan.view.units import bytes_text
 
 __all__ = ["MEMORY_CATEGORIES", "memory_bar", "memory_section"]
@@ -31,6 +31,10 @@ def _parts(estimate: MemoryEstimate) -> dict[str, int]:
     }
 
 
+def _bytes(size: int) -> Figure:
+    return Figure(bytes_text(size), size, "bytes")
+
+
 def memory_bar(estimate: MemoryEstimate, width: int = 32) -> Text:
     """``width`` cells = the GPU's capacity; each category (and the reserve, dim) fills its
     share in its colour; an estimate over capacity fills every cell."""
@@ -51,7 +55,7 @@ def memory_section(plan: Plan, *, bars: bool = True) -> Section:
     """One row per memory estimate (pipeline rank × replica kind): memory by category, total
     and reserve against capacity, and (``bars``) the bar."""
     legend = "  ".join(f"{'▒' if name == 'reserve' else '█'} {name}" for name in MEMORY_CATEGORIES)
-    columns = ["rank", "GPU", "tp", "samples", "weights", "grads", "optimizer", "activations"]
+    columns = ["rank", "GPU", "tp", "micro-batch", "weights", "grads", "optimizer", "activations"]
     columns += ["transient", "total", "reserve", "capacity", "used"]
     if bars:
         columns.append("bar (width = capacity)")
@@ -61,9 +65,9 @@ def memory_section(plan: Plan, *, bars: bool = True) -> Section:
         right=frozenset({0, 2, 3, *range(4, 13)}),
         text_only=frozenset({13}) if bars else frozenset(),
         heading_columns=4,
-        note=f"used = (total + reserve) / capacity; bar: {legend}"
-        if bars
-        else "used = (total + reserve) / capacity",
+        note="micro-batch: samples per micro-batch of one replica; "
+        "used = (total + reserve) / capacity",
+        text_note=f"bar: {legend}" if bars else "",
     )
     estimates = sorted(
         plan.prediction.memory,
@@ -74,15 +78,15 @@ def memory_section(plan: Plan, *, bars: bool = True) -> Section:
         share = needed / estimate.capacity_bytes if estimate.capacity_bytes else 0.0
         over = needed > estimate.capacity_bytes
         cells = [
-            str(estimate.pipeline_rank),
+            Figure(str(estimate.pipeline_rank), estimate.pipeline_rank, ""),
             estimate.gpu_type,
-            str(estimate.tensor_parallel_degree),
-            str(estimate.micro_batch_size),
-            *(bytes_text(size) for name, size in _parts(estimate).items() if name != "reserve"),
-            bytes_text(estimate.total_bytes),
-            bytes_text(estimate.reserved_bytes),
-            bytes_text(estimate.capacity_bytes),
-            f"{share:.0%}",
+            Figure(str(estimate.tensor_parallel_degree), estimate.tensor_parallel_degree, ""),
+            Figure(str(estimate.micro_batch_size), estimate.micro_batch_size, ""),
+            *(_bytes(size) for name, size in _parts(estimate).items() if name != "reserve"),
+            _bytes(estimate.total_bytes),
+            _bytes(estimate.reserved_bytes),
+            _bytes(estimate.capacity_bytes),
+            Figure(f"{share:.0%}", share, "fraction"),
         ]
         if bars:
             cells.append(memory_bar(estimate))

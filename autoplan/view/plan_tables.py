@@ -3,14 +3,16 @@ GPUs and runners-up, as a Document (``autoplan.view.render`` lays it out)."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from autoplan.plan.schema import Plan, Stage, StageTiming
-from autoplan.view.document import Document, Section
+from autoplan.view.document import Document, Figure, Section
 from autoplan.view.memory_bars import memory_section
 from autoplan.view.unit_names import stage_units_text
 from autoplan.view.units import (
     count_text,
+    counted,
     duration_text,
     node_ranges,
     percent_text,
@@ -19,16 +21,39 @@ from autoplan.view.units import (
 )
 
 __all__ = [
+    "ALTERNATIVES_LEGEND",
+    "LEGACY_LEGEND",
     "alternatives_section",
     "breakdown_section",
     "gpus_text",
     "idle_section",
     "micro_batch_sizes_text",
+    "micro_batch_text",
     "overview_section",
     "plan_document",
     "replicas_text",
     "stages_section",
 ]
+
+
+ALTERNATIVES_LEGEND = (
+    "pp pipeline ranks, m micro-batches, then the schedule (v: stages per rank); each stage as "
+    "autoplan cost --stages takes it: TYPE*replicas:Lfirst-last (inclusive layers):tpT (GPUs "
+    "per replica):mbB (micro-batch per replica), (…) a type's own, full/selective recompute, "
+    "offload (activations to host), zZ ZeRO level; price one with autoplan cost --stages "
+    "'…' --num-micro-batches M --schedule S."
+)
+LEGACY_LEGEND = (
+    "Older plans: 'pp=2 m=8 mbs=16 1f1b | 0-12: A100:4x1(b4,f,o) z1' is mbs samples per "
+    "micro-batch per stage (all replicas), layers [0, 12) (end excluded), 4 replicas x tp 1, "
+    "b4 samples per replica, s/f selective/full recompute, o offload, z1 ZeRO level."
+)
+# The summary notation of plans written before the stage-spec one: 'mbs=16' and '0-12: '.
+_LEGACY_SUMMARY = re.compile(r"\bmbs=\d+|\b\d+-\d+: ")
+
+
+def _ms(milliseconds: float) -> Figure:
+    return Figure(duration_text(milliseconds), milliseconds, "ms")
 
 
 def micro_batch_sizes_text(sizes: list[int]) -> str:
@@ -37,9 +62,11 @@ def micro_batch_sizes_text(sizes: list[int]) -> str:
 
 
 def replicas_text(stage: Stage) -> str:
-    """A stage's replicas by kind, in order of first appearance, e.g.
-    'A100-40GB tp1 × 4 (8 samples each) + V100-16GB tp4 × 1 (4 samples)'; a context-parallel
-    replica reads 'H100 tp2 cp4 × 1' (cp groups of tp GPUs, each a chunk of the sequence)."""
+    """A stage's replicas by kind, in order of first appearance, with each replica's
+    micro-batch size (samples per micro-batch of one replica, as Megatron-LM counts it), e.g.
+    'A100-40GB tp1 × 4 (micro-batch 8 each) + V100-16GB tp4 × 1 (micro-batch 4)'; a
+    context-parallel replica reads 'H100 tp2 cp4 × 1' (cp groups of tp GPUs, each a chunk of
+    the sequence)."""
     kinds: Counter[tuple[str, int, int, int]] = Counter()
     for replica in stage.replicas:
         kind = (
@@ -51,10 +78,27 @@ def replicas_text(stage: Stage) -> str:
         kinds[kind] += 1
     parts = []
     for (gpu_type, tp, cp, share), count in kinds.items():
-        samples = f"{share} samples each" if count > 1 else f"{share} samples"
+        each = " each" if count > 1 else ""
         ring = f" cp{cp}" if cp > 1 else ""
-        parts.append(f"{gpu_type} tp{tp}{ring} × {count} ({samples})")
+        parts.append(f"{gpu_type} tp{tp}{ring} × {count} (micro-batch {share}{each})")
     return " + ".join(parts)
+
+
+def micro_batch_text(plan: Plan) -> str:
+    """The micro-batch as the field says it: per replica first, the stage total named so:
+    'micro-batch 2 per replica (8 per stage: 4 replicas)', or the shares where they differ."""
+    par = plan.parallelism
+    shares = sorted({r.micro_batch_size for s in plan.stages for r in s.replicas})
+    replicas = sorted({s.data_parallel_degree for s in plan.stages})
+    if len(shares) == 1:
+        per = f"micro-batch {shares[0]} per replica"
+        over = "/".join(map(str, replicas))
+        total = f"{counted(par.micro_batch_size, 'sample')} per stage"
+        return f"{per} ({total}: {over} {'replica' if replicas == [1] else 'replicas'})"
+    return (
+        f"micro-batch {'/'.join(map(str, shares))} per replica (uneven shares; "
+        f"{counted(par.micro_batch_size, 'sample')} per stage)"
+    )
 
 
 def gpus_text(plan: Plan) -> str:
@@ -80,7 +124,7 @@ def overview_section(plan: Plan) -> Section:
     )
     section.add(
         "cluster",
-        f"{inputs.cluster.name}: GPUs used {gpus_text(plan)} on {len(plan.nodes)} nodes "
+        f"{inputs.cluster.name}: GPUs used {gpus_text(plan)} on {counted(len(plan.nodes), 'node')} "
         f"({node_ranges(node.name for node in plan.nodes)})",
     )
     section.add("strategy", inputs.strategy)
@@ -91,11 +135,13 @@ def overview_section(plan: Plan) -> Section:
     )
     levels = sorted({stage.zero_stage for stage in plan.stages if stage.zero_stage})
     zero = ", ".join(
-        f"ZeRO-{z} on {sum(stage.zero_stage == z for stage in plan.stages)} stages" for z in levels
+        f"ZeRO-{z} on {counted(sum(stage.zero_stage == z for stage in plan.stages), 'stage')}"
+        for z in levels
     )
     section.add(
         "pipeline",
-        f"{par.pipeline_degree} ranks{virtual}, {len(plan.stages)} stages, {par.schedule}"
+        f"{counted(par.pipeline_degree, 'rank')}{virtual}, {counted(len(plan.stages), 'stage')}, "
+        f"{par.schedule}"
         + (f", {zero}" if zero else "")
         + (", sequence parallelism (SP) on" if par.sequence_parallel else "")
         + _expert_text(plan),
@@ -111,18 +157,34 @@ def overview_section(plan: Plan) -> Section:
         )
     section.add(
         "batch",
-        f"global {inputs.global_batch_size} = {par.num_micro_batches} micro-batches × "
-        f"{par.micro_batch_size} samples; seq {inputs.seq_len}, {inputs.dtype}",
+        f"global {inputs.global_batch_size} = "
+        f"{counted(par.num_micro_batches, 'micro-batch', 'micro-batches')} × "
+        f"{par.micro_batch_size}; {micro_batch_text(plan)}; seq {inputs.seq_len}, {inputs.dtype}",
     )
-    section.add("iteration", f"{duration_text(prediction.iteration_time_ms)} predicted")
+    section.add(
+        "iteration",
+        Figure(
+            f"{duration_text(prediction.iteration_time_ms)} predicted",
+            prediction.iteration_time_ms,
+            "ms",
+        ),
+    )
     section.add(
         "throughput",
-        f"{rate_text(prediction.samples_per_s, 'samples')}, "
-        f"{rate_text(prediction.tokens_per_s, 'tokens')}",
+        Figure(
+            f"{rate_text(prediction.samples_per_s, 'samples')}, "
+            f"{rate_text(prediction.tokens_per_s, 'tokens')}",
+            prediction.tokens_per_s,
+            "tokens_per_s",
+        ),
     )
     section.add(
         "efficiency",
-        f"{prediction.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {percent_text(prediction.mfu)}",
+        Figure(
+            f"{prediction.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {percent_text(prediction.mfu)}",
+            prediction.mfu,
+            "mfu",
+        ),
     )
     idle = prediction.idle_gpus
     section.add(
@@ -157,11 +219,11 @@ def stages_section(plan: Plan) -> Section:
     for stage in plan.stages:
         timing = timing_of.get(stage.index)
         last = stage.index + 1 == len(plan.stages)
-        times = (
+        times: list[str] = (
             [
-                duration_text(timing.forward_ms),
-                duration_text(timing.backward_ms),
-                "-" if last else duration_text(timing.send_ms),
+                _ms(timing.forward_ms),
+                _ms(timing.backward_ms),
+                "-" if last else _ms(timing.send_ms),
             ]
             if timing
             else ["-"] * 3
@@ -170,9 +232,9 @@ def stages_section(plan: Plan) -> Section:
         # At sub-block grain: which block parts the stage starts and ends at.
         units = stage_units_text(plan.inputs.model, stage.layer_start, stage.layer_end)
         section.add(
-            str(stage.index),
-            str(stage.pipeline_rank),
-            f"{stage.layer_start}–{stage.layer_end - 1} ({count})"
+            Figure(str(stage.index), stage.index, ""),
+            Figure(str(stage.pipeline_rank), stage.pipeline_rank, ""),
+            f"{stage.layer_start}-{stage.layer_end - 1} ({counted(count, 'layer')})"
             + (f": {units}" if units else ""),
             replicas_text(stage),
             node_ranges(replica.node for replica in stage.replicas),
@@ -180,8 +242,9 @@ def stages_section(plan: Plan) -> Section:
                 replica.recompute + (" +offload" if replica.offload else "")
                 for replica in stage.replicas
             ),
-            (str(stage.zero_stage) if stage.zero_stage else "no")
-            + (f" · ep {stage.expert_parallel_degree}" if stage.expert_parallel_degree > 1 else ""),
+            (Figure(str(stage.zero_stage), stage.zero_stage, "") if stage.zero_stage else "no")
+            if stage.expert_parallel_degree == 1
+            else f"{stage.zero_stage or 'no'} · ep {stage.expert_parallel_degree}",
             *times,
             _time_source(count, timing),
         )
@@ -219,8 +282,9 @@ def breakdown_section(plan: Plan) -> Section:
         ("optimizer", breakdown.optimizer_ms),
     ]
     for name, ms in parts:
-        section.add(name, duration_text(ms), percent_text(ms / total) if total else "-")
-    section.add("iteration (predicted)", duration_text(total), "", style="bold")
+        share = Figure(percent_text(ms / total), ms / total, "fraction") if total else "-"
+        section.add(name, _ms(ms), share)
+    section.add("iteration (predicted)", _ms(total), "", style="bold")
     return section
 
 
@@ -228,7 +292,7 @@ def idle_section(plan: Plan) -> Section:
     """GPUs of the cluster the plan leaves unused, per type, and why."""
     section = Section(title="Idle GPUs", columns=["GPU", "idle", "reason"], right=frozenset({1}))
     for idle in plan.prediction.idle_gpus:
-        section.add(idle.gpu_type, str(idle.count), idle.reason)
+        section.add(idle.gpu_type, Figure(str(idle.count), idle.count, "count"), idle.reason)
     if not plan.prediction.idle_gpus:
         section.add("-", "0", "every GPU of the cluster is used")
     return section
@@ -239,7 +303,7 @@ def alternatives_section(plan: Plan) -> Section:
     section = Section(
         title="Alternatives",
         columns=[
-            *("#", "knobs", "layers per stage", "GPU per stage"),
+            *("#", "pipeline and stages", "layers per stage", "GPU per stage"),
             *("iteration", "samples/s", "vs chosen"),
         ],
         right=frozenset({0, 4, 5, 6}),
@@ -251,10 +315,20 @@ def alternatives_section(plan: Plan) -> Section:
             alternative.summary,
             " ".join(str(count) for count in alternative.layer_split),
             " ".join(alternative.gpu_types),
-            duration_text(alternative.iteration_time_ms),
-            rate_text(alternative.samples_per_s, "samples").removesuffix(" samples/s"),
-            f"{alternative.samples_per_s / chosen:.2f}×",
+            _ms(alternative.iteration_time_ms),
+            Figure(
+                rate_text(alternative.samples_per_s, "samples").removesuffix(" samples/s"),
+                alternative.samples_per_s,
+                "per_s",
+            ),
+            Figure(
+                f"{alternative.samples_per_s / chosen:.2f}×",
+                alternative.samples_per_s / chosen,
+                "ratio",
+            ),
         )
+    legacy = any(_LEGACY_SUMMARY.search(a.summary) for a in plan.alternatives)
+    section.note = ALTERNATIVES_LEGEND + (" " + LEGACY_LEGEND if legacy else "")
     return section
 
 

@@ -6,7 +6,12 @@ line per cell, values folding onto further lines), so that a narrow terminal or 
 (rich takes 80 columns when output is piped) still shows every character. Every column folds
 rather than cutting text off with '…'. Markdown: a heading per section and a pipe table.
 JSON: ``{"title", "sections": [{"title", "rows": [{column: value}]}]}`` (key–value sections as
-``"items": {what: value}``), the cells as shown.
+``"items": {what: value}``): a ``Figure`` cell as its number under ``column_unit`` (e.g.
+``"fwd_ms": 117.2``), other cells as shown.
+
+A table is used while it fits the console with every column at least ``_MIN_COLUMN`` wide (or
+its natural width, if narrower): long cells then fold inside their column rather than the whole
+section falling back to stacked rows.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from autoplan.view.document import Document, Section, cell_text
+from autoplan.view.document import Document, Figure, Section, cell_text
 
 __all__ = [
     "FORMATS",
@@ -32,13 +37,21 @@ __all__ = [
 OutputFormat = Literal["text", "markdown", "json"]
 FORMATS: tuple[OutputFormat, ...] = ("text", "markdown", "json")
 
+# Narrowest a column may fold to before a table gives way to stacked rows.
+_MIN_COLUMN = 14
+
+
+def _note(section: Section, text_layout: bool) -> str:
+    notes = [section.note, section.text_note if text_layout else ""]
+    return "; ".join(note for note in notes if note)
+
 
 def _table(section: Section) -> Table:
     table = Table(
         title=section.title,
         title_justify="left",
         show_header=not section.key_value,
-        caption=section.note or None,
+        caption=_note(section, True) or None,
         caption_justify="left",
     )
     for index, column in enumerate(section.columns):
@@ -90,17 +103,36 @@ def _stacked(section: Section) -> Group:
     return Group(*parts)
 
 
+def _folded_width(section: Section) -> int:
+    """Width of the section's table with each column folded to at most ``_MIN_COLUMN``
+    characters (its natural width where that is less): borders and padding included."""
+    total = 1
+    for index, column in enumerate(section.columns):
+        if index in section.text_only:
+            widest = max((len(cell_text(row[index])) for row in section.rows), default=0)
+        else:
+            cells = [cell_text(row[index]) for row in section.rows]
+            widest = max((max(map(len, c.splitlines() or [""])) for c in cells), default=0)
+        natural = max(widest, 0 if section.key_value else len(column))
+        total += min(natural, _MIN_COLUMN) + 3
+    return total
+
+
 def _print_section(console: Console, section: Section) -> None:
     table = _table(section)
     # Measured without the console's own limit: rich clamps measurements to the width.
     unlimited = console.options.update_width(1_000_000)
-    if console.measure(table, options=unlimited).maximum <= console.width:
+    natural = console.measure(table, options=unlimited)
+    if natural.maximum <= console.width or (
+        natural.minimum <= console.width and _folded_width(section) <= console.width
+    ):
         console.print(table)
         return
     console.print(Text(section.title, style="italic"), overflow="fold")
     console.print(_stacked(section))
-    if section.note:
-        console.print(Text(section.note, style="dim"), overflow="fold")
+    note = _note(section, True)
+    if note:
+        console.print(Text(note, style="dim"), overflow="fold")
 
 
 def print_text(console: Console, document: Document) -> None:
@@ -137,16 +169,22 @@ def render_markdown(document: Document) -> str:
     return "\n".join(lines)
 
 
+def _json_cell(column: str, cell: object) -> tuple[str, object]:
+    if isinstance(cell, Figure):
+        return (f"{column}_{cell.unit}" if cell.unit else column), cell.value
+    return column, cell_text(cell)  # type: ignore[arg-type]
+
+
 def _json_section(section: Section) -> dict[str, Any]:
     if section.key_value:
-        items = {cell_text(row[0]): cell_text(row[1]) for row in section.rows}
+        items = dict(_json_cell(cell_text(row[0]).strip(), row[1]) for row in section.rows)
         return {"title": section.title, "items": items}
     rows = [
-        {
-            column: cell_text(cell)
+        dict(
+            _json_cell(column, cell)
             for index, (column, cell) in enumerate(zip(section.columns, row, strict=True))
             if index not in section.text_only
-        }
+        )
         for row in section.rows
     ]
     out: dict[str, Any] = {"title": section.title, "rows": rows}
@@ -156,7 +194,7 @@ def _json_section(section: Section) -> dict[str, Any]:
 
 
 def render_json(document: Document) -> str:
-    """The document as JSON (cells as shown)."""
+    """The document as JSON (figures as numbers, other cells as shown)."""
     data = {"title": document.title, "sections": [_json_section(s) for s in document.sections]}
     return json.dumps(data, indent=2, ensure_ascii=False)
 

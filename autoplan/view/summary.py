@@ -4,9 +4,9 @@ runners-up, in the same sections ``show`` uses (without the memory bars)."""
 from __future__ import annotations
 
 from autoplan.plan.schema import Plan
-from autoplan.view.document import Document, Section
+from autoplan.view.document import Document, Figure, Section
 from autoplan.view.memory_bars import memory_section
-from autoplan.view.plan_tables import alternatives_section, stages_section
+from autoplan.view.plan_tables import alternatives_section, micro_batch_text, stages_section
 from autoplan.view.units import duration_text, percent_text, rate_text
 
 __all__ = ["prediction_section", "solve_summary"]
@@ -18,13 +18,18 @@ def prediction_section(plan: Plan) -> Section:
     section = Section(
         title="Prediction (one iteration)", columns=["figure", "value"], key_value=True
     )
-    section.add("iteration", duration_text(prediction.iteration_time_ms))
+    ms = prediction.iteration_time_ms
+    section.add("iteration", Figure(duration_text(ms), ms, "ms"))
     for name, value in prediction.breakdown.model_dump().items():
-        section.add(f"  {name.removesuffix('_ms').replace('_', ' ')}", duration_text(value))
-    section.add("samples/s", rate_text(prediction.samples_per_s, "samples"))
-    section.add("tokens/s", rate_text(prediction.tokens_per_s, "tokens"))
-    section.add("TFLOP/s per GPU", f"{prediction.tflops_per_gpu:.1f}")
-    section.add("MFU", percent_text(prediction.mfu))
+        label = f"  {name.removesuffix('_ms').replace('_', ' ')}"
+        section.add(label, Figure(duration_text(value), value, "ms"))
+    rate = prediction.samples_per_s
+    section.add("samples/s", Figure(rate_text(rate, "samples"), rate, "per_s"))
+    rate = prediction.tokens_per_s
+    section.add("tokens/s", Figure(rate_text(rate, "tokens"), rate, "per_s"))
+    tflops = prediction.tflops_per_gpu
+    section.add("TFLOP/s per GPU", Figure(f"{tflops:.1f}", tflops, "tflops"))
+    section.add("MFU", Figure(percent_text(prediction.mfu), prediction.mfu, "fraction"))
     idle = prediction.idle_gpus
     section.add(
         "idle GPUs",
@@ -40,8 +45,8 @@ def solve_summary(plan: Plan) -> Document:
     virtual = f" v={par.virtual_stages_per_rank}" if par.virtual_stages_per_rank > 1 else ""
     title = (
         f"{inputs.model.name} on {inputs.cluster.name} ({inputs.strategy}): "
-        f"pp={par.pipeline_degree} {par.schedule}{virtual} m={par.num_micro_batches} "
-        f"mbs={par.micro_batch_size}, {plan.world_size} GPUs"
+        f"pp={par.pipeline_degree} {par.schedule}{virtual} m={par.num_micro_batches}, "
+        f"{micro_batch_text(plan)}, {plan.world_size} GPUs"
     )
     sections = [stages_section(plan), prediction_section(plan), memory_section(plan, bars=False)]
     if plan.alternatives:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 __all__ = [
     "bytes_text",
     "count_text",
+    "counted",
     "duration_text",
     "long_duration_text",
     "node_ranges",
@@ -63,9 +64,11 @@ def bytes_text(size: float) -> str:
 
 
 def duration_text(milliseconds: float) -> str:
-    """A duration: 412 µs, 3.00 ms, 68.9 s, 12.5 min, 2.30 h."""
+    """A duration: 412 µs, 3.00 ms, 68.9 s, 12.5 min, 2.30 h (under 1 ns: 0 ms)."""
     magnitude = abs(milliseconds)
-    if magnitude == 0:
+    # Under a nanosecond is rounding left over from a difference (an all-reduce hidden
+    # entirely by backward), not a time anyone can measure.
+    if magnitude < 1e-6:
         return "0 ms"
     if magnitude < 1:
         return f"{_three(milliseconds * 1000)} µs"
@@ -157,3 +160,8 @@ def node_ranges(names: Iterable[str]) -> str:
         else:
             parts.append(key)
     return ", ".join(parts)
+
+
+def counted(count: int, noun: str, plural: str = "") -> str:
+    """'1 sample', '2 samples', '1 layer' (``plural``: where adding 's' is wrong)."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
