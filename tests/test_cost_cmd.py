@@ -267,7 +267,7 @@ def test_alternatives_are_written_as_stages_that_price_to_their_time(files) -> N
 
 
 def test_replicas_of_one_stage_may_differ_per_type() -> None:
-    text = "A*1(tp4,mb4,full)+B*4(tp1,mb1):L0-11:z1 | C:L12-25:tp2:dp8:mb1"
+    text = "A*1(tp4,cp2,mb4,full)+B*4(tp1,mb1):L0-11:z1:ep2 | C:L12-25:tp2:dp8:mb1"
     specs = parse_stages(text)
     assert format_stage_specs(specs) == text
     assert specs[0].data_parallel_degree == 5 and specs[0].tensor_parallel_degree is None

@@ -283,10 +283,12 @@ def config_stage_specs(model: CostModel, config: PlanConfig) -> list[StageSpec]:
                     g.micro_batch_size,
                     g.recompute,
                     g.offload,
+                    g.cp,
                 )
                 for g in stage.groups
             ],
             stage.zero_stage,
+            stage.ep,
         )
         for stage in config.stages
     ]

@@ -133,16 +133,18 @@ def _groups(
     groups = []
     for count, options, share in zip(counts, classes, spec.types, strict=True):
         tp = _own_tp(spec, share)
+        cp = share.context_parallel_degree or spec.context_parallel_degree or 1
         mbs = share.micro_batch_size or spec.micro_batch_size or defaults[0]
         recompute = share.recompute or spec.recompute or defaults[1]
         offload = spec.offload if share.offload is None else share.offload
         for k in options:
-            per_node = model.classes[k].gpus_per_node // tp
-            take = min(count, free[k] // tp, per_node * model.classes[k].num_nodes)
+            size = tp * cp  # a replica's GPUs, on one node
+            per_node = model.classes[k].gpus_per_node // size
+            take = min(count, free[k] // size, per_node * model.classes[k].num_nodes)
             if take <= 0:
                 continue
-            groups.append(ReplicaGroup(k, tp, take, mbs, recompute, offload))
-            free[k] -= take * tp
+            groups.append(ReplicaGroup(k, tp, take, mbs, recompute, offload, cp))
+            free[k] -= take * size
             count -= take
             if count == 0:
                 break
@@ -161,11 +163,12 @@ def _assignments(
     classes = [[_classes_named(model, t.name) for t in spec.types] for spec in specs[:pp]]
     for spec, names in zip(specs, classes, strict=False):
         for t, options in zip(spec.types, names, strict=True):
-            if _own_tp(spec, t) > max(model.classes[k].gpus_per_node for k in options):
+            cp = t.context_parallel_degree or spec.context_parallel_degree or 1
+            if _own_tp(spec, t) * cp > max(model.classes[k].gpus_per_node for k in options):
                 raise InputError(
-                    f"--stages: tp {_own_tp(spec, t)} exceeds the "
+                    f"--stages: tp {_own_tp(spec, t)} x cp {cp} exceeds the "
                     f"{max(model.classes[k].gpus_per_node for k in options)} GPUs per node of "
-                    f"{shown(t.name)} (a tp group stays within one node)"
+                    f"{shown(t.name)} (a replica stays within one node)"
                 )
     splits = [_stage_splits(spec) for spec in specs[:pp]]
     for tried, choice in enumerate(itertools.product(*splits), start=1):
@@ -223,6 +226,7 @@ def config_from_specs(
     for s, spec in enumerate(specs):
         owner = specs[_rank_of(schedule, pp, s)]
         same = ("types", "tensor_parallel_degree", "data_parallel_degree", "micro_batch_size")
+        same += ("context_parallel_degree",)
         if any(getattr(spec, f) != getattr(owner, f) for f in same):
             raise InputError(
                 f"--stages stage {s} runs on the GPUs of stage {_rank_of(schedule, pp, s)} "
@@ -258,6 +262,7 @@ def config_from_specs(
                 spec.last_layer + 1,
                 groups[_rank_of(schedule, pp, s)],
                 zero_stage if spec.zero_stage is None else spec.zero_stage,
+                spec.expert_parallel_degree or 1,
             )
             for s, spec in enumerate(specs)
         )
@@ -285,7 +290,7 @@ def config_from_plan(model: CostModel, plan: Plan) -> PlanConfig:
     class_of_node = {node.name: class_of_group[node.group] for node in model.cluster.nodes()}
     stages = []
     for stage in plan.stages:
-        counts: dict[tuple[int, int, int, str, bool], int] = {}
+        counts: dict[tuple[int, int, int, str, bool, int], int] = {}
         for replica in stage.replicas:
             k = class_of_node.get(replica.node)
             if k is None:
@@ -303,13 +308,22 @@ def config_from_plan(model: CostModel, plan: Plan) -> PlanConfig:
                 replica.micro_batch_size,
                 replica.recompute,
                 replica.offload,
+                replica.context_parallel_degree,
             )
             counts[key] = counts.get(key, 0) + 1
         groups = tuple(
-            ReplicaGroup(k, tp, n, mbs, recompute, offload)
-            for (k, tp, mbs, recompute, offload), n in counts.items()
+            ReplicaGroup(k, tp, n, mbs, recompute, offload, cp)
+            for (k, tp, mbs, recompute, offload, cp), n in counts.items()
         )
-        stages.append(StageChoice(stage.layer_start, stage.layer_end, groups, stage.zero_stage))
+        stages.append(
+            StageChoice(
+                stage.layer_start,
+                stage.layer_end,
+                groups,
+                stage.zero_stage,
+                stage.expert_parallel_degree,
+            )
+        )
     par = plan.parallelism
     return PlanConfig(
         par.num_micro_batches,

@@ -9,7 +9,9 @@ The grammar (stages separated by ``|``; fields after the first two in any order)
                                            a GPU type or node-group name; REPLICAS of the D
     extra   := own | "dp" D                D replicas in all (needed unless every type
              | "z" Z                       says how many); ZeRO level (0-3) of the stage
+             | "ep" E                      expert parallelism of the stage's MoE layers
     own     := "tp" T                      GPUs per replica (needed, per stage or per type)
+             | "cp" C                      context parallelism: C × tp GPUs per replica
              | "mb" B                      samples per micro-batch of each replica
              | "none" | "selective" | "full"  activation recompute
              | "offload"                   saved activations parked in host memory
@@ -49,7 +51,7 @@ _LAYERS = re.compile(r"L(?P<first>\d{1,6})-(?P<last>\d{1,6})")
 _TYPE = re.compile(
     r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,63})(?:\*(?P<count>\d{1,6}))?(?:\((?P<own>[^()]*)\))?"
 )
-_NUMBERED = re.compile(r"(?P<key>tp|dp|mb|z)(?P<value>\d{1,7})")
+_NUMBERED = re.compile(r"(?P<key>tp|cp|dp|mb|ep|z)(?P<value>\d{1,7})")
 _MAX_STAGES = limits.MAX_PIPELINE_DEGREE * limits.MAX_VIRTUAL_STAGES
 
 
@@ -68,6 +70,9 @@ class TypeShare(BaseModel):
     tensor_parallel_degree: int | None = Field(
         default=None, ge=1, le=limits.MAX_GPUS_PER_NODE, description="None: the stage's."
     )
+    context_parallel_degree: int | None = Field(
+        default=None, ge=1, le=limits.MAX_GPUS_PER_NODE, description="None: the stage's."
+    )
     micro_batch_size: int | None = Field(
         default=None,
         ge=1,
@@ -82,6 +87,8 @@ class TypeShare(BaseModel):
         own = []
         if self.tensor_parallel_degree is not None:
             own.append(f"tp{self.tensor_parallel_degree}")
+        if self.context_parallel_degree is not None:
+            own.append(f"cp{self.context_parallel_degree}")
         if self.micro_batch_size is not None:
             own.append(f"mb{self.micro_batch_size}")
         if self.recompute is not None:
@@ -102,6 +109,12 @@ class StageSpec(BaseModel):
     last_layer: int = Field(ge=0, le=limits.MAX_LAYERS, description="Last layer (inclusive).")
     tensor_parallel_degree: int | None = Field(
         default=None, ge=1, le=limits.MAX_GPUS_PER_NODE, description="None: each type says."
+    )
+    context_parallel_degree: int | None = Field(
+        default=None, ge=1, le=limits.MAX_GPUS_PER_NODE, description="None: 1, or each type's."
+    )
+    expert_parallel_degree: int | None = Field(
+        default=None, ge=1, le=limits.MAX_CLUSTER_GPUS, description="None: 1 (no ep)."
     )
     data_parallel_degree: int = Field(
         ge=1, le=limits.MAX_CLUSTER_GPUS, description="Replicas of the stage, all types."
@@ -125,6 +138,8 @@ class StageSpec(BaseModel):
         parts = ["+".join(t.text() for t in self.types), f"L{self.first_layer}-{self.last_layer}"]
         if self.tensor_parallel_degree is not None:
             parts.append(f"tp{self.tensor_parallel_degree}")
+        if self.context_parallel_degree is not None:
+            parts.append(f"cp{self.context_parallel_degree}")
         if any(t.replicas is None for t in self.types):
             parts.append(f"dp{self.data_parallel_degree}")
         if self.micro_batch_size is not None:
@@ -133,6 +148,8 @@ class StageSpec(BaseModel):
             parts.append(self.recompute)
         if self.zero_stage is not None:
             parts.append(f"z{self.zero_stage}")
+        if self.expert_parallel_degree is not None:
+            parts.append(f"ep{self.expert_parallel_degree}")
         if self.offload:
             parts.append("offload")
         return ":".join(parts)
@@ -175,7 +192,7 @@ def _stage(text: str, number: int) -> StageSpec:
         own = _options(
             [o.strip() for o in match["own"].split(",")] if match["own"] else [],
             where,
-            ("tp", "mb"),
+            ("tp", "cp", "mb"),
         )
         count = match["count"]
         types.append(
@@ -183,6 +200,7 @@ def _stage(text: str, number: int) -> StageSpec:
                 name=match["name"],
                 replicas=None if count is None else int(count),
                 tensor_parallel_degree=own.get("tp"),  # type: ignore[arg-type]
+                context_parallel_degree=own.get("cp"),  # type: ignore[arg-type]
                 micro_batch_size=own.get("mb"),  # type: ignore[arg-type]
                 recompute=own.get("recompute"),  # type: ignore[arg-type]
                 offload=own.get("offload"),  # type: ignore[arg-type]
@@ -194,7 +212,7 @@ def _stage(text: str, number: int) -> StageSpec:
     first, last = int(layers["first"]), int(layers["last"])
     if last < first:
         raise InputError(f"{where}: the last layer ({last}) comes before the first ({first})")
-    numbers = _options(fields[1:], where, ("tp", "dp", "mb", "z"))
+    numbers = _options(fields[1:], where, ("tp", "cp", "dp", "mb", "z", "ep"))
     given = [t.replicas for t in types if t.replicas is not None]
     if "dp" not in numbers:
         if len(given) < len(types):
@@ -217,6 +235,8 @@ def _stage(text: str, number: int) -> StageSpec:
             first_layer=first,
             last_layer=last,
             tensor_parallel_degree=numbers.get("tp"),  # type: ignore[arg-type]
+            context_parallel_degree=numbers.get("cp"),  # type: ignore[arg-type]
+            expert_parallel_degree=numbers.get("ep"),  # type: ignore[arg-type]
             data_parallel_degree=dp,
             micro_batch_size=numbers.get("mb"),  # type: ignore[arg-type]
             recompute=numbers.get("recompute"),  # type: ignore[arg-type]
@@ -292,17 +312,18 @@ def megatron_stage_specs(
 def written_stage(
     first_layer: int,
     last_layer: int,
-    groups: list[tuple[str, int, int, int, str, bool]],
+    groups: list[tuple[str, int, int, int, str, bool, int]],
     zero_stage: int,
+    expert_parallel_degree: int = 1,
 ) -> StageSpec:
-    """A stage of ``groups`` (name, replicas, tp, samples each, recompute, offload) as the
+    """A stage of ``groups`` (name, replicas, tp, samples each, recompute, offload, cp) as the
     shortest spec that says it: what all groups share at the stage, the rest per type."""
 
     def common(index: int) -> object:
         values = {group[index] for group in groups}
         return next(iter(values)) if len(values) == 1 else None
 
-    tp, mbs, recompute, offload = common(2), common(3), common(4), common(5)
+    tp, mbs, recompute, offload, cp = common(2), common(3), common(4), common(5), common(6)
     types = [
         TypeShare(
             name=name,
@@ -311,14 +332,17 @@ def written_stage(
             micro_batch_size=None if mbs is not None else group_mbs,
             recompute=None if recompute is not None else group_recompute,  # type: ignore[arg-type]
             offload=None if offload is not None else (group_offload or None),
+            context_parallel_degree=None if cp is not None else group_cp,
         )
-        for name, count, group_tp, group_mbs, group_recompute, group_offload in groups
+        for name, count, group_tp, group_mbs, group_recompute, group_offload, group_cp in groups
     ]
     return StageSpec(
         types=types,
         first_layer=first_layer,
         last_layer=last_layer,
         tensor_parallel_degree=tp,  # type: ignore[arg-type]
+        context_parallel_degree=None if cp in (None, 1) else cp,  # type: ignore[arg-type]
+        expert_parallel_degree=None if expert_parallel_degree == 1 else expert_parallel_degree,
         data_parallel_degree=sum(group[1] for group in groups),
         micro_batch_size=mbs,  # type: ignore[arg-type]
         recompute=None if recompute in (None, "none") else recompute,  # type: ignore[arg-type]
