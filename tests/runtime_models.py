@@ -6,7 +6,14 @@ import torch
 
 from autoplan.zoo.gpt import GPT, GPTConfig
 
-__all__ = ["HF_DECODER_LAYERS", "DecoderForCausalLM", "hf_decoder", "mlp_stack", "tied_gpt"]
+__all__ = [
+    "HF_DECODER_LAYERS",
+    "DecoderForCausalLM",
+    "hf_decoder",
+    "hf_decoder_tied",
+    "mlp_stack",
+    "tied_gpt",
+]
 
 TIED_GPT = GPTConfig(2, 16, 2, 33, 16, tie_embeddings=True)
 
@@ -92,11 +99,19 @@ class DecoderForCausalLM(torch.nn.Module):
     """The whole model, as Hugging Face's LlamaForCausalLM: model (the body) and lm_head."""
 
     def __init__(
-        self, vocab: int = 37, hidden: int = 16, heads: int = 2, ffn: int = 24, blocks: int = 4
+        self,
+        vocab: int = 37,
+        hidden: int = 16,
+        heads: int = 2,
+        ffn: int = 24,
+        blocks: int = 4,
+        tie_word_embeddings: bool = False,
     ) -> None:
         super().__init__()
         self.model = DecoderModel(vocab, hidden, heads, ffn, blocks)
         self.lm_head = torch.nn.Linear(hidden, vocab, bias=False)
+        if tie_word_embeddings:  # as Hugging Face ties them: one Parameter, two modules
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.model(input_ids))
@@ -106,6 +121,13 @@ def hf_decoder(batch_size: int = 2, seq_len: int = 8) -> tuple[DecoderForCausalL
     """A decoder written like a Hugging Face model: embed, 4 blocks in a ModuleList, norm, head
     (7 pipeline layers), neither a LayeredModel nor an nn.Sequential."""
     return DecoderForCausalLM(), torch.randint(0, 37, (batch_size, seq_len))
+
+
+def hf_decoder_tied(
+    batch_size: int = 2, seq_len: int = 8
+) -> tuple[DecoderForCausalLM, torch.Tensor]:
+    """:func:`hf_decoder` with lm_head's weight tied to embed_tokens' (tie_word_embeddings)."""
+    return DecoderForCausalLM(tie_word_embeddings=True), torch.randint(0, 37, (batch_size, seq_len))
 
 
 HF_DECODER_LAYERS = [

@@ -69,6 +69,34 @@ def test_solves_into_a_pipeline_that_builds_and_computes_the_forward(profile: Pr
     assert sorted(names) == sorted(name for name, _ in whole.named_parameters())
 
 
+def test_tied_embedding_and_head_profile_once_and_tie_across_stages() -> None:
+    tied = profile_model("tests.runtime_models:hf_decoder_tied", 8, 1, "fp64")
+    assert tied.model.layer_modules == HF_DECODER_LAYERS
+    # The shared weight counts once, where it is first (the embedding); the head owns none.
+    assert tied.layers[-1].param_count == 0
+    assert tied.model.parameter_count == sum(
+        p.numel() for p in DecoderForCausalLM(tie_word_embeddings=True).parameters()
+    )
+    plan = solve(tied, load_cluster(example_cluster_path("cpu-local")), 4, SolveOptions(pp=2))
+    stages, tied_weights = build_stage_models(plan, list(plan.stages), seed=0)
+    (weight,) = tied_weights
+    assert weight.names == ("model.embed_tokens.weight", "lm_head.weight")
+    assert weight.stages == (0, len(plan.stages) - 1)
+    # Each stage holds its own copy, equal at the start (the runtime sums their gradients).
+    first = dict(stages[0].named_parameters())["model.embed_tokens.weight"]
+    last = dict(stages[-1].named_parameters())["lm_head.weight"]
+    assert first is not last and torch.equal(first, last)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="times the CPU in fp64 here")
+def test_measure_times_each_layer_of_the_chain() -> None:
+    measured = profile_model(FACTORY, 8, 1, "fp64", measure=True, measure_repeats=1)
+    for layer in measured.layers:
+        source = measured.layers[layer.replica_of] if layer.replica_of is not None else layer
+        assert layer.measured == source.measured and len(layer.measured) == 1, layer.name
+        assert layer.measured[0].forward_ms > 0 and layer.measured[0].backward_ms > 0
+
+
 def test_named_layer_modules_split_where_told() -> None:
     """As pipelining's split points: the named modules (a ModuleList for its entries) and the
     modules the forward runs around them."""

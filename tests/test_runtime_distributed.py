@@ -97,6 +97,14 @@ def _uniform_plans() -> dict[str, Plan]:
             schedule="1f1b",
             num_micro_batches=2,
         ),
+        # Its tied variant: lm_head's weight is embed_tokens' (one copy per stage, summed).
+        "hf_decoder_tied_pp2_1f1b": make_plan(
+            [2, 5],
+            model="tests.runtime_models:hf_decoder_tied",
+            layer_modules=HF_DECODER_LAYERS,
+            schedule="1f1b",
+            num_micro_batches=2,
+        ),
         # world size 4
         "hf_decoder_pp2_dp2_gpipe": make_plan(
             [5, 2],
