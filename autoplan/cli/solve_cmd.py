@@ -147,6 +147,15 @@ def solve_command(
             "1: none). Default: searched over the divisors of the experts.",
         ),
     ] = None,
+    context_parallel: Annotated[
+        int | None,
+        typer.Option(
+            "--cp",
+            min=1,
+            help="Pin the context-parallel degree of every stage (ring attention over cp GPUs "
+            "of a node; 1: none). Default: searched for sequences of 8192 tokens or more.",
+        ),
+    ] = None,
     layer_split: Annotated[
         str | None, typer.Option("--layer-split", help="Layers per stage, e.g. '10,12,10'.")
     ] = None,
@@ -229,6 +238,7 @@ def solve_command(
         offload=offload,
         sequence_parallel=sequence_parallel,
         expert_parallel=expert_parallel,
+        cp=context_parallel,
         layer_split=_layer_split(layer_split),
         strategy=strategy,  # type: ignore[arg-type]
         space=space,  # type: ignore[arg-type]
