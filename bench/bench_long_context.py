@@ -1,0 +1,102 @@
+"""Long context: Llama-3.1-8B at 131,072 tokens on h100-a100-l4, cp pinned to 1 and searched.
+
+The model is the Hugging Face config of Llama-3.1-8B (tests/data/hf/llama-3.1-8b: Llama-3-8B's
+shape with 131,072 positions; the zoo's llama3-8b stops at 8,192), profiled here at one sample
+of 131,072 tokens in bf16 (flash attention: 28 GiB saved per block without recompute, and
+the vocabulary's fp32 log-softmax of 67 GB at the head). Global batch 8, the shipped
+``h100-a100-l4`` cluster (2 × 8 H100, 2 × 8 A100-80GB, 2 × 8 L4).
+
+Rows: each solve with every other knob searched (tp, SP, pp, shares, recompute, offload,
+ZeRO), with
+- cp pinned to 1 (tensor and pipeline parallelism only),
+- cp pinned to 1 without activation offload,
+- cp searched (1, 2, 4, 8: ring attention within a node),
+- cp searched without activation offload,
+and the layer's memory at the chosen plan: predicted iteration time, the fullest GPU, and what
+fits. The cost model's ring terms are ``autoplan.cost.context_parallel``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from autoplan.cluster.catalog import example_cluster_path, load_cluster
+from autoplan.errors import AutoplanError
+from autoplan.plan.schema import Plan
+from autoplan.profile.profiler import profile_model
+from autoplan.solve import SolveOptions, solve_outcome
+
+__all__ = ["main"]
+
+CONFIG = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf" / "llama-3.1-8b"
+SEQ_LEN = 131_072
+GLOBAL_BATCH = 8
+CLUSTER = "h100-a100-l4"
+TIME_LIMIT_S = 60.0
+ROWS = [
+    ("cp 1", {"cp": 1}),
+    ("cp 1, no offload", {"cp": 1, "offload": False}),
+    ("cp searched", {}),
+    ("cp searched, no offload", {"offload": False}),
+]
+
+
+def _shape(plan: Plan) -> str:
+    """Each stage's replicas in one line: 'layers 0-25: H100 tp8 cp1 ×2 (1, none)'."""
+    parts = []
+    for stage in plan.stages:
+        kinds: dict[str, int] = {}
+        for r in stage.replicas:
+            offload = ", offload" if r.offload else ""
+            kind = (
+                f"{r.gpu_type} tp{r.tensor_parallel_degree} cp{r.context_parallel_degree} "
+                f"({r.micro_batch_size}, {r.recompute}{offload})"
+            )
+            kinds[kind] = kinds.get(kind, 0) + 1
+        replicas = " + ".join(f"{n}× {kind}" for kind, n in kinds.items())
+        parts.append(f"{stage.layer_start}-{stage.layer_end - 1}: {replicas}")
+    sp = " SP" if plan.parallelism.sequence_parallel else ""
+    return f"pp {plan.parallelism.pipeline_degree}{sp} | " + " | ".join(parts)
+
+
+def main() -> None:
+    logging.getLogger("autoplan").setLevel(logging.ERROR)
+    console = Console(width=200)
+    start = time.monotonic()
+    profile = profile_model(f"hf:{CONFIG / 'config.json'}", SEQ_LEN, 1, "bf16")
+    cluster = load_cluster(example_cluster_path(CLUSTER))
+    table = Table(
+        title=f"Llama-3.1-8B, {SEQ_LEN:,} tokens, global batch {GLOBAL_BATCH}, {CLUSTER} "
+        f"(profiled in {time.monotonic() - start:.0f} s)"
+    )
+    for column in ("knobs", "iteration (s)", "fits", "fullest GPU (GiB)", "plan"):
+        table.add_column(column)
+    for label, pins in ROWS:
+        options = SolveOptions(time_limit_s=TIME_LIMIT_S, **pins)
+        try:
+            outcome = solve_outcome(profile, cluster, GLOBAL_BATCH, options)
+        except AutoplanError as error:
+            table.add_row(label, "-", "no", "-", str(error).splitlines()[0])
+            continue
+        plan = outcome.plan
+        fullest = max(m.total_bytes + m.reserved_bytes for m in plan.prediction.memory)
+        fits = "no" if outcome.violation else "yes"
+        if outcome.timed_out:
+            fits += " (time limit: best found)"
+        table.add_row(
+            label,
+            f"{plan.prediction.iteration_time_ms / 1e3:.2f}",
+            fits,
+            f"{fullest / 1024**3:.1f}",
+            _shape(plan),
+        )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
