@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from autoplan.cli import app
@@ -19,7 +20,7 @@ from autoplan.cluster.catalog import example_cluster_path, load_cluster
 from autoplan.errors import InputError
 from autoplan.files import read_json_model
 from autoplan.profile import profile_model
-from autoplan.profile.schema import Profile
+from autoplan.profile.schema import ModelRef, Profile
 from autoplan.runtime.check import check_runnable
 from autoplan.runtime.model_stage import build_full_model, build_stage_models
 from autoplan.solve import SolveOptions, solve
@@ -199,3 +200,18 @@ def test_cli_takes_layer_modules(tmp_path: Path) -> None:
         "error: --layer-modules is for models whose layers are not already known; GPT's are "
         "its `layers` entries"
     ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_layers": 3, "layer_modules": ["a", "b"]}, "lists 2 modules; num_layers is 3"),
+        (
+            {"num_layers": 2, "layer_modules": ["a", "b"], "granularity": "sub-block"},
+            "granularity is 'sub-block'",
+        ),
+    ],
+)
+def test_model_record_checks_its_layer_modules(fields: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        ModelRef(name="pkg.mod:build", parameter_count=0, **fields)

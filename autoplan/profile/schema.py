@@ -91,6 +91,11 @@ class ModelRef(_Strict):
                 f"layer_modules lists {len(self.layer_modules)} modules; num_layers is "
                 f"{self.num_layers}"
             )
+        if self.layer_modules is not None and self.granularity != "block":
+            raise ValueError(
+                f"layer_modules name whole modules; granularity is {self.granularity!r}, "
+                "not 'block'"
+            )
         return self
 
 
