@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.zoo.layered import LayeredModel
+from autoplan.zoo.positions import positions_of
 from autoplan.zoo.rope import apply_rotary
 from autoplan.zoo.sub_blocks import SplittableBlock
 
@@ -92,7 +93,7 @@ class GPTEmbedding(nn.Module):
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.position is None:
             return self.token(token_ids)
-        positions = torch.arange(token_ids.shape[1], device=token_ids.device)
+        positions = positions_of(token_ids.shape[1], token_ids.device)  # cp: global positions
         return self.token(token_ids) + self.position(positions)
 
 

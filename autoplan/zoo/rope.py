@@ -17,6 +17,8 @@ from typing import Literal
 
 import torch
 
+from autoplan.zoo.positions import positions_of
+
 __all__ = ["RopeScaling", "ScalingKind", "apply_rotary"]
 
 ScalingKind = Literal["linear", "llama3"]
@@ -75,7 +77,9 @@ def _rotate(x: torch.Tensor, theta: float, scaling: RopeScaling | None) -> torch
     if scaling is not None:
         factors = _frequency_factors(half, theta, scaling)
         inv_freq = inv_freq * torch.tensor(factors, device=x.device, dtype=torch.float32)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
+    # Global positions (a context-parallel chunk is not a prefix: autoplan.zoo.positions).
+    positions = positions_of(seq, x.device).to(torch.float32)
+    angles = torch.outer(positions, inv_freq)
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
