@@ -12,13 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from autoplan.cli import app
-from autoplan.errors import PlanInvalidError
+from autoplan.errors import InputError, PlanInvalidError
 from autoplan.export import NotExpressibleError, export_plan, layer_kinds
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.plan.validate import validate_plan
 from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import Profile
+from autoplan.runtime.check import check_runnable
 from tests.test_export import _sourced_argv
 
 runner = CliRunner()
@@ -126,3 +127,26 @@ def test_targets_without_replicated_expert_groups_refuse_in_one_line(
     with pytest.raises(NotExpressibleError) as refused:
         export_plan(plan, target, layer_kinds(plan, profile))
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_sequence_parallelism_is_refused_on_experts(solved, tmp_path: Path) -> None:
+    """The runtime's router does not take a sequence-sharded stream: the search leaves SP
+    off, a pinned --sp is one line, the validator and the runtime refuse an SP plan."""
+    plan, profile, _ = solved
+    sp = plan.model_copy(
+        update={"parallelism": plan.parallelism.model_copy(update={"sequence_parallel": True})}
+    )
+    with pytest.raises(PlanInvalidError, match="the model has mixture-of-experts layers"):
+        validate_plan(sp, profile)
+    with pytest.raises(InputError, match="solve with --no-sp"):
+        check_runnable(sp)
+    write_json_model(tmp_path / "profile.json", profile)
+    result = runner.invoke(
+        app,
+        [
+            *("solve", str(tmp_path / "profile.json"), "--cluster", "cpu-local"),
+            *("--global-batch", "8", "--tp", "2", "--sp", "-o", str(tmp_path / "plan.json")),
+        ],
+    )
+    assert result.exit_code == 2
+    assert "sequence parallelism is not run on mixture-of-experts models" in result.output

@@ -93,6 +93,7 @@ def plan_problems(plan: Plan, profile: Profile | None = None, *, fit: bool = Tru
     _check_context_parallel(plan, problems)
     _check_async_pb(plan, problems)
     _check_expert_parallel(plan, profile, problems)
+    _check_experts_without_sp(plan, profile, problems)
     if profile is not None:
         _check_against_profile(plan, profile, problems)
     _check_memory(plan, profile, problems, fit)
@@ -116,6 +117,15 @@ def _check_async_pb(plan: Plan, problems: list[str]) -> None:
                 f"async_pb stage {stage.index} has recompute {modes or ['none']} / offload "
                 f"{any(r.offload for r in stage.replicas)}; it needs neither"
             )
+
+
+def _check_experts_without_sp(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
+    """Sequence parallelism is not run on mixture-of-experts models (the runtime's router
+    does not take a sequence-sharded stream)."""
+    if not plan.parallelism.sequence_parallel or profile is None:
+        return
+    if any(layer.experts is not None for layer in profile.layers):
+        problems.append("sequence parallelism is on, but the model has mixture-of-experts layers")
 
 
 def _check_expert_parallel(plan: Plan, profile: Profile | None, problems: list[str]) -> None:

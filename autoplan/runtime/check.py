@@ -21,6 +21,7 @@ from autoplan.runtime.tensor_parallel import vocabulary_shard_rows, vocabulary_s
 from autoplan.schedule.zero_bubble import zero_bubble_problem
 from autoplan.zoo import get_model_spec
 from autoplan.zoo.decoder import LayerChain
+from autoplan.zoo.moe import MoE
 from autoplan.zoo.sub_blocks import set_granularity
 
 __all__ = ["check_runnable", "meta_model"]
@@ -231,6 +232,12 @@ def check_runnable(plan: Plan) -> None:
         raise InputError(
             f"the plan uses context parallelism (cp {cps[0]}), which autoplan's runtime does not "
             "execute in a plan yet: export it to Megatron-LM or torchtitan (autoplan export)"
+        )
+    if plan.parallelism.sequence_parallel and any(isinstance(m, MoE) for m in model.modules()):
+        # The router would take the sequence-sharded residual stream as it is (a DTensor).
+        raise InputError(
+            "the plan runs sequence parallelism on a mixture-of-experts model, which autoplan's "
+            "runtime does not execute: solve with --no-sp"
         )
     _check_stage_layout(plan)
     _check_shares(plan)

@@ -41,6 +41,7 @@ from autoplan.runtime.model_stage import pipeline_layers
 
 __all__ = [
     "COLUMN_PROJECTIONS",
+    "REPLICATED_LINEARS",
     "ROW_PROJECTIONS",
     "VOCAB_EMBEDDINGS",
     "VOCAB_HEADS",
@@ -55,6 +56,9 @@ COLUMN_PROJECTIONS = frozenset(
     {"q", "k", "v", "up", "gate", "q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "w1", "w3"}
 )
 ROW_PROJECTIONS = frozenset({"out", "down", "o", "o_proj", "down_proj", "w2"})
+# Linears every tp rank holds whole: a mixture-of-experts router and shared-expert gate
+# (hidden × experts, too small to split; the routed experts are split by expert parallelism).
+REPLICATED_LINEARS = frozenset({"router", "shared_gate"})
 # Leaf names of the token embedding (nn.Embedding) and of the output head (nn.Linear over the
 # vocabulary), as the zoo (``token``, ``output``) and Hugging Face name them. Position and
 # token-type embeddings have other names and stay replicated.
@@ -186,7 +190,7 @@ def _tp_plan(
                     f"divisible by tensor parallel degree {degree}"
                 )
             plan[name] = RowwiseParallel()
-        else:
+        elif leaf not in REPLICATED_LINEARS:
             unknown.append(name)
     if plan and unknown:
         raise InputError(

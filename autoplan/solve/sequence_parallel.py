@@ -23,7 +23,9 @@ import time
 from collections.abc import Callable
 
 from autoplan.cost.config import PlanConfig
+from autoplan.cost.expert_parallel import expert_counts
 from autoplan.cost.model import CostModel
+from autoplan.errors import InputError
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult, search
 from autoplan.solve.space import tp_choices
@@ -38,7 +40,14 @@ def has_tensor_parallel(config: PlanConfig) -> bool:
 
 
 def _runs(model: CostModel, options: SolveOptions) -> list[tuple[bool, SolveOptions]]:
-    """The searches to run: (SP setting, options of that run)."""
+    """The searches to run: (SP setting, options of that run). A mixture-of-experts model
+    runs without SP (the runtime's router does not take a sequence-sharded stream)."""
+    if expert_counts(model.profile):
+        if options.sequence_parallel:
+            raise InputError(
+                "--sp: sequence parallelism is not run on mixture-of-experts models; use --no-sp"
+            )
+        return [(False, options)]
     if options.sequence_parallel is False:
         return [(False, options)]
     if options.sequence_parallel:
