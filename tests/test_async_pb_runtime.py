@@ -111,6 +111,7 @@ def synchronous_eval() -> float:
     return task.eval_loss([task.load_params(model, params)])
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("pp", [2, 3, 4])
 def test_zero_delay_equals_synchronous_sgd(runs: Path, pp: int) -> None:
     losses, params = task.reference_losses(ZERO_DELAY_MICRO_BATCHES, lr=task.LR_STUDY)
@@ -122,6 +123,7 @@ def test_zero_delay_equals_synchronous_sgd(runs: Path, pp: int) -> None:
         assert torch.equal(p, q)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("pp", [2, 3, 4])
 def test_compensated_async_reaches_synchronous_loss(
     runs: Path, pp: int, synchronous_eval: float
@@ -134,6 +136,7 @@ def test_compensated_async_reaches_synchronous_loss(
     assert plain > synchronous_eval
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("pp", [2, 4])
 def test_weight_prediction_helps(runs: Path, pp: int) -> None:
     plain = task.eval_loss(_stages(runs, f"plain_pp{pp}", pp))
@@ -143,6 +146,7 @@ def test_weight_prediction_helps(runs: Path, pp: int) -> None:
         assert predicted < 0.95 * plain
 
 
+@pytest.mark.distributed
 def test_distributed_equals_single_process_play_of_the_same_orders(runs: Path) -> None:
     workers = task.workers(4, False, True, True, lr=task.LR_STUDY)
     run_local(workers, NUM_MICRO_BATCHES)
@@ -194,6 +198,7 @@ def _plan_run(runs: Path, name: str) -> tuple[list[float], dict[str, torch.Tenso
     return losses, params
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", ["zero_dp2", "zero_tp2"])
 def test_zero_delay_plan_equals_synchronous_sgd(runs: Path, name: str) -> None:
     plan, _, steps = PLAN_CASES[name]
@@ -205,6 +210,7 @@ def test_zero_delay_plan_equals_synchronous_sgd(runs: Path, name: str) -> None:
         assert torch.allclose(params[key], value, rtol=0, atol=1e-10), key
 
 
+@pytest.mark.distributed
 def test_mixed_plan_trains_within_tolerance(runs: Path) -> None:
     plan, _, steps = PLAN_CASES["mixed_lwpsc"]
     _, sync_params = plans.synchronous_reference(plan, steps)
@@ -219,6 +225,7 @@ def test_mixed_plan_trains_within_tolerance(runs: Path) -> None:
     assert plain > compensated
 
 
+@pytest.mark.distributed
 def test_train_dispatches_an_async_plan_and_reports_its_loss_per_step(runs: Path) -> None:
     """``train`` (what ``autoplan run`` runs on every rank) sends an async_pb plan of a dp 2
     stage (unequal shares) and a tp 2 stage to the async executor, on its own synthetic data:

@@ -392,6 +392,7 @@ def test_launch_and_run_modules_do_not_import_torch() -> None:
     assert result.stdout.strip() == "False", result.stderr
 
 
+@pytest.mark.distributed
 def test_a_failed_worker_is_one_line_naming_its_rank_and_node(tmp_path: Path) -> None:
     """Real torchrun agents (two nodes on localhost) running a script whose rank 2 fails: the
     result names rank 2 on node b-0 and its last stderr line; the whole log stays in a file."""

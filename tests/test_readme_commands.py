@@ -26,6 +26,8 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 BIN = Path(sys.executable).parent
@@ -201,6 +203,7 @@ def test_every_listed_line_is_still_in_the_readme_and_every_line_is_accounted_fo
     assert len(_blocks("python")) == 1
 
 
+@pytest.mark.distributed  # `autoplan run --local` starts torchrun
 def test_the_readme_examples_run(tmp_path: Path) -> None:
     bash, python = tmp_path / "bash", tmp_path / "python"
     bash.mkdir()

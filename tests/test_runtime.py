@@ -182,6 +182,7 @@ def test_recompute_reruns_what_the_mode_says(model_name: str) -> None:
     assert matmuls(selective) == matmuls(none) < matmuls(full)
 
 
+@pytest.mark.distributed
 def test_one_process_plan_runs_without_torchrun_and_writes_its_report(tmp_path: Path) -> None:
     from autoplan.files import read_json_model
     from autoplan.runtime.report import RunReport

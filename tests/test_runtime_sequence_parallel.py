@@ -23,6 +23,9 @@ from tests.torchrun_plans import run_plans, torchrun
 
 TOLERANCE = 1e-10
 
+# Every test here reads a torchrun launch (the module fixture, or sp_memory_driver's).
+pytestmark = pytest.mark.distributed
+
 
 def _plans() -> dict[str, Plan]:
     """gpt-tiny: 6 layers (embedding, 4 blocks, head), sequence 16."""
