@@ -40,6 +40,7 @@ from autoplan.runtime import mesh_engine, tensor_parallel
 from autoplan.runtime.data import training_batches
 from autoplan.runtime.data_parallel import make_optimizer
 from autoplan.runtime.loss import loss_context, loss_function
+from autoplan.runtime.mesh import exit_process
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.trainer import train
 from tests.split_backward_memory import recording_split_backward_memory
@@ -174,3 +175,5 @@ def main(plans_dir: Path, out_dir: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), Path(sys.argv[2]))
+    # Ends without the interpreter's teardown, as the runtime does (exit_process says why).
+    exit_process(0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -13,7 +15,7 @@ from autoplan.errors import InputError, LaunchMismatchError
 from autoplan.plan.schema import Plan, RankEntry
 from autoplan.runtime.launch_check import LaunchEnv
 
-__all__ = ["MESH_DIMS", "build_mesh", "init_distributed", "local_device"]
+__all__ = ["MESH_DIMS", "build_mesh", "exit_process", "init_distributed", "local_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,3 +93,34 @@ def build_mesh(plan: Plan, device: torch.device, entry: RankEntry) -> DeviceMesh
             f"{shape}, but the plan's rank map says {tuple(expected)}"
         )
     return mesh
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a training process: destroy its process groups, flush, and exit with ``code``
+    without the interpreter's teardown (every rank's entry point ends here).
+
+    Why not a normal exit: process groups that torch objects still hold in C++ (DeviceMesh
+    sub-groups, DDP's, FSDP's) outlive ``destroy_process_group``, and so do their gloo worker
+    threads. Such a thread releases each finished collective's work after the caller has seen
+    it complete; when the work holds a tensor whose Python object the tensor now owns (the
+    Python side let go first), the release takes the GIL. Once ``Py_FinalizeEx`` has begun,
+    taking the GIL ends the thread with ``pthread_exit``, whose forced unwinding through that
+    (noexcept) destructor calls ``std::terminate``: "terminate called without an active
+    exception" and SIGABRT on whichever rank's worker thread was late, which on a loaded
+    machine is now and then one of them (a core dump shows the worker in
+    ``~AsyncAllgatherCoalescedWork`` → ``decref_pyobject`` → ``take_gil`` →
+    ``PyThread_exit_thread`` while the main thread is in ``Py_FinalizeEx``). Exiting with
+    ``os._exit`` after the groups are destroyed and the streams flushed leaves those threads
+    nothing to race: the process ends with every file it wrote closed, and no peer waits on
+    it (a destroyed gloo group needs no goodbye).
+    """
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
