@@ -3,10 +3,12 @@ that distributed runs must equal (same seed, same synthetic batches, same AdamW)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from autoplan.plan.schema import Plan
-from autoplan.runtime.data import training_batches
+from autoplan.runtime.data import Batch, training_batches
 from autoplan.runtime.loss import loss_function
 from autoplan.runtime.model_stage import build_full_model
 from autoplan.zoo import get_model_spec
@@ -20,17 +22,19 @@ def reference_training(
     seed: int = 0,
     learning_rate: float = 1e-3,
     data_seed: int | None = None,
+    batches: Iterator[Batch] | None = None,
 ) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
     """Per step: the loss, and every parameter's gradient by name (before the update); a tied
     weight's gradient appears under each of its names.
 
     ``seed`` and ``learning_rate`` are ``autoplan.runtime.trainer``'s defaults; the data seed is
-    ``seed + 1`` as there, unless ``data_seed`` is given.
+    ``seed + 1`` as there, unless ``data_seed`` is given; ``batches`` replaces that data.
     """
     model = build_full_model(plan.inputs.model.name, plan.inputs.dtype, seed)
     spec = get_model_spec(plan.inputs.model.name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
-    batches = training_batches(plan, seed + 1 if data_seed is None else data_seed)
+    if batches is None:
+        batches = training_batches(plan, seed + 1 if data_seed is None else data_seed)
     loss_fn = loss_function(spec.loss)
     losses, gradients = [], []
     for _ in range(steps):

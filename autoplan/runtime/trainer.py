@@ -10,11 +10,15 @@ The public entry point is :func:`train`. Per rank it
    process groups and the runtime's own stage transfers, driven by the same per-rank action
    lists the simulator plays);
 4. runs each step (forward, backward and gradient sync, then the optimizers), and logs and
-   reports its time, loss and peak memory.
+   reports its time, loss and peak memory;
+5. with a ``CheckpointConfig``, starts from the latest checkpoint and saves every N steps
+   (``checkpoint``); with a ``TokenSource``, reads its replicas' samples of a token file
+   (``token_data``).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -28,6 +32,13 @@ from torch.distributed.tensor import DTensor
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan
 from autoplan.runtime.check import check_runnable
+from autoplan.runtime.checkpoint import (
+    CheckpointConfig,
+    CheckpointInfo,
+    load_checkpoint,
+    resume_step,
+    save_checkpoint,
+)
 from autoplan.runtime.data import Batch, training_batches
 from autoplan.runtime.device_check import check_device
 from autoplan.runtime.engine import Engine
@@ -35,6 +46,7 @@ from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.memory import model_state_bytes, peak_memory_bytes
 from autoplan.runtime.mesh import init_distributed, local_device
 from autoplan.runtime.report import RunReport, StepRecord, predicted_memory_of_rank
+from autoplan.runtime.token_data import TokenSource, open_token_batches
 from autoplan.zoo.dtypes import set_matmul_precision
 
 __all__ = [
@@ -171,34 +183,69 @@ def train(
     on_gradients: GradientHook | None = None,
     environ: Mapping[str, str] | None = None,
     executor: ExecutorChoice = "auto",
+    data: TokenSource | None = None,
+    checkpoint: CheckpointConfig | None = None,
 ) -> RunReport:
-    """Train ``plan`` for ``steps`` steps in this process (one rank of the plan's launch).
+    """Train ``plan`` until ``steps`` steps are done, in this process (one rank of the plan's
+    launch).
 
     ``batches`` yields (inputs, targets) *global* batches, the same on every rank (for example
     a loader seeded alike everywhere): inputs are the model's input (token ids of shape
     ``(global_batch_size, seq_len)`` for the zoo; a tensor or a tuple of tensors), targets the
     loss's (next-token ids; None for a factory model's sum loss). Each replica trains on its own
-    rows. Without ``batches``, seeded synthetic data is used (``training_batches``, seed
-    ``seed + 1``). The model is initialised from ``seed`` on every rank, and trained with
-    AdamW at ``learning_rate``. ``on_gradients`` sees each step's gradients before the update.
-    ``executor`` picks the mesh or groups executor ('auto': mesh for uniform plans);
-    ``environ`` replaces ``os.environ`` as the source of torchrun's variables.
+    rows. ``data`` instead names a token file, of which each rank reads its replicas' rows
+    (``token_data``; order seeded by ``seed + 1``). Without either, seeded synthetic data is
+    used (``training_batches``, seed ``seed + 1``). The model is initialised from ``seed`` on
+    every rank, and trained with AdamW at ``learning_rate``. ``on_gradients`` sees each step's
+    gradients before the update. ``executor`` picks the mesh or groups executor ('auto': mesh
+    for uniform plans); ``environ`` replaces ``os.environ`` as the source of torchrun's
+    variables.
+
+    ``checkpoint`` saves the model and optimizer states with DCP every N steps and after the
+    last, and with ``resume`` starts from the latest checkpoint in its folder, which any plan
+    of the same model, dtype and batch may have written: ``steps`` then counts from the start
+    of training, and the data goes on from the checkpoint's step (a ``batches`` iterable is
+    advanced past the steps done).
 
     Returns the run report (the same on every rank). The default process group is created if
     absent and left for the caller to destroy.
     """
     if steps < 1:
         raise InputError(f"steps must be >= 1, got {steps}")
+    if batches is not None and data is not None:
+        raise InputError("give train() batches or a token file (data), not both")
     env = LaunchEnv.from_environ(environ).in_plan(plan)
     # The plan was costed for this matmul precision (tf32: TF32 tensor cores for fp32 matmuls).
     set_matmul_precision(plan.inputs.dtype)
+    # The file and the options are checked before any process group forms.
+    if data is not None:
+        open_token_batches(plan, data, seed + 1, env.rank)
+    if checkpoint is not None and plan.parallelism.schedule == "async_pb":
+        raise InputError(
+            "schedule async_pb keeps no step states to checkpoint (its optimizer updates per "
+            "micro-batch); run it without --checkpoint-dir"
+        )
     engine = _engine(plan, env, seed, learning_rate, executor)
     global_batch = plan.inputs.global_batch_size
-    source = iter(batches if batches is not None else training_batches(plan, seed + 1))
+    start = 0
+    if checkpoint is not None:
+        start, resume_from = resume_step(checkpoint, plan)
+        if resume_from is not None:
+            load_checkpoint(resume_from, engine)
+        if start >= steps:
+            raise InputError(
+                f"the checkpoint is at step {start} already; --steps {steps} counts from the "
+                "start of training: give more steps"
+            )
+    if data is not None:
+        source = open_token_batches(plan, data, seed + 1, env.rank, start)
+    else:
+        given = batches if batches is not None else training_batches(plan, seed + 1)
+        source = itertools.islice(given, start, None)  # the steps done read theirs already
     if engine.name == "async":
         return _train_async(plan, engine, steps, source, on_gradients)
     records: list[StepRecord] = []
-    for step in range(steps):
+    for step in range(start, steps):
         try:
             inputs, targets = _as_batch(next(source), step, global_batch)
         except StopIteration:
@@ -247,8 +294,23 @@ def train(
                 record.loss,
                 record.peak_memory_bytes / 2**20,
             )
+        if checkpoint is not None and checkpoint.saves_after(step + 1, steps):
+            save_checkpoint(checkpoint, step + 1, engine, _checkpoint_info(plan, step + 1, seed))
     states = model_state_bytes(engine.models, engine.optimizers)
     return _report(plan, engine, records, states)
+
+
+def _checkpoint_info(plan: Plan, step: int, seed: int) -> CheckpointInfo:
+    return CheckpointInfo(
+        step=step,
+        model=plan.inputs.model.name,
+        dtype=plan.inputs.dtype,
+        global_batch_size=plan.inputs.global_batch_size,
+        seq_len=plan.inputs.seq_len,
+        plan_summary=plan_summary(plan),
+        world_size=plan.world_size,
+        seed=seed,
+    )
 
 
 def _train_async(
