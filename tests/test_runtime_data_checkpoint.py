@@ -292,3 +292,32 @@ def test_the_runtime_command_takes_data_and_checkpoint_options(
 
 def test_the_runtime_lists_the_token_dtypes_without_importing_torch() -> None:
     assert runtime_main.TOKEN_DTYPES == TOKEN_DTYPES
+
+
+def test_autoplan_run_checks_its_data_and_checkpoint_options_before_starting(
+    tmp_path: Path,
+) -> None:
+    """``autoplan run --local``: a bad token file, option or checkpoint folder is one line
+    and exit code 2 before any process starts (no launch here)."""
+    from typer.testing import CliRunner
+
+    from autoplan.cli import app
+
+    plan_path = tmp_path / "plan.json"
+    write_json_model(plan_path, make_plan([6], num_micro_batches=2))
+    np.save(tmp_path / "short.npy", _tokens(20))
+    folder = tmp_path / "ckpt"
+    train(make_plan([6], num_micro_batches=2), 1, checkpoint=CheckpointConfig(folder), environ={})
+    cases = [
+        (["--data", str(tmp_path / "none.npy")], "no such file"),
+        (["--data", str(tmp_path / "short.npy")], "1 samples of 16 (+1) tokens"),
+        (["--data-dtype", "uint16"], "--data-dtype and --no-shuffle describe a --data file"),
+        (["--resume"], "--save-every and --resume need --checkpoint-dir"),
+        (["--checkpoint-dir", str(plan_path)], "is a file; give a folder"),
+        (["--checkpoint-dir", str(folder)], "holds checkpoints (the latest after 1 steps)"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(app, ["run", str(plan_path), "--local", *args])
+        assert result.exit_code == 2, (args, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, lines)

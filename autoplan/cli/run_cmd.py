@@ -7,7 +7,8 @@ step time and memory beside the plan's prediction. A plan is checked first (as `
 validate`` does), and a plan whose model is a factory ('package.module:callable', code from
 wherever the plan came from) runs only with ``--trust-factory`` or that factory named again.
 When a worker fails, one line names its rank, node and last error line; the whole log stays
-in a file.
+in a file. ``--data`` trains on a token file and ``--checkpoint-dir`` saves (and with
+``--resume`` resumes) DCP checkpoints: the runtime's options of the same names.
 """
 
 from __future__ import annotations
@@ -115,10 +116,12 @@ def run_local(
     log_dir: Path,
     *,
     device: str = "cpu",
+    extra_args: list[str] | None = None,
 ) -> None:
     """Start every plan node's torchrun on this machine and wait for all. Raises InputError
     (one line: the failed rank, its node, its last error line, where the log is) when a
-    process fails; the agents' and workers' output is kept under ``log_dir``."""
+    process fails; the agents' and workers' output is kept under ``log_dir``. ``extra_args``
+    go to every process's ``python -m autoplan.runtime`` (data and checkpoint options)."""
     world = plan.world_size
     if world > MAX_LOCAL_PROCESSES:
         raise InputError(
@@ -135,7 +138,10 @@ def run_local(
         str(plan_path.resolve()),
         "127.0.0.1",
         _free_port(),
-        runtime_args(steps, str(report_path.resolve()), plan.inputs.model.name),
+        [
+            *runtime_args(steps, str(report_path.resolve()), plan.inputs.model.name),
+            *(extra_args or []),
+        ],
         launcher=[sys.executable, "-m", "torch.distributed.run"],
         launcher_args={
             node.node_rank: agent_log_args(log_dir, node.node_rank) for node in plan.nodes
@@ -144,6 +150,52 @@ def run_local(
     result = run_agents(launches, environment_for_local_run(os.environ, device), log_dir)
     if result.failure is not None:
         raise InputError(f"{result.failure} (full log: {printable(str(result.log_path))})")
+
+
+def _data_and_checkpoint_args(
+    plan: Plan,
+    data: Path | None,
+    data_dtype: str | None,
+    no_shuffle: bool,
+    checkpoint_dir: Path | None,
+    save_every: int | None,
+    resume: bool,
+) -> list[str]:
+    """The runtime's data and checkpoint options, checked here first (the token file is
+    opened, so a bad one is one line before any process starts)."""
+    args: list[str] = []
+    if data is None:
+        if data_dtype is not None or no_shuffle:
+            raise InputError("--data-dtype and --no-shuffle describe a --data file; give one")
+    else:
+        from autoplan.runtime.token_data import TokenSource, open_token_batches
+
+        open_token_batches(plan, TokenSource(data, data_dtype, not no_shuffle), seed=1, rank=0)
+        args += ["--data", str(data.resolve())]
+        args += ["--data-dtype", data_dtype] if data_dtype else []
+        args += ["--no-shuffle"] if no_shuffle else []
+    if checkpoint_dir is None:
+        if save_every is not None or resume:
+            raise InputError("--save-every and --resume need --checkpoint-dir")
+        return args
+    if checkpoint_dir.exists() and not checkpoint_dir.is_dir():
+        raise InputError(
+            f"--checkpoint-dir {printable(str(checkpoint_dir))}: is a file; give a folder"
+        )
+    if not resume:
+        from autoplan.runtime.checkpoint import latest_checkpoint
+
+        # The runtime refuses this too, but only once every process has started.
+        latest = latest_checkpoint(checkpoint_dir)
+        if latest is not None:
+            raise InputError(
+                f"--checkpoint-dir {printable(str(checkpoint_dir))} holds checkpoints (the "
+                f"latest after {latest[1].step} steps): pass --resume to continue from it, or "
+                "give another folder"
+            )
+    args += ["--checkpoint-dir", str(checkpoint_dir.resolve())]
+    args += ["--save-every", str(save_every)] if save_every is not None else []
+    return args + (["--resume"] if resume else [])
 
 
 @command("run")
@@ -175,6 +227,37 @@ def run_command(
             "only when the run fails)."
         ),
     ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Token file to train on: .npy, or raw .bin of token ids (default: synthetic)."
+        ),
+    ] = None,
+    data_dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="Token dtype of a .bin (default: uint16 if the vocabulary fits, else uint32)."
+        ),
+    ] = None,
+    no_shuffle: Annotated[
+        bool, typer.Option("--no-shuffle", help="Read the samples in file order.")
+    ] = False,
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option(help="Save DCP checkpoints here (step-NNNNNNNN folders)."),
+    ] = None,
+    save_every: Annotated[
+        int | None,
+        typer.Option(min=1, help="Save every N steps (default: after the last step only)."),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Start from the latest checkpoint in --checkpoint-dir (saved by any plan of "
+            "the same model, dtype and batch); --steps counts from the start of training.",
+        ),
+    ] = False,
 ) -> None:
     """Train the plan for a few steps and print measured time and memory beside the prediction."""
     if not local:
@@ -188,6 +271,9 @@ def run_command(
     if log_dir is not None and log_dir.exists() and not log_dir.is_dir():
         raise InputError(f"--log-dir {printable(str(log_dir))}: is a file; give a folder")
     plan = read_plan(plan_path)
+    extra = _data_and_checkpoint_args(
+        plan, data, data_dtype, no_shuffle, checkpoint_dir, save_every, resume
+    )
     check_factory_trust(
         plan.inputs.model.name,
         trusted=trust_factory,
@@ -198,7 +284,7 @@ def run_command(
     folder = log_dir or Path(tempfile.mkdtemp(prefix="autoplan-run-"))
     try:
         report_path = report or folder / "report.json"
-        run_local(plan, plan_path, steps, report_path, folder, device=device)
+        run_local(plan, plan_path, steps, report_path, folder, device=device, extra_args=extra)
         result = read_json_model(report_path, RunReport)
     except InputError:
         if log_dir is None and not (folder / "run.log").exists():
@@ -214,5 +300,14 @@ def run_command(
             f"async_pb (asynchronous Pipelined Backpropagation, no flush, momentum SGD per "
             f"micro-batch): loss per step {losses}"
         )
+    first = result.steps[0].step
+    if first > 0:
+        console.print(f"resumed after step {first} (steps {first + 1}-{result.steps[-1].step + 1})")
+    if checkpoint_dir is not None:
+        from autoplan.runtime.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(checkpoint_dir)
+        if latest is not None:
+            console.print(f"checkpoint: {printable(str(latest[0]))} (after step {latest[1].step})")
     if report is not None:
         console.print(f"report: {printable(str(report))}")
