@@ -111,7 +111,9 @@ class _Call:
     output: Any = None
 
 
-def _record_calls(model: nn.Module, candidates: list[str], inputs: list[torch.Tensor]) -> tuple:
+def _record_calls(
+    model: nn.Module, candidates: list[str], inputs: list[torch.Tensor]
+) -> tuple[list[_Call], Any]:
     """Run ``model(*inputs)`` once (call under FakeTensorMode) noting each candidate's call."""
     calls: list[_Call] = []
     handles = []
