@@ -22,16 +22,35 @@ The all-reduce can hide behind the last backward of the replica that finishes it
 (the shortest backward), hence the per-class E constraints. Solved with CBC (HiGHS when
 highspy is installed) under a time limit; the answer is re-checked against the constraints
 and its objective recomputed from the chosen sizes.
+
+Where the choices are few (``ENUMERATION_LIMIT`` size tuples over all m: a handful of classes
+with up to ``MAX_SHARE_MICRO_BATCH`` sizes each), ``share_search`` enumerates them in process
+instead: the last class's size is fixed by the batch, so it is Π_{k<n} |S_k| objectives per m,
+well under a millisecond, where a CBC subprocess costs ~40 ms to start.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 from dataclasses import dataclass
 
 import pulp
 
-__all__ = ["ShareClass", "ShareProblem", "ShareSolution", "share_objective", "solve_shares"]
+__all__ = [
+    "ENUMERATION_LIMIT",
+    "ShareClass",
+    "ShareProblem",
+    "ShareSearch",
+    "ShareSolution",
+    "share_objective",
+    "share_search",
+    "solve_shares",
+]
+
+ENUMERATION_LIMIT = 200_000
+"""Most size tuples ``share_search`` enumerates in process before it builds the ILP."""
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +164,9 @@ class _ShareModel:
                 f"exposed_allreduce_k{k}",
             )
 
-    def solve(self, time_limit_s: float) -> ShareSolution | None:
+    def solve(self, time_limit_s: float) -> ShareSearch:
         if not self.counts:
-            return None
+            return ShareSearch(None, True)
         self.add_one_micro_batch_count_constraints()
         self.add_one_size_per_class_constraints()
         self.add_global_batch_constraints()
@@ -157,8 +176,10 @@ class _ShareModel:
         status = self.lp.solve(solver)
         if status != pulp.LpStatusOptimal:
             logger.info("share ILP: %s", pulp.LpStatus[status])
-            return None
-        return self._checked_solution()
+            # Infeasible is a proof that nothing covers the batch; anything else (the time
+            # limit) proves nothing.
+            return ShareSearch(None, status == pulp.LpStatusInfeasible)
+        return ShareSearch(self._checked_solution(), True)
 
     def _checked_solution(self) -> ShareSolution:
         chosen_m = [m for m in self.counts if (self.w[m].value() or 0) > 0.5]
@@ -187,6 +208,56 @@ def _solver(time_limit_s: float) -> pulp.LpSolver:
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
 
 
-def solve_shares(problem: ShareProblem, time_limit_s: float = 10.0) -> ShareSolution | None:
-    """The best m and per-class micro-batch sizes, or None if no choice covers the batch."""
+@dataclass(frozen=True)
+class ShareSearch:
+    """The best choice (None: none found) and whether it is proven: the optimum, or a proof
+    that no choice covers the batch."""
+
+    solution: ShareSolution | None
+    proven: bool
+
+
+def _tuples(problem: ShareProblem) -> int:
+    count = 0
+    for m in problem.micro_batch_counts:
+        if problem.global_batch % m == 0:
+            count += math.prod(len(c.sizes) for c in problem.classes[:-1])
+    return count
+
+
+def _enumerate(problem: ShareProblem) -> ShareSolution | None:
+    """Every size tuple (the last class's size follows from the batch); the least objective,
+    ties to the smaller m and sizes."""
+    best: tuple[float, int, tuple[int, ...]] | None = None
+    last = problem.classes[-1]
+    for m in sorted(problem.micro_batch_counts):
+        if problem.global_batch % m:
+            continue
+        per_micro = problem.global_batch // m
+        for head in itertools.product(*(sorted(c.sizes) for c in problem.classes[:-1])):
+            left = per_micro - sum(
+                c.replicas * b for c, b in zip(problem.classes[:-1], head, strict=True)
+            )
+            if left <= 0 or left % last.replicas or left // last.replicas not in last.sizes:
+                continue
+            sizes = (*head, left // last.replicas)
+            value = share_objective(problem, m, sizes)
+            if best is None or (value, m, sizes) < best:
+                best = (value, m, sizes)
+    if best is None:
+        return None
+    return ShareSolution(num_micro_batches=best[1], sizes=best[2], objective=best[0])
+
+
+def share_search(problem: ShareProblem, time_limit_s: float = 10.0) -> ShareSearch:
+    """The best m and per-class sizes: enumerated in process where the tuples are few
+    (module docstring), else the ILP under ``time_limit_s``."""
+    if problem.classes and _tuples(problem) <= ENUMERATION_LIMIT:
+        return ShareSearch(_enumerate(problem), True)
     return _ShareModel(problem).solve(time_limit_s)
+
+
+def solve_shares(problem: ShareProblem, time_limit_s: float = 10.0) -> ShareSolution | None:
+    """The best m and per-class micro-batch sizes, or None if no choice covers the batch
+    (or the ILP's time limit came first)."""
+    return share_search(problem, time_limit_s).solution

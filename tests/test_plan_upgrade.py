@@ -32,7 +32,7 @@ def test_a_version_1_plan_keeps_its_stages_ranks_and_shares(name: str) -> None:
     plan = read_plan(DATA / name)
     par = old["parallelism"]
     dp, tp = par["data_parallel_degree"], par["tensor_parallel_degree"]
-    assert plan.schema_version == 2
+    assert plan.schema_version == 3
     assert plan.parallelism.pipeline_degree == par["pipeline_degree"]
     assert plan.parallelism.micro_batch_size == sum(par["replica_micro_batch_sizes"])
     types = {entry["rank"]: entry["gpu_type"] for entry in old["rank_map"]}

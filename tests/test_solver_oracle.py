@@ -28,6 +28,7 @@ from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.offload import group_of, searched_modes
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
 from autoplan.solve.bounds import interleaved_sizes
+from autoplan.solve.certificate import work_bound_ms
 from autoplan.solve.hetero import HeteroSource, hetero_candidates
 from autoplan.solve.space import (
     MAX_SHARE_MICRO_BATCH,
@@ -273,10 +274,20 @@ def test_solver_best_equals_brute_force(instance) -> None:
     model = cost_model(profile, cluster, OPTIONS)
     uniform = brute_force(model, batch, OPTIONS)
     hetero = brute_force_hetero(model, batch)
+    # The certificate's work bound holds for every plan of the space (any schedule).
+    assert work_bound_ms(model, batch, OPTIONS) <= min(uniform, hetero) * (1 + 1e-9)
     for space, expected in (("uniform", uniform), ("heterogeneous", min(uniform, hetero))):
         options = OPTIONS.model_copy(update={"space": space})
-        result = solve_candidates(model, batch, options).candidates
+        searched = solve_candidates(model, batch, options)
+        result = searched.candidates
         found = [c for c in result if c.cost.feasible]
+        # The proven bound is never above the optimum, and a search that ran to the end
+        # proves the optimum itself (gap 0).
+        assert searched.lower_bound_ms <= expected * (1 + 1e-9), (space, expected)
+        if not searched.timed_out:
+            assert searched.lower_bound_ms == expected or math.isclose(
+                searched.lower_bound_ms, expected, rel_tol=1e-9
+            ), (space, searched.lower_bound_ms, expected)
         if math.isinf(expected):
             assert not found, space
             continue

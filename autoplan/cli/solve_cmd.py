@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoplan import limits
-from autoplan.cli.app import command
+from autoplan.cli.app import command, exit_fast_when_done
 from autoplan.cli.inputs import catalog_path, check_bounds, read_profile
 from autoplan.cluster.catalog import (
     example_cluster_path,
@@ -174,6 +174,23 @@ def solve_command(
     time_limit: Annotated[
         float, typer.Option("--time-limit", help="Seconds the search may take.")
     ] = 60.0,
+    zero_bubble: Annotated[
+        bool,
+        typer.Option(
+            "--zero-bubble/--no-zero-bubble",
+            help="Also try the zero-bubble schedules at the best pipelines found. They are "
+            "not searched over partitions, so with them the proven bound is only the work "
+            "bound; without them the bound covers the whole space searched.",
+        ),
+    ] = True,
+    gap: Annotated[
+        float,
+        typer.Option(
+            "--gap",
+            help="Stop once the plan is proven within this fraction of optimal (0.01: 1%%); "
+            "0 searches until proven optimal or the time limit.",
+        ),
+    ] = 0.0,
     efficiency: Annotated[
         list[str] | None,
         typer.Option("--efficiency", help="GPU=FRACTION, overriding the catalog (repeatable)."),
@@ -216,6 +233,8 @@ def solve_command(
     from autoplan.solve.async_pb import async_line
 
     _check_sizes(global_batch, tp, pp, dp, micro_batch_size, num_micro_batches, top_k, time_limit)
+    if not 0 <= gap < 1:
+        raise InputError(f"--gap must be in [0, 1) (a fraction: 0.01 is 1%); got {gap:g}")
     cluster_file = _cluster_path(cluster)
     inputs = [profile_path, cluster_file, catalog_path(), *(catalog or [])]
     if async_output is not None and not allow_async:
@@ -244,6 +263,8 @@ def solve_command(
         space=space,  # type: ignore[arg-type]
         top_k=top_k,
         time_limit_s=time_limit,
+        gap=gap,
+        zero_bubble=zero_bubble,
         efficiency=_efficiency(efficiency or []),
         reserve_gb=reserve_gb,
         allow_async=allow_async,
@@ -288,4 +309,5 @@ def solve_command(
     if async_output is not None and outcome.async_plan is not None:
         write_json_model(async_output, outcome.async_plan)
         console.print(f"wrote {async_output} (async_pb)")
-    console.print(f"wrote {output}")
+    console.print(f"wrote {output} (solved in {outcome.elapsed_s:.2f} s)")
+    exit_fast_when_done()

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoplan import limits
-from autoplan.cli.app import command
+from autoplan.cli.app import command, exit_fast_when_done
 from autoplan.cli.inputs import catalog_path, check_bounds, cluster_path, read_profile
 from autoplan.cli.view_cmd import Format, FormatOption
 from autoplan.cluster.catalog import load_cluster
@@ -149,6 +149,13 @@ def sweep(
     time_limit: Annotated[
         float, typer.Option("--time-limit", help="Seconds each configuration's search may take.")
     ] = DEFAULT_TIME_LIMIT_S,
+    gap: Annotated[
+        float,
+        typer.Option(
+            "--gap",
+            help="Stop each search once its plan is proven within this fraction of optimal.",
+        ),
+    ] = 0.0,
     output: FormatOption = Format.text,
 ) -> None:
     """Solve a profile on a cluster scaled to several sizes; print throughput, MFU, time to
@@ -165,6 +172,8 @@ def sweep(
 
     tokens = DEFAULT_TRAIN_TOKENS if tokens is None else tokens
     check_bounds({"--time-limit": (time_limit, 0.001, limits.MAX_TIME_LIMIT_S)})
+    if not 0 <= gap < 1:
+        raise InputError(f"--gap must be in [0, 1) (a fraction: 0.01 is 1%); got {gap:g}")
     node_counts = _int_list("--nodes", nodes)
     batches = None if global_batch is None else _int_list("--global-batch", global_batch)
     pairs = configurations(node_counts, batches)
@@ -178,6 +187,7 @@ def sweep(
         strategy=strategy,  # type: ignore[arg-type]  # checked by SolveOptions
         space=space,  # type: ignore[arg-type]
         time_limit_s=time_limit,
+        gap=gap,
         top_k=1,  # a sweep shows only each configuration's best
     )
     sizes = ", ".join(str(n) for n in sorted(set(node_counts)))
@@ -226,3 +236,4 @@ def sweep(
         with atomic_output(png) as temporary:
             write_sweep_png(temporary, rows, title)
         console.print(f"wrote {png}")
+    exit_fast_when_done()

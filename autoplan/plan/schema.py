@@ -57,13 +57,14 @@ __all__ = [
     "Replica",
     "ReplicaTiming",
     "ScheduleName",
+    "SearchRecord",
     "Stage",
     "StageTiming",
     "TimeBreakdown",
     "ZeroStage",
 ]
 
-PLAN_SCHEMA_VERSION = 2
+PLAN_SCHEMA_VERSION = 3
 
 ScheduleName = Literal[
     "gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev", "async_pb"
@@ -467,10 +468,55 @@ class Alternative(_Strict):
     samples_per_s: float = Field(gt=0)
 
 
+class SearchRecord(_Strict):
+    """What the search proved about the plan (``autoplan.solve.certificate``): a lower bound
+    on the best plan of the space searched, beside the plan's own predicted time."""
+
+    status: Literal["proven", "gap", "limit"] = Field(
+        description="'proven': no plan of the space is faster (gap 0); 'gap': the search "
+        "ended with the plan within ``gap`` of the bound (``--gap`` reached, or a part of the "
+        "space bounded only loosely); 'limit': the time limit stopped it."
+    )
+    lower_bound_ms: float | None = Field(
+        ge=0,
+        description="No plan of the space has a predicted iteration time below this (ms); "
+        "None when the search proved no positive bound.",
+    )
+    gap: float | None = Field(
+        ge=0,
+        le=1,
+        description="(plan's iteration time - lower_bound_ms) / plan's time: how far from "
+        "optimal the plan can be at most; None without a bound.",
+    )
+    # No wall-clock time here: the same inputs write the same bytes (solve prints it).
+    explored: int = Field(
+        ge=0, description="Candidates the search considered (groups, pipelines and labels)."
+    )
+
+    @model_validator(mode="after")
+    def _check_status(self) -> SearchRecord:
+        if self.status == "proven" and self.gap != 0:
+            raise ValueError(f"a proven plan has gap 0; got gap {self.gap}")
+        return self
+
+    def words(self) -> str:
+        """What it proves, in words: 'optimal (proven)', 'within 0.4% of optimal (bound
+        9,774 ms)', 'time limit: no bound'; never 'optimal' unless proven."""
+        if self.status == "proven":
+            return "optimal (proven)"
+        prefix = "time limit: " if self.status == "limit" else ""
+        if self.lower_bound_ms is None or self.gap is None:
+            return f"{prefix}no bound"
+        bound = self.lower_bound_ms
+        bound_text = f"{bound:,.0f}" if bound >= 100 else f"{bound:.3g}"
+        gap_text = f"{self.gap:.1%}" if self.gap >= 0.001 else "0.1%"
+        return f"{prefix}within {gap_text} of optimal (bound {bound_text} ms)"
+
+
 class Plan(_Strict):
     """A complete, executable parallelization plan."""
 
-    schema_version: Literal[2] = Field(
+    schema_version: Literal[3] = Field(
         default=PLAN_SCHEMA_VERSION, description="Version of this schema."
     )
     inputs: PlanInputs
@@ -482,6 +528,11 @@ class Plan(_Strict):
     rank_map: list[RankEntry] = Field(min_length=1, max_length=limits.MAX_CLUSTER_GPUS)
     prediction: Prediction
     alternatives: list[Alternative] = Field(default_factory=list)
+    search: SearchRecord | None = Field(
+        default=None,
+        description="The search's certificate (bound, gap, status); None for a baseline "
+        "strategy's plan and for plans written before schema version 3.",
+    )
 
     @classmethod
     def upgrade_data(cls, data: dict) -> dict:

@@ -5,6 +5,9 @@ every stage gets dp replicas of tp GPUs, replica d of pipeline rank p holding th
 ``p·dp·tp + d·tp + t``, with the version-1 replica shares and the stage's recompute; each
 memory estimate (one per GPU type of a pipeline rank, which had one share) describes that
 type's share, and the GPUs the plan leaves unused are listed as idle.
+
+Version 2 maps onto version 3 with no search record (``search: null``): the plan was written
+before the search kept its proven bound, so nothing says how far from optimal it is.
 """
 
 from __future__ import annotations
@@ -108,10 +111,14 @@ def upgrade_plan_data(data: dict[str, Any]) -> dict[str, Any]:
     KeyError/TypeError on a malformed file) when it cannot be converted."""
     if data.get("schema_version") == 1:
         try:
-            return _v1_to_v2(data)
+            data = _v1_to_v2(data)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
             raise ValueError(
                 f"a version-1 plan that cannot be converted ({error!r}); solve it again with "
                 "this autoplan: autoplan solve PROFILE --cluster CLUSTER -o PLAN"
             ) from None
+    if data.get("schema_version") == 2:
+        # Version 3 adds the search's certificate; an older plan has none (it may have been
+        # stopped by the time limit: it is not called optimal).
+        data = {**data, "schema_version": 3, "search": None}
     return data

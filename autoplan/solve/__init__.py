@@ -8,6 +8,7 @@ stopped the search). The search is in ``autoplan.solve.search``, the cost model 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from autoplan.profile.schema import Profile
 from autoplan.solve.async_pb import async_alternative, best_async
 from autoplan.solve.async_plan import emit_async_plan
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
+from autoplan.solve.certificate import search_record
 from autoplan.solve.context_parallel import search_with_context_parallel
 from autoplan.solve.diagnose import (
     diagnose_before_search,
@@ -123,6 +125,7 @@ def solve_candidates(
             result.configs_considered,
             result.partitions_solved,
             result.timed_out,
+            0.0,  # a baseline: no bound over its rule's space is claimed
         )
     return result
 
@@ -135,6 +138,7 @@ class SolveOutcome:
     timed_out: bool  # the time limit stopped the search: the best found, not proven optimal
     violation: str | None  # why the plan does not fit (a baseline's best may not), else None
     async_plan: Plan | None = None  # with allow_async: the async alternative as a plan
+    elapsed_s: float = 0.0  # wall-clock time of the solve (not in the plan: it is deterministic)
 
 
 def solve_outcome(
@@ -152,6 +156,7 @@ def solve_outcome(
     Raises InfeasibleError naming the binding constraint when no plan exists.
     """
     _check_options(profile, global_batch_size, options)
+    started = time.monotonic()
     model = cost_model(profile, cluster, options)
     # Said before a search that cannot succeed runs to its time limit.
     if options.strategy != "megatron" and (early := diagnose_before_search(model, options)):
@@ -163,7 +168,9 @@ def solve_outcome(
             diagnose_megatron_infeasible if options.strategy == "megatron" else diagnose_infeasible
         )
         found = diagnose(model, global_batch_size, options)
-        if not found.proven:  # nothing fits in memory: host memory may be what binds
+        # Nothing fits in memory: host memory may be what binds. Not after a time-out: the
+        # diagnosis reruns the search, which would take as long again.
+        if not found.proven and not result.timed_out:
             found = (
                 host_memory_diagnosis(model, global_batch_size, options, solve_candidates) or found
             )
@@ -199,13 +206,23 @@ def solve_outcome(
         raise InfeasibleError(
             f"the {options.strategy} plan cannot be placed: {error}", short="cannot be placed"
         ) from None
+    if options.strategy == "optimal":
+        # The certificate: the search's proven bound beside the plan it chose.
+        record = search_record(
+            plan.prediction.iteration_time_ms,  # the figure the plan states
+            result.lower_bound_ms,
+            result.timed_out,
+            result.configs_considered + result.partitions_solved,
+        )
+        plan = plan.model_copy(update={"search": record})
     async_plan = None
     if options.allow_async:
         choice = best_async(model, feasible)
         if choice is not None:
             plan = async_alternative(model, plan, choice)
             async_plan = emit_async_plan(model, choice, inputs)
-    return SolveOutcome(plan, result.timed_out, violation, async_plan)
+    elapsed = time.monotonic() - started
+    return SolveOutcome(plan, result.timed_out, violation, async_plan, elapsed)
 
 
 def solve(

@@ -73,6 +73,7 @@ def search_with_context_parallel(
     candidates: dict[tuple, Candidate] = {}
     considered = solved = 0
     timed_out = False
+    lower_bound = math.inf  # the least of the runs' proven bounds (autoplan.solve.certificate)
     for position, cp in enumerate(runs):
         left = max(deadline - time.monotonic(), 1e-3) / (len(runs) - position)
         view = model if cp == 1 else model.with_context_parallel(cp)
@@ -80,6 +81,7 @@ def search_with_context_parallel(
         considered += result.configs_considered
         solved += result.partitions_solved
         timed_out = timed_out or result.timed_out
+        lower_bound = min(lower_bound, result.lower_bound_ms)
         for candidate in result.candidates:
             config, cost = candidate.config, candidate.cost
             if cp > 1:
@@ -96,4 +98,4 @@ def search_with_context_parallel(
             c.config.sequence_parallel,
         ),
     )
-    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out)
+    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out, lower_bound)

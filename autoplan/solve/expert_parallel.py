@@ -78,6 +78,7 @@ def search_with_expert_parallel(
     candidates: dict[tuple, Candidate] = {}
     considered = solved = 0
     timed_out = False
+    lower_bound = math.inf  # the least of the runs' proven bounds (autoplan.solve.certificate)
     for position, ep in enumerate(degrees):
         left = max(deadline - time.monotonic(), 1e-3) / (len(degrees) - position)
         update: dict[str, object] = {"time_limit_s": left}
@@ -94,6 +95,7 @@ def search_with_expert_parallel(
         considered += result.configs_considered
         solved += result.partitions_solved
         timed_out = timed_out or result.timed_out
+        lower_bound = min(lower_bound, result.lower_bound_ms)
         for candidate in result.candidates:
             config = with_expert_degree(candidate.config, ep)
             cost = model.evaluate(config)
@@ -108,4 +110,4 @@ def search_with_expert_parallel(
             c.config.sequence_parallel,
         ),
     )
-    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out)
+    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out, lower_bound)

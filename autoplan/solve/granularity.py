@@ -29,6 +29,7 @@ from autoplan.cost.block_parts import block_pairs, block_profile, unit_boundarie
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel
 from autoplan.profile.schema import Profile
+from autoplan.solve.certificate import work_bound_ms
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult
 from autoplan.solve.sequence_parallel import search_with_sequence_parallel
@@ -102,7 +103,7 @@ def seeded_search(
             "time limit reached at block grain: the plan is the best block plan, the "
             "sub-block units were not searched"
         )
-        fine = SearchResult([], 0, 0, True)
+        fine = SearchResult([], 0, 0, True, work_bound_ms(model, batch, options))
     else:
         fine = search_with_sequence_parallel(
             model,
@@ -130,4 +131,6 @@ def seeded_search(
         coarse.partitions_solved + fine.partitions_solved,
         # The finer search prunes only against plans it holds: exact unless it stopped.
         fine.timed_out,
+        # Its floor holds for the units' space; the block plans are plans of it too.
+        min([fine.lower_bound_ms, incumbent]),
     )

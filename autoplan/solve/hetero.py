@@ -39,6 +39,7 @@ from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, LinkSide
 from autoplan.cost.offload import group_of, mode_key
 from autoplan.cost.sharding import exposed_ms
+from autoplan.solve.certificate import work_bound_ms
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import (
     MAX_CLASSES_PER_STAGE,
@@ -466,6 +467,7 @@ class HeteroResult:
     stages_costed: int
     labels: int
     timed_out: bool
+    floor_ms: float = 0.0  # no plan of the family not in ``configs`` is faster (certificate)
 
 
 def _config(labels, m: int, schedule: str) -> PlanConfig:
@@ -514,6 +516,7 @@ def hetero_candidates(
     bound = upper_bound
     sources: dict[int, HeteroSource] = {}
     promise: dict[int, float] = {}
+    floors: dict[int, float] = {}  # the exact pass's floor of each run it completed
 
     def run(index: int, beam: int | None) -> bool:
         """One run; False when the deadline stopped it."""
@@ -524,7 +527,11 @@ def hetero_candidates(
         source = sources[index]
         if not source.allocations:
             promise[index] = math.inf
+            floors[index] = math.inf
             return True
+        # With --gap, what cannot beat the best by more than the gap is pruned: the run's
+        # floor is then the lowered bound.
+        pruning = bound * (1.0 - options.gap)
         finals, stats = best_pipelines(
             num_layers,
             m,
@@ -533,7 +540,7 @@ def hetero_candidates(
             max_stages=most,
             min_stages=least,
             exact_stages=pinned_pp,
-            upper_bound=bound,
+            upper_bound=pruning,
             keep=1 if beam is not None else keep,
             splits=splits,
             deadline=deadline,
@@ -547,6 +554,8 @@ def hetero_candidates(
             bound = min(bound, finals[0].objective(m))
         if beam is not None:
             promise[index] = finals[0].objective(m) if finals else math.inf
+        elif not stats.timed_out:
+            floors[index] = pruning
         if stats.timed_out:
             logger.warning(
                 "time limit reached in micro-batch count %d (%s): the plan is the best found, "
@@ -570,4 +579,12 @@ def hetero_candidates(
         if not run(index, None):
             timed_out = True
     found.sort(key=lambda item: (item[0], item[1]))
-    return HeteroResult([config for _, _, config in found[:keep]], costed, labels, timed_out)
+    # A run the time limit cut off has only the work bound of its micro-batch count.
+    floor = min(
+        (
+            floors[index] if index in floors else work_bound_ms(model, batch, options, [m])
+            for index, (m, _schedule, _most, _least) in enumerate(runs)
+        ),
+        default=math.inf,
+    )
+    return HeteroResult([config for _, _, config in found[:keep]], costed, labels, timed_out, floor)

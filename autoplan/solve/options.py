@@ -65,6 +65,13 @@ class SolveOptions(BaseModel):
     strategy: Strategy = Field(default="optimal", description="Search or a baseline.")
     top_k: int = Field(default=3, ge=1, description="Alternatives to report (besides the best).")
     time_limit_s: float = Field(default=60.0, gt=0, description="Wall-clock limit of the search.")
+    gap: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Stop once the plan is proven within this fraction of the optimum "
+        "(0: search until proven optimal or the time limit).",
+    )
     efficiency: dict[str, float] = Field(
         default_factory=dict, description="Per-GPU-type efficiency overriding the catalog's."
     )

@@ -7,8 +7,13 @@
    label-setting DP of ``solvers.pipeline_dp``, pruned by the best time found so far.
 
 Each family's best is exact within it, so the best of the three is exact within the space;
-the alternatives are the best other configurations the search costed. Every candidate is
-costed again by ``CostModel.evaluate`` (layer by layer), the figure the plan reports.
+the alternatives are the best other configurations the search costed. Each family also
+reports its floor (``autoplan.solve.certificate``): the result's ``lower_bound_ms`` is the
+least of them and of the plans found, a proven lower bound on the space's best plan. The
+zero-bubble schedules are tried only at the partitions found best (``solve.zero_bubble``), so
+where they are in the space its bound is the work bound, which holds for every schedule.
+Every candidate is costed again by ``CostModel.evaluate`` (layer by layer), the figure the
+plan reports.
 Deterministic: families and candidates are visited in a fixed order, and ties go to the
 canonical order of ``config_key``, unless the time limit stops the search (logged).
 """
@@ -22,9 +27,10 @@ from collections.abc import Callable
 
 from autoplan.cost.model import CostModel
 from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
+from autoplan.solve.certificate import Floors, work_bound_ms
 from autoplan.solve.hetero import hetero_candidates
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.shares import shared_candidates
+from autoplan.solve.shares import shared_search
 from autoplan.solve.uniform import Candidate, SearchResult, config_key, uniform_search
 from autoplan.solve.zero_bubble import zero_bubble_variants
 
@@ -62,10 +68,17 @@ def search(
         uniform.partitions_solved,
         uniform.timed_out,
     )
+    floors = Floors()
+    floors.add(uniform.lower_bound_ms)
     if options.strategy == "optimal":
-        for config in shared_candidates(model, batch, options, options.time_limit_s, deadline):
+        shared = shared_search(model, batch, options, options.time_limit_s, deadline)
+        if not shared.complete:
+            floors.add(work_bound_ms(model, batch, options))
+        for config in shared.configs:
             cost = model.evaluate(config)
             candidates.append(Candidate(cost.iteration_ms, config, cost))
+    if heterogeneous and timed_out:
+        floors.add(work_bound_ms(model, batch, options))  # never started
     if heterogeneous and not timed_out:
         feasible = [c.iteration_ms for c in candidates if c.cost.feasible]
         found = hetero_candidates(
@@ -80,6 +93,7 @@ def search(
         considered += found.labels
         solved += found.stages_costed
         timed_out = timed_out or found.timed_out
+        floors.add(found.floor_ms)
         for config in found.configs:
             cost = model.evaluate(config)
             candidates.append(Candidate(cost.iteration_ms, config, cost))
@@ -88,8 +102,14 @@ def search(
         for config in zero_bubble_variants([c.config for c in candidates], options.schedule):
             cost = model.evaluate(config)
             candidates.append(Candidate(cost.iteration_ms, config, cost))
+    zero_bubble = options.zero_bubble or options.schedule in ZERO_BUBBLE_SCHEDULES
+    if zero_bubble and options.dp in (None, 1):
+        # Torch runs them at dp 1 only. Tried at the best partitions only: the zero-bubble
+        # plans elsewhere are bounded by the work bound alone (it holds for every schedule).
+        floors.add(work_bound_ms(model, batch, options))
     if options.schedule in ZERO_BUBBLE_SCHEDULES:  # the 1F1B-family bases were only a means
         candidates = [c for c in candidates if c.config.schedule == options.schedule]
+        floors = Floors(work_bound_ms(model, batch, options))
     unique: dict[tuple, Candidate] = {}
     for candidate in candidates:
         unique.setdefault(config_key(candidate.config), candidate)
@@ -97,4 +117,6 @@ def search(
         unique.values(),
         key=lambda c: (not c.cost.feasible, c.iteration_ms, config_key(c.config)),
     )
-    return SearchResult(ranked[:keep], considered, solved, timed_out)
+    feasible = [c.iteration_ms for c in ranked if c.cost.feasible]
+    floors.add(min(feasible, default=math.inf))
+    return SearchResult(ranked[:keep], considered, solved, timed_out, floors.floor_ms)

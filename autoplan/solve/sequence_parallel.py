@@ -77,6 +77,7 @@ def search_with_sequence_parallel(
     candidates: dict[tuple, Candidate] = {}
     considered = solved = 0
     timed_out = False
+    lower_bound = math.inf  # the least of the runs' bounds: each covers its setting's space
     for position, (setting, run_options) in enumerate(runs):
         # The time limit is shared: each run gets an equal part of what is left.
         left = max(deadline - time.monotonic(), 1e-3) / (len(runs) - position)
@@ -90,6 +91,7 @@ def search_with_sequence_parallel(
         considered += result.configs_considered
         solved += result.partitions_solved
         timed_out = timed_out or result.timed_out
+        lower_bound = min(lower_bound, result.lower_bound_ms)
         # The next setting's run only has to beat the best plan held: it prunes against it
         # (exact for the best plan; the runners-up then come from the runs that found them).
         incumbent_ms = min(
@@ -115,4 +117,6 @@ def search_with_sequence_parallel(
             c.config.sequence_parallel,
         ),
     )
-    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out)
+    if not runs:
+        lower_bound = 0.0
+    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out, lower_bound)

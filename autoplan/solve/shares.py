@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.devices import block_sizes
@@ -24,9 +25,18 @@ from autoplan.solve.space import (
     tp_choices,
     zero_levels,
 )
-from solvers.share_ilp import ShareClass, ShareProblem, solve_shares
+from solvers.share_ilp import ShareClass, ShareProblem, share_search
 
-__all__ = ["share_sizes", "shared_candidates"]
+__all__ = ["SharedResult", "share_sizes", "shared_candidates", "shared_search"]
+
+
+@dataclass(frozen=True)
+class SharedResult:
+    """The family's best plan per (tp, classes, ZeRO level), and whether every one of them
+    was solved to optimality (else the family's floor is only the work bound)."""
+
+    configs: list[PlanConfig]
+    complete: bool
 
 
 def shared_candidates(
@@ -39,14 +49,26 @@ def shared_candidates(
     """Single-stage plans with uneven shares over two or more classes (``share_ilp``); none
     more once ``deadline`` (``time.monotonic()``) has passed (the search's own time limit,
     which the uniform search before it has then hit and reported too)."""
+    return shared_search(model, batch, options, time_limit_s, deadline).configs
+
+
+def shared_search(
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    time_limit_s: float,
+    deadline: float | None = None,
+) -> SharedResult:
+    """``shared_candidates``, saying whether the family was searched to the end."""
     if options.strategy not in ("optimal",) or options.micro_batch_size is not None:
-        return []
+        return SharedResult([], True)
     if (options.pp not in (None, 1)) or options.layer_split is not None:
-        return []
+        return SharedResult([], True)
     if options.schedule not in (None, "1f1b"):
-        return []
+        return SharedResult([], True)
     modes = recompute_modes(options)
     found = []
+    complete = True
     for tp in tp_choices(model, options):
         usable = [c.index for c in model.classes if tp in block_sizes(c.gpus_per_node)]
         for size in range(2, len(usable) + 1):
@@ -61,13 +83,14 @@ def shared_candidates(
                 # FSDP2), one share program each: the levels trade memory for collectives.
                 for level in zero_levels(dp, True, options):
                     if deadline is not None and time.monotonic() >= deadline:
-                        return found
-                    config = _solve_shares_for(
+                        return SharedResult(found, False)
+                    config, proven = _solve_shares_for(
                         model, batch, options, tp, subset, replicas, level, modes, time_limit_s
                     )
+                    complete = complete and proven
                     if config is not None:
                         found.append(config)
-    return found
+    return SharedResult(found, complete)
 
 
 def share_sizes(
@@ -117,12 +140,13 @@ def share_sizes(
 
 
 def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes, limit_s):
+    """(the best plan or None, whether that is proven)."""
     total = sum(replicas)
     counts = [m for m in divisors(batch) if batch // m >= total]
     if options.num_micro_batches is not None:
         counts = [m for m in counts if m == options.num_micro_batches]
     if not counts:
-        return None
+        return None, True
     params = model.tables(subset[0], tp, 1).params[-1]
     probe = tuple(group_of(k, tp, n, 1, modes[0]) for k, n in zip(subset, replicas, strict=True))
     # ZeRO-2/3 reduce-scatter in every backward: no all-reduce is left for the tail.
@@ -133,7 +157,7 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         limit = min(MAX_SHARE_MICRO_BATCH, (batch // min(counts) - (total - n)) // n)
         tables[k] = share_sizes(model, tp, total, zero1, k, limit, modes, collective)
         if not tables[k]:
-            return None
+            return None, True
     optimizer = max(
         model.optimizer_ms(params, k, total, zero1) + model.step_overhead_ms(k) for k in subset
     )
@@ -147,18 +171,20 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         allreduce_ms=allreduce,
         optimizer_ms=optimizer,
     )
-    solution = solve_shares(problem, time_limit_s=limit_s)
+    searched = share_search(problem, time_limit_s=limit_s)
+    solution = searched.solution
     if solution is None:
-        return None
+        return None, searched.proven
     groups = tuple(
         sorted(
             group_of(k, tp, n, b, tables[k][b][2])
             for k, n, b in zip(subset, replicas, solution.sizes, strict=True)
         )
     )
-    return PlanConfig(
+    config = PlanConfig(
         solution.num_micro_batches,
         "1f1b",
         1,
         (StageChoice(0, model.num_layers, groups, int(zero1)),),
     )
+    return config, searched.proven

@@ -85,12 +85,16 @@ class Candidate:
 
 @dataclass
 class SearchResult:
-    """Best configurations first, and how the search went."""
+    """Best configurations first, and how the search went.
+
+    ``lower_bound_ms``: no plan of the space searched costs less (``autoplan.solve.certificate``;
+    0.0 proves nothing)."""
 
     candidates: list[Candidate]
     configs_considered: int
     partitions_solved: int
     timed_out: bool
+    lower_bound_ms: float = 0.0
 
 
 class _StageCoster:
@@ -484,7 +488,12 @@ def uniform_search(
 ) -> SearchResult:
     """The ``options.top_k + 1`` best distinct uniform configurations, best first (exact
     unless the deadline, a ``time.monotonic()`` value, stops it; module docstring); with an
-    ``incumbent_ms`` (a plan the caller holds), only those faster than it."""
+    ``incumbent_ms`` (a plan the caller holds), only those faster than it. With
+    ``options.gap`` it prunes what cannot beat the best by more than that fraction.
+
+    The result's ``lower_bound_ms`` is the family's floor (``autoplan.solve.certificate``):
+    everything pruned was bounded at or above the threshold when it was pruned, and the
+    threshold only falls; a stop by the deadline leaves the least bound still queued."""
     deadline = time.monotonic() + options.time_limit_s if deadline is None else deadline
     keep = options.top_k + 1
     best: list[tuple[float, tuple, PlanConfig]] = []
@@ -500,7 +509,7 @@ def uniform_search(
     def threshold() -> float:
         # Pruning against the best found keeps the best exact; the runner-ups are the best
         # of the configurations the search costed, not necessarily the global 2nd..k-th.
-        return min(best[0][0] if best else math.inf, incumbent_ms)
+        return min(best[0][0] if best else math.inf, incumbent_ms) * (1.0 - options.gap)
 
     # Best bound first over groups and their candidates together: a group's bound is looser
     # than its candidates' (one pp=12 group bounded at 15 s may hold only candidates bounded
@@ -510,12 +519,14 @@ def uniform_search(
     heapq.heapify(queue)
     pending: list[Pending] = []
     expanded = 0
+    unexplored = math.inf  # the least bound the deadline left in the queue
     while queue:
         bound, kind, item = heapq.heappop(queue)
         if bound >= threshold():
             break
         if time.monotonic() > deadline:
             timed_out = True
+            unexplored = bound
             logger.warning("time limit reached after %d of %d groups", expanded, len(groups))
             break
         if kind == 0:
@@ -537,7 +548,8 @@ def uniform_search(
         cost = model.evaluate(config)
         candidates.append(Candidate(cost.iteration_ms, config, cost))
     candidates.sort(key=lambda c: (c.iteration_ms, config_key(c.config)))
-    return SearchResult(candidates, considered, solved, timed_out)
+    floor = min(threshold(), unexplored)
+    return SearchResult(candidates, considered, solved, timed_out, floor)
 
 
 def config_key(config: PlanConfig) -> tuple:

@@ -42,7 +42,7 @@ def sweep_csv_text(rows: list[SweepRow]) -> str:
     types = list(dict.fromkeys(gpu for row in rows for gpu in row.gpus))
     header = ["nodes", "global_batch_size", "cluster", "gpus"]
     header += [f"gpus_{gpu}" for gpu in types] + [f"gpus_used_{gpu}" for gpu in types]
-    header += ["feasible", "timed_out", *_FIGURES, "note", "reason"]
+    header += ["feasible", "timed_out", "search_status", "gap", *_FIGURES, "note", "reason"]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header)
@@ -58,6 +58,8 @@ def sweep_csv_text(rows: list[SweepRow]) -> str:
                 *used,
                 _cell(row.feasible),
                 _cell(row.timed_out),
+                _cell(row.search_status),
+                _cell(row.gap),
                 *(_cell(getattr(row, name)) for name in _FIGURES),
                 row.note,
                 row.reason,

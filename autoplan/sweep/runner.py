@@ -132,7 +132,9 @@ def _solve_row(
     for entry in plan.rank_map:
         used[entry.gpu_type] = used.get(entry.gpu_type, 0) + 1
     notes = []
-    if outcome.timed_out:
+    if plan.search is not None:
+        notes.append(plan.search.words())
+    elif outcome.timed_out:
         notes.append("time limit: best found")
     idle = [f"{g.count} {g.gpu_type}" for g in plan.prediction.idle_gpus]
     if idle:
@@ -146,6 +148,8 @@ def _solve_row(
         feasible=True,
         note="; ".join(notes),
         timed_out=outcome.timed_out,
+        search_status=None if plan.search is None else plan.search.status,
+        gap=None if plan.search is None else plan.search.gap,
         tokens_per_s=tokens_per_s,
         samples_per_s=plan.prediction.samples_per_s,
         mfu=plan.prediction.mfu,

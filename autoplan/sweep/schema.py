@@ -3,6 +3,8 @@ saying why not."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["SweepRow"]
@@ -40,6 +42,17 @@ class SweepRow(BaseModel):
     reason: str = Field(default="", description="The solver's whole message when infeasible.")
     timed_out: bool = Field(
         default=False, description="The time limit stopped the search: not proven optimal."
+    )
+    search_status: Literal["proven", "gap", "limit"] | None = Field(
+        default=None,
+        description="The plan's certificate (Plan.search.status); None for a baseline or "
+        "without a plan.",
+    )
+    gap: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="How far from optimal the plan can be at most (Plan.search.gap).",
     )
     tokens_per_s: float | None = Field(default=None, gt=0, description="Predicted tokens/s.")
     samples_per_s: float | None = Field(default=None, gt=0, description="Predicted samples/s.")

@@ -128,6 +128,14 @@ def overview_section(plan: Plan) -> Section:
         f"({node_ranges(node.name for node in plan.nodes)})",
     )
     section.add("strategy", inputs.strategy)
+    if plan.search is not None:  # the certificate: never "optimal" unless proven
+        found = plan.search
+        section.add(
+            "search",
+            f"{found.words()}; {found.explored:,} candidates explored",
+        )
+    elif inputs.strategy == "optimal":
+        section.add("search", "no bound recorded (a plan from before schema version 3)")
     virtual = (
         f" × {par.virtual_stages_per_rank} virtual stages"
         if par.virtual_stages_per_rank > 1

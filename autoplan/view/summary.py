@@ -48,6 +48,8 @@ def solve_summary(plan: Plan) -> Document:
         f"pp={par.pipeline_degree} {par.schedule}{virtual} m={par.num_micro_batches}, "
         f"{micro_batch_text(plan)}, {plan.world_size} GPUs"
     )
+    if plan.search is not None:
+        title += f"; {plan.search.words()}"
     sections = [stages_section(plan), prediction_section(plan), memory_section(plan, bars=False)]
     if plan.alternatives:
         sections.append(alternatives_section(plan))

@@ -377,7 +377,7 @@ def plans() -> None:
         text.replace('"strategy": ', '"strategy": "x", "strategy": ', 1),
         "appears twice",
     )
-    plan("schema_version_3.json", "schema_version 3 is not one", setter("schema_version", value=3))
+    plan("schema_version_4.json", "schema_version 4 is not one", setter("schema_version", value=4))
     plan(
         "v1_unconvertible.json",
         "a version-1 plan that cannot be converted",

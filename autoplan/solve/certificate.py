@@ -1,0 +1,169 @@
+r"""The search's certificate: a proven lower bound on the optimum beside the plan found.
+
+Every family of the search (``autoplan.solve.search``) reports a *floor*: every plan of the
+family that it did not return costs at least that much. A family searched to the end by
+branch and bound has the threshold it pruned against as its floor (``incumbent × (1 − gap)``
+with ``--gap``); a part the time limit cut off has the bound of what it left unexplored; a
+part with no bound of its own (never started, or a heuristic space such as the zero-bubble
+schedules tried at the best partitions) has the *work bound* below. So
+
+    lower_bound = min(best plan found, every family's floor)
+
+is a lower bound on the best plan of the space, and ``gap = (found − lower_bound) / found``.
+
+The work bound, valid for every plan of the space whatever its schedule (``work_bound_ms``).
+For a plan with m micro-batches of b = B / m samples, pipeline rank r's iteration is at
+least m × its per-micro-batch work plus its tail (1F1B: (m − 1) max_r a_r + Σ_r b_r ≥ m a_r;
+interleaved the same over a rank's chunks; zero bubble plays every pass of every rank; the
+tail holds at least one optimizer step overhead). A replica of kind (class k, tp t) taking x
+of a stage's b samples spends t · m · time_{k,t}(l, x) GPU-ms on layer l per iteration, and
+time(x) / x does not grow with x in the cost model (its terms are linear in the samples or
+fixed per pass), so t · m · x / b · time_{k,t}(l, b) is less. Summing over the replicas of
+the stage (Σ x = b) and weighing class k's GPU-ms by λ_k ≥ 0 with Σ_k λ_k N_k = 1 (N_k GPUs
+of class k; weak duality of the fractional assignment of layers to GPUs):
+
+    T ≥ min_k (2 m ovh_k + step_k) + Σ_l min_k λ_k ω_k(l),
+    ω_k(l) = min_t t · m · time_{k,t}(l, b)   (no recompute, sequence parallelism either way)
+
+It ignores the bubble and every communication, so it is loose; the exact families are what
+close the gap. λ_k ∝ 1 / Ω_k (Ω_k = Σ_l ω_k(l)) is exact when every layer is the same factor
+faster on one class than on another.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from autoplan.cost.model import CostModel
+from autoplan.plan.schema import SearchRecord
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.space import class_tp_choices, divisors
+
+__all__ = ["Floors", "search_record", "work_bound_ms"]
+
+PROVEN_TOLERANCE = 1e-9
+"""Relative gap below which the plan is proven optimal (floating-point noise of the costs)."""
+
+
+@dataclass
+class Floors:
+    """What a search proved: the least floor of its parts (``math.inf`` where every part was
+    searched to the end and found nothing better than what it returned)."""
+
+    floor_ms: float = math.inf
+
+    def add(self, value: float) -> None:
+        """Another part's floor."""
+        self.floor_ms = min(self.floor_ms, value)
+
+
+def _per_layer_gpu_ms(
+    model: CostModel, batch: int, m: int, tp: int | None, sequence_parallel: bool | None
+):
+    """ω_k(l) of the module docstring, per class (a list of L values; None when the class
+    runs no tp degree of the space)."""
+    b = batch // m
+    out = []
+    pinned = SolveOptions(tp=tp)
+    for c in model.classes:
+        best: list[float] | None = None
+        for t in class_tp_choices(model, c.index, pinned):
+            settings = [False] if t == 1 or sequence_parallel is False else [False, True]
+            for sp in settings:
+                layers = model.tables(c.index, t, b, sp).layers
+                values = [t * m * (x.forward_ms() + x.backward_ms("none")) for x in layers]
+                best = (
+                    values
+                    if best is None
+                    else [min(a, v) for a, v in zip(best, values, strict=True)]
+                )
+        out.append(best)
+    return out
+
+
+def _lambda_bound(omega: list[list[float] | None], counts: list[int]) -> float:
+    """max over a few λ of Σ_l min_k λ_k ω_k(l), with Σ_k λ_k N_k = 1 (module docstring)."""
+    usable = [k for k, values in enumerate(omega) if values is not None and counts[k] > 0]
+    if not usable:
+        return math.inf
+    totals = {k: sum(omega[k]) for k in usable}  # type: ignore[arg-type]
+    if any(total <= 0 for total in totals.values()):
+        return 0.0
+    layers = len(omega[usable[0]])  # type: ignore[arg-type]
+
+    def value(weights: dict[int, float]) -> float:
+        norm = sum(weights[k] * counts[k] for k in usable)
+        if norm <= 0:
+            return 0.0
+        return (
+            sum(
+                min(weights[k] * omega[k][l] for k in usable)  # type: ignore[index]
+                for l in range(layers)  # noqa: E741
+            )
+            / norm
+        )
+
+    base = {k: 1.0 / totals[k] for k in usable}
+    best = value(base)
+    # A few multiplicative steps per class: the dual is concave in λ, any λ is valid.
+    for k in usable:
+        for factor in (0.5, 0.8, 1.25, 2.0):
+            trial = dict(base)
+            trial[k] *= factor
+            best = max(best, value(trial))
+    return best
+
+
+@functools.lru_cache(maxsize=4096)
+def _work_bound_for(
+    model: CostModel, batch: int, m: int, tp: int | None, sequence_parallel: bool | None
+) -> float:
+    omega = _per_layer_gpu_ms(model, batch, m, tp, sequence_parallel)
+    counts = [c.total_gpus for c in model.classes]
+    spread = _lambda_bound(omega, counts)
+    if math.isinf(spread):
+        return math.inf
+    usable = [c.index for c, values in zip(model.classes, omega, strict=True) if values]
+    fixed = min(2 * m * model.pass_overhead_ms(k) + model.step_overhead_ms(k) for k in usable)
+    return fixed + spread
+
+
+def work_bound_ms(
+    model: CostModel, batch: int, options: SolveOptions, counts: list[int] | None = None
+) -> float:
+    """The work bound of the module docstring over the micro-batch counts ``counts``
+    (default: every divisor of ``batch``, a superset of every family's)."""
+    counts = divisors(batch) if counts is None else counts
+    if options.num_micro_batches is not None:
+        counts = [m for m in counts if m == options.num_micro_batches]
+    # Sequence parallelism pinned on still leaves tp 1 stages off: either setting counts.
+    sequence_parallel = False if options.sequence_parallel is False else None
+    return min(
+        (_work_bound_for(model, batch, m, options.tp, sequence_parallel) for m in counts),
+        default=math.inf,
+    )
+
+
+def search_record(
+    found_ms: float, lower_bound_ms: float, timed_out: bool, explored: int
+) -> SearchRecord:
+    """The plan's ``search`` record: proven when the search ran to its end and the bound
+    reaches the plan's time (within floating-point noise); else the gap, and 'limit' when the
+    time limit stopped the search."""
+    # Rounded down to the plan's precision (its figures have six decimals): still a bound.
+    bound = math.floor(min(max(lower_bound_ms, 0.0), found_ms) * 1e6) / 1e6
+    gap = (found_ms - bound) / found_ms if found_ms > 0 else 0.0
+    if timed_out:
+        status = "limit"  # stopped by the clock: never called proven, whatever the bound
+    elif gap <= PROVEN_TOLERANCE or found_ms - bound <= 2e-6:
+        status, gap, bound = "proven", 0.0, found_ms
+    else:
+        status = "gap"
+    return SearchRecord(
+        status=status,
+        lower_bound_ms=bound if bound > 0 else None,
+        gap=gap if bound > 0 else None,
+        explored=explored,
+    )

@@ -1,0 +1,194 @@
+"""The search's certificate (``autoplan.solve.certificate``): a proven lower bound beside the
+plan, its status and its words. The bound against brute force is in tests/test_solver_oracle.py
+(every random instance there checks it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from autoplan.cli import app
+from autoplan.errors import InfeasibleError
+from autoplan.files import read_json_model
+from autoplan.plan.schema import Plan, SearchRecord
+from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
+from autoplan.solve.certificate import search_record, work_bound_ms
+from autoplan.solve.space import divisors
+from solvers.oracle import oracle_shares
+from solvers.share_ilp import ShareClass, ShareProblem, _ShareModel, share_search
+from tests.synthetic_profiles import gpu, make_cluster, transformer_profile
+
+runner = CliRunner()
+EXACT = SolveOptions(top_k=1, zero_bubble=False)
+
+
+def _medium():
+    profile = transformer_profile(8, hidden=1024, seq_len=512, heads=16)
+    cluster = make_cluster(
+        [
+            ("f", gpu("FAST", 300.0, 40.0), 4, 2),
+            ("m", gpu("MID", 120.0, 24.0), 4, 1),
+            ("s", gpu("SLOW", 40.0, 16.0), 4, 2),
+        ],
+        inter_gb_per_s=5.0,
+    )
+    return profile, cluster, 32
+
+
+def test_a_search_run_to_the_end_is_proven_with_gap_zero() -> None:
+    profile, cluster, batch = _medium()
+    plan = solve(profile, cluster, batch, EXACT)
+    assert plan.search is not None
+    assert plan.search.status == "proven"
+    assert plan.search.gap == 0
+    assert plan.search.lower_bound_ms == plan.prediction.iteration_time_ms
+    assert plan.search.words() == "optimal (proven)"
+
+
+def test_a_time_limited_search_is_never_proven() -> None:
+    profile, cluster, batch = _medium()
+    exact = solve(profile, cluster, batch, EXACT).prediction.iteration_time_ms
+    stopped = 0
+    for limit in (0.2, 0.5, 1.0, 2.0):
+        options = EXACT.model_copy(update={"time_limit_s": limit})
+        model = cost_model(profile, cluster, options)
+        result = solve_candidates(model, batch, options)
+        assert result.lower_bound_ms <= exact * (1 + 1e-9), limit
+        if not result.timed_out or not any(c.cost.feasible for c in result.candidates):
+            continue
+        stopped += 1
+        try:
+            plan = solve(profile, cluster, batch, options)
+        except InfeasibleError:  # this second solve stopped before it found a plan
+            continue
+        if plan.search is not None and plan.search.status != "limit":
+            continue  # this second solve ran to its end (the machine was quicker)
+        assert plan.search is not None
+        assert plan.search.words().startswith("time limit: ")
+        bound = plan.search.lower_bound_ms
+        assert bound is None or bound <= exact * (1 + 1e-9)
+    assert stopped, "no time limit stopped the search with a plan found"
+
+
+def test_the_gap_option_stops_within_its_gap_and_the_bound_stays_below_the_optimum() -> None:
+    profile, cluster, batch = _medium()
+    exact = solve(profile, cluster, batch, EXACT).prediction.iteration_time_ms
+    plan = solve(profile, cluster, batch, EXACT.model_copy(update={"gap": 0.05}))
+    found = plan.search
+    assert found is not None and found.status in ("proven", "gap")
+    assert found.gap is not None and found.gap <= 0.05 + 1e-6  # the figures are rounded to 1e-6 ms
+    assert found.lower_bound_ms is not None and found.lower_bound_ms <= exact * (1 + 1e-9)
+    assert plan.prediction.iteration_time_ms <= exact / (1 - 0.05) * (1 + 1e-9)
+
+
+def test_zero_bubble_plans_are_bounded_by_the_work_bound() -> None:
+    """With the zero-bubble schedules in the space (tried only at the best partitions) the
+    bound is at most the work bound, which every plan of every schedule respects."""
+    profile, cluster, batch = _medium()
+    options = SolveOptions(top_k=3)
+    model = cost_model(profile, cluster, options)
+    result = solve_candidates(model, batch, options)
+    bound = work_bound_ms(model, batch, options)
+    assert result.lower_bound_ms <= bound * (1 + 1e-12)
+    for candidate in result.candidates:
+        assert candidate.iteration_ms >= bound * (1 - 1e-9), candidate.config.schedule
+    exact = solve(profile, cluster, batch, EXACT).prediction.iteration_time_ms
+    assert result.lower_bound_ms <= exact
+
+
+def test_the_record_says_proven_only_at_gap_zero() -> None:
+    assert search_record(100.0, 100.0, False, 5).status == "proven"
+    assert search_record(100.0, 100.0, True, 5).status == "limit"  # never proven by a stop
+    near = search_record(100.0, 99.6, False, 5)
+    assert near.status == "gap" and math.isclose(near.gap or 0, 0.004)
+    assert near.words() == "within 0.4% of optimal (bound 99.6 ms)"
+    big = search_record(10_000.0, 9_774.0, False, 5)
+    assert big.words() == "within 2.3% of optimal (bound 9,774 ms)"
+    assert search_record(100.0, 0.0, True, 5).words() == "time limit: no bound"
+    with pytest.raises(ValidationError):
+        SearchRecord(status="proven", lower_bound_ms=90.0, gap=0.1, explored=1)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.floats(0.5, 5.0), st.integers(2, 6)),
+        min_size=2,
+        max_size=3,
+    ),
+    st.sampled_from([4, 6, 8, 12]),
+    st.floats(0, 20),
+)
+def test_share_enumeration_equals_the_ilp_and_the_oracle(classes, batch, allreduce) -> None:
+    problem = ShareProblem(
+        global_batch=batch,
+        micro_batch_counts=tuple(divisors(batch)),
+        classes=tuple(
+            ShareClass(n, {b: (per * b + 0.3, per * b * 0.6) for b in range(1, top + 1)})
+            for n, per, top in classes
+        ),
+        allreduce_ms=allreduce,
+        optimizer_ms=1.0,
+    )
+    enumerated = share_search(problem)
+    ilp = _ShareModel(problem).solve(10.0)
+    brute = oracle_shares(problem)
+    assert enumerated.proven and ilp.proven
+    assert (enumerated.solution is None) == (brute is None) == (ilp.solution is None)
+    if brute is not None:
+        assert enumerated.solution is not None and ilp.solution is not None
+        assert math.isclose(enumerated.solution.objective, brute.objective, rel_tol=1e-9)
+        assert math.isclose(ilp.solution.objective, brute.objective, rel_tol=1e-6, abs_tol=1e-6)
+
+
+PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "gpt2-small.profile.json"
+
+
+def _solve(out, *extra: str):
+    args = ["solve", str(PROFILE), "--cluster", "a100-v100", "--global-batch", "64"]
+    return runner.invoke(app, [*args, "-o", str(out), "--top-k", "1", *extra])
+
+
+def test_solve_says_what_it_proved_and_show_too(tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    result = _solve(out, "--no-zero-bubble")
+    assert result.exit_code == 0, result.output
+    assert "optimal (proven)" in result.stdout
+    shown = runner.invoke(app, ["show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert "optimal (proven)" in shown.stdout
+    with_zero_bubble = _solve(tmp_path / "zb.json")
+    assert with_zero_bubble.exit_code == 0, with_zero_bubble.output
+    assert "of optimal (bound " in with_zero_bubble.stdout or "optimal (proven)" in (
+        with_zero_bubble.stdout
+    )
+
+
+def test_a_bad_gap_is_one_line_and_exit_2(tmp_path) -> None:
+    result = _solve(tmp_path / "plan.json", "--gap", "1.5")
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --gap must be in [0, 1) (a fraction: 0.01 is 1%); got 1.5"
+    ]
+
+
+def test_a_version_2_plan_reads_with_no_certificate(tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    assert _solve(out).exit_code == 0
+    data = json.loads(out.read_text())
+    data["schema_version"] = 2
+    del data["search"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    plan = read_json_model(old, Plan)
+    assert plan.schema_version == 3 and plan.search is None
+    shown = runner.invoke(app, ["show", str(old)])
+    assert shown.exit_code == 0, shown.output
+    assert "no bound recorded" in shown.stdout
