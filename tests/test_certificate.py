@@ -192,3 +192,4 @@ def test_a_version_2_plan_reads_with_no_certificate(tmp_path) -> None:
     shown = runner.invoke(app, ["show", str(old)])
     assert shown.exit_code == 0, shown.output
     assert "no bound recorded" in shown.stdout
+    assert "optimal (proven)" not in shown.stdout

@@ -135,7 +135,7 @@ def overview_section(plan: Plan) -> Section:
             f"{found.words()}; {found.explored:,} candidates explored",
         )
     elif inputs.strategy == "optimal":
-        section.add("search", "no bound recorded (a plan from before schema version 3)")
+        section.add("search", "no bound recorded (not solved by this autoplan's search)")
     virtual = (
         f" × {par.virtual_stages_per_rank} virtual stages"
         if par.virtual_stages_per_rank > 1
