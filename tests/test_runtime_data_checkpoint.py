@@ -321,3 +321,14 @@ def test_autoplan_run_checks_its_data_and_checkpoint_options_before_starting(
         assert result.exit_code == 2, (args, result.output)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, lines)
+
+
+def test_checkpoints_of_expert_parallel_plans_are_refused(tmp_path: Path) -> None:
+    """Each rank's experts are rows of one stacked tensor under one name: refused, one line,
+    before any process group."""
+    plan = make_plan([3, 3], num_micro_batches=2)
+    stages = [stage.model_copy(update={"expert_parallel_degree": 2}) for stage in plan.stages]
+    expert_plan = plan.model_copy(update={"stages": stages})
+    with pytest.raises(InputError, match=r"expert-parallel plans \(ep > 1\)"):
+        train(expert_plan, 2, checkpoint=CheckpointConfig(tmp_path / "ckpt"), environ={})
+    assert not dist.is_initialized()

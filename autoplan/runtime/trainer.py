@@ -225,6 +225,13 @@ def train(
             "schedule async_pb keeps no step states to checkpoint (its optimizer updates per "
             "micro-batch); run it without --checkpoint-dir"
         )
+    if checkpoint is not None and any(stage.expert_parallel_degree > 1 for stage in plan.stages):
+        # Each rank's expert weights are rows of one stacked tensor under one name: saved as
+        # they are, ranks would overwrite each other's experts.
+        raise InputError(
+            "checkpoints of expert-parallel plans (ep > 1) are not supported yet; run it "
+            "without --checkpoint-dir"
+        )
     engine = _engine(plan, env, seed, learning_rate, executor)
     global_batch = plan.inputs.global_batch_size
     start = 0
