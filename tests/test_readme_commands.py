@@ -26,6 +26,7 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +85,21 @@ SUBSTITUTIONS: dict[str, tuple[list[str], str]] = {
         ],
         "--local runs small plans on this machine's CPUs, as the README's comment says; "
         "plan.json is for 48 GPUs, so the gpt-tiny profile of step 1 is solved on cpu-local",
+    ),
+    "autoplan run plan.json --local --steps 2 --data tokens.npy --checkpoint-dir ckpt "
+    "--save-every 1": (
+        [
+            "autoplan run local-plan.json --local --steps 2 --data tokens.npy --checkpoint-dir "
+            "ckpt --save-every 1"
+        ],
+        "the cpu-local plan of the line above; tokens.npy is gpt-tiny token ids (_prepare)",
+    ),
+    "autoplan run plan.json --local --steps 4 --data tokens.npy --checkpoint-dir ckpt --resume": (
+        [
+            "autoplan run local-plan.json --local --steps 4 --data tokens.npy --checkpoint-dir "
+            "ckpt --resume"
+        ],
+        "resumes the checkpoint of the line above",
     ),
 }
 
@@ -169,6 +185,9 @@ def _prepare(folder: Path) -> dict[str, str]:
     for name in named:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, folder / name)
+    # The token file of the run lines: ids of gpt-tiny's 128-token vocabulary.
+    tokens = [(i * 37 + 11) % 128 for i in range(20_000)]
+    np.save(folder / "tokens.npy", np.array(tokens, dtype=np.uint16))
     (folder / "mypkg").mkdir()
     (folder / "mypkg" / "__init__.py").write_text("")
     (folder / "mypkg" / "models.py").write_text(_FACTORY)

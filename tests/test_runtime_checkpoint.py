@@ -2,9 +2,9 @@
 train gpt-tiny on a token file for 2 steps under one plan, save, and go on under three
 others, each resuming from the checkpoint the one before saved (DCP): pipeline × tensor
 parallel (mesh executor) → uneven dp between stages with tp 2 on the last (groups executor)
-→ dp 4 with ZeRO-1 → pp 4. The 8 losses equal 8 uninterrupted single-process steps on the
-same data within 1e-10, which they could not if any weight, Adam moment or step count, or
-the data position, were lost or misplaced on the way."""
+→ dp 4 with ZeRO-1 → pp 4 → dp 2 × tp 2 (FSDP2 with DTensor tp). The 10 losses equal 10
+uninterrupted single-process steps on the same data within 1e-10, which they could not if any
+weight, Adam moment or step count, or the data position, were lost or misplaced on the way."""
 
 from __future__ import annotations
 
@@ -44,6 +44,12 @@ RUNS = {
         None,
     ),
     "pp4": (make_plan([1, 2, 2, 1], micro_batch_size=1, num_micro_batches=4), 8, None),
+    # dp 2 × tp 2: FSDP2 over dp with DTensor tp inside (2-D sharded weights and states).
+    "dp2_tp2_fsdp": (
+        make_plan([6], data_parallel=2, tensor_parallel=2, micro_batch_size=1, num_micro_batches=2),
+        10,
+        None,
+    ),
 }
 
 
@@ -72,17 +78,17 @@ def test_the_plans_differ_as_intended() -> None:
     plans = [plan for plan, _, _ in RUNS.values()]
     assert all(plan.world_size == 4 for plan in plans)
     assert len({plan.inputs.global_batch_size for plan in plans}) == 1
-    assert [plan.uniform_shape() is None for plan in plans] == [False, True, False, False]
-    assert [plan.parallelism.pipeline_degree for plan in plans] == [2, 2, 1, 4]
+    assert [plan.uniform_shape() is None for plan in plans] == [False, True, False, False, False]
+    assert [plan.parallelism.pipeline_degree for plan in plans] == [2, 2, 1, 4, 1]
 
 
 def test_resumed_runs_under_other_plans_equal_an_uninterrupted_run(chain: Path) -> None:
     reports = [read_json_model(chain / f"{name}.json", RunReport) for name in RUNS]
     steps = [record for report in reports for record in report.steps]
-    assert [record.step for record in steps] == list(range(8))
-    assert [report.executor for report in reports] == ["mesh", "groups", "mesh", "mesh"]
+    assert [record.step for record in steps] == list(range(10))
+    assert [report.executor for report in reports] == ["mesh", "groups", "mesh", "mesh", "mesh"]
     plan = RUNS["pp2_tp2"][0]
-    expected, _ = reference_training(plan, 8, batches=full_batches(plan, chain / "tokens.npy"))
+    expected, _ = reference_training(plan, 10, batches=full_batches(plan, chain / "tokens.npy"))
     errors = [abs(record.loss - loss) for record, loss in zip(steps, expected, strict=True)]
     assert max(errors) < TOLERANCE, errors
 
@@ -94,8 +100,9 @@ def test_each_run_left_complete_checkpoints_of_its_plan(chain: Path) -> None:
         "step-00000004",
         "step-00000006",
         "step-00000008",
+        "step-00000010",
     ]
     infos = [read_json_model(path / INFO_NAME, CheckpointInfo) for path in sorted(folder.iterdir())]
-    assert [info.step for info in infos] == [2, 4, 6, 8]
+    assert [info.step for info in infos] == [2, 4, 6, 8, 10]
     summaries = [info.plan_summary for info in infos]
-    assert len(set(summaries)) == 4 and "tp=2" in summaries[0] and "pp=4" in summaries[3]
+    assert len(set(summaries)) == 5 and "tp=2" in summaries[0] and "pp=4" in summaries[3]
