@@ -45,6 +45,41 @@ def runtime_args(steps: int, report: str | None, model: str = "") -> list[str]:
     return ["--steps", str(steps), *(["--report", report] if report else []), *factory, "--verbose"]
 
 
+def _data_and_checkpoint_args(
+    data: str | None,
+    data_dtype: str | None,
+    no_shuffle: bool,
+    checkpoint_dir: str | None,
+    save_every: int | None,
+    resume: bool,
+) -> list[str]:
+    """The runtime's data and checkpoint options for the scripts. The paths are the nodes'
+    (not checked here, where they may not exist); the scripts quote them."""
+    from autoplan.runtime.__main__ import TOKEN_DTYPES  # torch-free
+
+    for flag, path in (("--data", data), ("--checkpoint-dir", checkpoint_dir)):
+        if path is not None and (not path or not path.isprintable()):
+            raise InputError(f"{flag} {shown(path)} is not a usable path")
+    if data_dtype is not None and data_dtype not in TOKEN_DTYPES:
+        raise InputError(
+            f"--data-dtype {shown(data_dtype)}: not a token dtype (one of "
+            f"{', '.join(TOKEN_DTYPES)})"
+        )
+    if data is None and (data_dtype is not None or no_shuffle):
+        raise InputError("--data-dtype and --no-shuffle describe a --data file; give one")
+    if checkpoint_dir is None and (save_every is not None or resume):
+        raise InputError("--save-every and --resume need --checkpoint-dir")
+    args: list[str] = []
+    if data is not None:
+        args += ["--data", data, *(["--data-dtype", data_dtype] if data_dtype else [])]
+        args += ["--no-shuffle"] if no_shuffle else []
+    if checkpoint_dir is not None:
+        args += ["--checkpoint-dir", checkpoint_dir]
+        args += ["--save-every", str(save_every)] if save_every is not None else []
+        args += ["--resume"] if resume else []
+    return args
+
+
 def _by_gpu_type(values: list[str], flag: str, gpu_types: set[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values:
@@ -123,6 +158,27 @@ def launch_command(
     factory: Annotated[
         str | None, typer.Option(help="The factory you expect the plan to name (trusts it).")
     ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(help="Token file (.npy or .bin) as the nodes see it (default: synthetic)."),
+    ] = None,
+    data_dtype: Annotated[
+        str | None, typer.Option(help="Token dtype of a .bin (default: from the vocabulary).")
+    ] = None,
+    no_shuffle: Annotated[
+        bool, typer.Option("--no-shuffle", help="Read the samples in file order.")
+    ] = False,
+    checkpoint_dir: Annotated[
+        str | None,
+        typer.Option(help="Checkpoint folder as the nodes see it (a shared file system)."),
+    ] = None,
+    save_every: Annotated[
+        int | None, typer.Option(min=1, help="Save every N steps (default: after the last).")
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Start from the latest checkpoint in --checkpoint-dir."),
+    ] = False,
 ) -> None:
     """Write one torchrun script per plan node (launch order) and a Slurm batch script."""
     if master_addr is not None:
@@ -145,6 +201,9 @@ def launch_command(
     absolute_plan = str(plan_path.resolve())
     report_path = str(Path(report).resolve()) if report else None
     args = runtime_args(steps, report_path, plan.inputs.model.name)
+    args += _data_and_checkpoint_args(
+        data, data_dtype, no_shuffle, checkpoint_dir, save_every, resume
+    )
     scripts: dict[Path, tuple[str, int]] = {}
     backend = rdzv_backend.value
     address = master_addr if master_addr is not None else Expand("${MASTER_ADDR}")
