@@ -19,6 +19,8 @@ from autoplan.plan.schema import Plan
 from autoplan.plan.stage_spec import megatron_stage_specs
 from autoplan.profile.schema import Profile
 from autoplan.view import print_document, solve_summary
+from autoplan.view.plan_tables import plan_precision_warnings
+from autoplan.view.units import duration_text
 
 __all__ = ["cost"]
 
@@ -207,6 +209,16 @@ def cost(
         console.print(
             "[bold red]warning:[/] the plan does not fit its GPUs' memory: `show` and `run` "
             "refuse it (fewer samples per replica, recompute, ZeRO or more stages may fit)"
+        )
+    if plan.inputs.dtype == "bf16" and plan_precision_warnings(plan):
+        # What the warning costs, for this very plan: the same layers' FLOPs and bytes in
+        # fp16, which these GPUs run on tensor cores (the runtime scales the loss).
+        half = read_json_model(profile_path, Profile).model_copy(update={"dtype": "fp16"})
+        fp16 = price(half, plan.inputs.cluster, plan=plan).plan.prediction.iteration_time_ms
+        bf16 = plan.prediction.iteration_time_ms
+        console.print(
+            f"[bold red]precision:[/] in fp16 this plan predicts {duration_text(fp16)} per "
+            f"iteration instead of {duration_text(bf16)} ({bf16 / fp16:.2f}x faster)"
         )
     if output is not None:
         write_json_model(output, plan)

@@ -43,8 +43,10 @@ __all__ = [
     "load_cluster",
     "load_overlay",
     "peak_tflops",
+    "precision_warnings",
     "profiles_dir",
     "spec_for_dtype",
+    "tensor_core_problem",
     "with_overlay",
 ]
 
@@ -202,6 +204,42 @@ def peak_tflops(gpu: GpuSpec, dtype: str) -> float:
         f"GPU type {gpu.name} has no peak_tflops for dtype '{dtype}' "
         f"(it lists {', '.join(sorted(gpu.peak_tflops))})"
     )
+
+
+def tensor_core_problem(gpu: GpuSpec, dtype: str) -> str | None:
+    """What 16-bit training in ``dtype`` costs on ``gpu`` when it has no tensor cores for it
+    (its matmuls run at the fp32 peak: bf16 before Ampere), and the 16-bit dtype it does run
+    fast; None when it has them (or ``dtype`` is not bf16 or fp16)."""
+    # tf32 falling back to fp32 is fp32 training, as asked: only 16-bit training loses here.
+    if dtype not in ("bf16", "fp16") or dtype in gpu.peak_tflops:
+        return None
+    slow = peak_tflops(gpu, dtype)
+    faster = [d for d in ("bf16", "fp16") if d in gpu.peak_tflops and d != dtype]
+    text = (
+        f"{gpu.name} has no {dtype} tensor cores: its {dtype} matmuls run at the fp32 peak "
+        f"({slow:g} TFLOP/s)"
+    )
+    if not faster:
+        return text
+    best = max(faster, key=lambda d: gpu.peak_tflops[d])
+    ratio = gpu.peak_tflops[best] / slow
+    return (
+        f"{text}, {ratio:.1f}x below its {best} peak ({gpu.peak_tflops[best]:g}); train in "
+        f"{best} on it (autoplan profile --dtype {best}"
+        + ("; the runtime scales the loss)" if best == "fp16" else ")")
+    )
+
+
+def precision_warnings(cluster: Cluster, dtype: str, gpu_types: list[str]) -> list[str]:
+    """``tensor_core_problem`` of each of ``gpu_types`` (those a plan uses) in ``dtype``."""
+    specs = gpu_specs(cluster)
+    out = []
+    for name in dict.fromkeys(gpu_types):
+        spec = specs.get(name)
+        problem = None if spec is None else tensor_core_problem(spec, dtype)
+        if problem is not None:
+            out.append(problem)
+    return out
 
 
 def half_intensity_for(gpu: GpuSpec, dtype: str) -> float:

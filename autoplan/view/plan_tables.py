@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from autoplan.cluster.catalog import precision_warnings
 from autoplan.plan.schema import Plan, Stage, StageTiming
 from autoplan.view.document import Document, Figure, Section
 from autoplan.view.memory_bars import memory_section
@@ -31,6 +32,7 @@ __all__ = [
     "micro_batch_text",
     "overview_section",
     "plan_document",
+    "plan_precision_warnings",
     "replicas_text",
     "stages_section",
 ]
@@ -199,7 +201,15 @@ def overview_section(plan: Plan) -> Section:
         "idle GPUs",
         "; ".join(f"{g.count} {g.gpu_type}: {g.reason}" for g in idle) if idle else "none",
     )
+    for warning in plan_precision_warnings(plan):
+        section.add("PRECISION", warning, style="bold red")
     return section
+
+
+def plan_precision_warnings(plan: Plan) -> list[str]:
+    """The plan's GPU types that have no tensor cores for its dtype, and what it costs."""
+    used = [entry.gpu_type for entry in plan.rank_map]
+    return precision_warnings(plan.inputs.cluster, plan.inputs.dtype, used)
 
 
 def _expert_text(plan: Plan) -> str:

@@ -6,7 +6,12 @@ from __future__ import annotations
 from autoplan.plan.schema import Plan
 from autoplan.view.document import Document, Figure, Section
 from autoplan.view.memory_bars import memory_section
-from autoplan.view.plan_tables import alternatives_section, micro_batch_text, stages_section
+from autoplan.view.plan_tables import (
+    alternatives_section,
+    micro_batch_text,
+    plan_precision_warnings,
+    stages_section,
+)
 from autoplan.view.units import duration_text, percent_text, rate_text
 
 __all__ = ["prediction_section", "solve_summary"]
@@ -35,6 +40,8 @@ def prediction_section(plan: Plan) -> Section:
         "idle GPUs",
         "; ".join(f"{g.count} {g.gpu_type}: {g.reason}" for g in idle) if idle else "none",
     )
+    for warning in plan_precision_warnings(plan):
+        section.add("PRECISION", warning, style="bold red")
     return section
 
 
