@@ -21,6 +21,7 @@ from autoplan.files import check_outputs, file_sha256, write_json_model, write_t
 from autoplan.names import printable
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import Profile
+from autoplan.view.plan_tables import plan_precision_warnings
 
 if TYPE_CHECKING:
     from autoplan.export.best import BestExpressible
@@ -139,6 +140,9 @@ def export_command(
             source = f"the best {exporter.launcher} plan re-solved from {source}"
     result = export_plan(chosen, target, kinds, source)
     messages += [f"note: {note}" for note in result.notes]
+    # A GPU type without tensor cores for the plan's dtype (V100 and bf16): the launcher
+    # would run it as asked, slowly.
+    messages += [f"note: {warning}" for warning in plan_precision_warnings(chosen)]
     # Everything is checked and built before the first byte is written.
     if plan_out is not None:
         write_json_model(plan_out, chosen)

@@ -40,7 +40,7 @@ from autoplan.runtime.expert_parallel import (
 )
 from autoplan.runtime.grad_sync import GradientSync, parameter_families
 from autoplan.runtime.loss import loss_context, loss_function
-from autoplan.runtime.mixed_precision import MasterWeightAdamW
+from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
 from autoplan.runtime.model_stage import build_stage_models
 from autoplan.runtime.offload import apply_offload
 from autoplan.runtime.recompute import apply_recompute
@@ -78,7 +78,13 @@ class GroupsEngine:
     name = "groups"
 
     def __init__(
-        self, plan: Plan, entry: RankEntry, device: torch.device, seed: int, learning_rate: float
+        self,
+        plan: Plan,
+        entry: RankEntry,
+        device: torch.device,
+        seed: int,
+        learning_rate: float,
+        loss_scale: DynamicLossScale | None = None,
     ) -> None:
         self.plan = plan
         self.device = device
@@ -162,7 +168,7 @@ class GroupsEngine:
             self.modules,
             order[place.pipeline_rank],
             self.mailbox,
-            loss_function(spec.loss, loss_weight(plan, share)),
+            loss_function(spec.loss, loss_weight(plan, share), loss_scale),
             device,
         )
         self.reports_loss = self.is_last and place.tp_index == 0

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from autoplan.runtime.mixed_precision import DynamicLossScale
 from autoplan.zoo.registry import LossKind
 
 __all__ = ["LossFunction", "loss_context", "loss_function"]
@@ -38,8 +39,11 @@ def loss_context(split_vocabulary: bool) -> AbstractContextManager[None]:
     return loss_parallel() if split_vocabulary else contextlib.nullcontext()
 
 
-def loss_function(kind: LossKind, weight: float = 1.0) -> LossFunction:
-    """``loss(output, targets)`` of ``kind``, times ``weight`` (a replica's batch share).
+def loss_function(
+    kind: LossKind, weight: float = 1.0, scale: DynamicLossScale | None = None
+) -> LossFunction:
+    """``loss(output, targets)`` of ``kind``, times ``weight`` (a replica's batch share) and
+    the fp16 loss scale's present value where ``scale`` is given (read at each call).
 
     'cross_entropy': mean token cross-entropy of logits against target ids. 'sum': the sum of
     the output per sample, averaged over the samples (targets unused): autoplan does not know a
@@ -54,13 +58,16 @@ def loss_function(kind: LossKind, weight: float = 1.0) -> LossFunction:
         value = F.cross_entropy(logits.flatten(0, -2), targets.reshape(-1))
         if isinstance(value, DTensor):  # replicated over tp: every rank holds the whole loss
             value = value.to_local()
-        return value * weight if weight != 1.0 else value
+        return _scaled(value * weight if weight != 1.0 else value)
 
     def summed(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         value = output.sum()
         if isinstance(value, DTensor):  # partial sums of the vocabulary shards: one all-reduce
             value = value.full_tensor()
         value = value / output.shape[0]
-        return value * weight if weight != 1.0 else value
+        return _scaled(value * weight if weight != 1.0 else value)
+
+    def _scaled(value: torch.Tensor) -> torch.Tensor:
+        return value if scale is None else value * scale.value
 
     return cross_entropy if kind == "cross_entropy" else summed

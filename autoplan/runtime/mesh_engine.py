@@ -30,6 +30,7 @@ from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
 from autoplan.runtime.engine import Optimizer
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mesh import build_mesh
+from autoplan.runtime.mixed_precision import DynamicLossScale
 from autoplan.runtime.model_stage import build_stage_models
 from autoplan.runtime.offload import apply_offload
 from autoplan.runtime.recompute import apply_recompute
@@ -55,7 +56,13 @@ class MeshEngine:
     name = "mesh"
 
     def __init__(
-        self, plan: Plan, entry: RankEntry, device: torch.device, seed: int, learning_rate: float
+        self,
+        plan: Plan,
+        entry: RankEntry,
+        device: torch.device,
+        seed: int,
+        learning_rate: float,
+        loss_scale: DynamicLossScale | None = None,
     ) -> None:
         uniform = plan.uniform_shape()
         assert uniform is not None, "the mesh executor runs uniform plans"
@@ -117,7 +124,7 @@ class MeshEngine:
         share = plan.stages[0].shares[entry.dp_index]
         weight = self.dp * share * par.num_micro_batches / plan.inputs.global_batch_size
         schedule_class = get_schedule_class(SCHEDULE_CLASSES[par.schedule])
-        loss_fn = loss_function(spec.loss, weight)
+        loss_fn = loss_function(spec.loss, weight, loss_scale)
         if par.schedule in MULTI_STAGE_SCHEDULES:
             self.schedule = schedule_class(pipeline_stages, par.num_micro_batches, loss_fn=loss_fn)
         else:

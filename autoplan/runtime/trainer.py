@@ -45,6 +45,7 @@ from autoplan.runtime.engine import Engine
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.memory import model_state_bytes, peak_memory_bytes
 from autoplan.runtime.mesh import init_distributed, local_device
+from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
 from autoplan.runtime.report import RunReport, StepRecord, predicted_memory_of_rank
 from autoplan.runtime.token_data import TokenSource, open_token_batches
 from autoplan.zoo.dtypes import set_matmul_precision
@@ -112,7 +113,12 @@ def select_executor(plan: Plan, choice: ExecutorChoice = "auto") -> Literal["mes
 
 
 def _engine(
-    plan: Plan, env: LaunchEnv, seed: int, learning_rate: float, choice: ExecutorChoice
+    plan: Plan,
+    env: LaunchEnv,
+    seed: int,
+    learning_rate: float,
+    choice: ExecutorChoice,
+    loss_scale: DynamicLossScale | None,
 ) -> Engine:
     entry = check_launch(plan, env)
     check_runnable(plan)
@@ -122,16 +128,44 @@ def _engine(
     check_device(plan, entry, device)
     init_distributed(env, device)
     if asynchronous:  # no flush, a step per micro-batch: its own executor
+        if loss_scale is not None:
+            raise InputError(
+                "async_pb steps momentum SGD per micro-batch and has no loss scaling: "
+                "train it in bf16 or fp32, not fp16"
+            )
         from autoplan.runtime.async_engine import AsyncEngine
 
         return AsyncEngine(plan, entry, device, seed, learning_rate)  # type: ignore[return-value]
     if kind == "mesh":
         from autoplan.runtime.mesh_engine import MeshEngine
 
-        return MeshEngine(plan, entry, device, seed, learning_rate)
+        return MeshEngine(plan, entry, device, seed, learning_rate, loss_scale)
     from autoplan.runtime.groups_engine import GroupsEngine
 
-    return GroupsEngine(plan, entry, device, seed, learning_rate)
+    return GroupsEngine(plan, entry, device, seed, learning_rate, loss_scale)
+
+
+def _scaled_step(engine: Engine, loss_scale: DynamicLossScale, share: float, step: int) -> float:
+    """The optimizers' step of an fp16 plan: skipped on every rank when a gradient of any rank
+    is not finite, else with the gradients divided by the loss scale in fp32; the scale then
+    moves. Returns this rank's loss part without the scale."""
+    scale = loss_scale.value
+    finite = loss_scale.check(engine.models, engine.device)
+    if finite:
+        for optimizer in engine.optimizers:
+            if isinstance(optimizer, MasterWeightAdamW):
+                optimizer.grad_scale = scale
+                optimizer.step()
+            else:  # fp32 parameters of an fp16 plan: unscale their gradients here
+                for group in optimizer.param_groups:
+                    for param in group["params"]:
+                        if param.grad is not None:
+                            param.grad.div_(scale)
+                optimizer.step()
+    elif not dist.is_initialized() or dist.get_rank() == 0:
+        logger.warning("step %d skipped: gradients not finite at loss scale %g", step, scale)
+    loss_scale.update(finite)
+    return share / scale
 
 
 def _synchronize(device: torch.device) -> None:
@@ -232,7 +266,9 @@ def train(
             "checkpoints of expert-parallel plans (ep > 1) are not supported yet; run it "
             "without --checkpoint-dir"
         )
-    engine = _engine(plan, env, seed, learning_rate, executor)
+    # fp16's range needs the loss scaled (autoplan.runtime.mixed_precision); bf16's does not.
+    loss_scale = DynamicLossScale() if plan.inputs.dtype == "fp16" else None
+    engine = _engine(plan, env, seed, learning_rate, executor, loss_scale)
     global_batch = plan.inputs.global_batch_size
     start = 0
     if checkpoint is not None:
@@ -267,8 +303,11 @@ def train(
         if on_gradients is not None:
             on_gradients(step, _gradients(engine.models))
         optimizer_started = time.perf_counter()
-        for optimizer in engine.optimizers:
-            optimizer.step()
+        if loss_scale is None:
+            for optimizer in engine.optimizers:
+                optimizer.step()
+        else:
+            share = _scaled_step(engine, loss_scale, share, step)
         _synchronize(engine.device)
         schedule_s = backward_done - started
         optimizer_s = time.perf_counter() - optimizer_started
