@@ -101,6 +101,8 @@ def test_capacity_drops_what_does_not_fit() -> None:
 def test_mixtral_profiles_on_fake_tensors_with_expert_flops() -> None:
     profile = profile_model(f"hf:{DATA / 'mixtral-8x7b'}", 4096, 1)
     assert profile.model.parameter_count == 46_702_792_704
+    assert profile.model.active_parameter_count == 12_879_925_248  # 12.9 B
+    assert profile_model("llama-tiny", 16, 1).model.active_parameter_count is None
     block = profile.layers[1]
     # Attention projections and core, plus the experts at their capacity: ceil(1.25 · 4096 ·
     # 2 / 8) = 1280 slots of each of 8 experts, 2 · 3 · h · f FLOPs a slot.

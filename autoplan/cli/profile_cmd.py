@@ -249,9 +249,11 @@ def profile(
     for note in result.notes:
         console.print(f"note: {note}")
     totals = result.totals
+    active = result.model.active_parameter_count
     console.print(
         f"wrote {output}: {len(result.layers)} layers ({len(result.profiled_layer_indices)} "
-        f"traced), {totals.param_count:,} parameters, "
+        f"traced), {totals.param_count:,} parameters"
+        f"{'' if active is None else f' ({active:,} active per token)'}, "
         f"{(totals.forward_flops + totals.backward_flops) / 1e12:,.2f} TFLOP per micro-batch, "
         f"{totals.saved_activation_bytes / _GIB:,.2f} GiB saved for backward"
     )

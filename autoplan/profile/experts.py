@@ -13,11 +13,26 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autoplan.profile.schema import ExpertProfile
+from autoplan.profile.schema import ExpertProfile, LayerProfile
 from autoplan.profile.tracer import trace_layer
 from autoplan.zoo.moe import MoE
 
-__all__ = ["expert_profile"]
+__all__ = ["active_parameter_count", "expert_profile"]
+
+
+def active_parameter_count(layers: list[LayerProfile]) -> int | None:
+    """Parameters one token passes through: all but the E - k routed experts it skips in each
+    MoE layer; None when no layer has experts."""
+    if all(layer.experts is None for layer in layers):
+        return None
+    skipped = sum(
+        layer.experts.expert_param_count
+        * (layer.experts.num_experts - layer.experts.top_k)
+        // layer.experts.num_experts
+        for layer in layers
+        if layer.experts is not None
+    )
+    return sum(layer.param_count for layer in layers) - skipped
 
 
 def expert_profile(layer: nn.Module, tokens: int, dtype: torch.dtype) -> ExpertProfile | None:

@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autoplan.errors import InputError
 from autoplan.profile.attention import ATTENTION_KERNELS, AttentionKernel, UnfusedAttentionMode
-from autoplan.profile.experts import expert_profile
+from autoplan.profile.experts import active_parameter_count, expert_profile
 from autoplan.profile.layers import PipelineLayer, as_layer_chain, pipeline_layers
 from autoplan.profile.measure import check_trusted, measure_device, measure_layers
 from autoplan.profile.schema import (
@@ -301,6 +301,7 @@ def profile_model(
         model=ModelRef(
             name=spec.name,
             parameter_count=sum(layer.param_count for layer in layer_profiles),
+            active_parameter_count=active_parameter_count(layer_profiles),
             num_layers=len(layer_profiles),
             hidden_size=spec.hidden_size,
             num_attention_heads=spec.num_attention_heads,

@@ -49,6 +49,12 @@ class ModelRef(_Strict):
         "config file's absolute path, or a factory path 'package.module:callable'."
     )
     parameter_count: int = Field(ge=0, description="Total parameters of the whole model.")
+    active_parameter_count: int | None = Field(
+        default=None,
+        ge=0,
+        description="Of a mixture-of-experts model: the parameters one token passes through "
+        "(k of the E routed experts of each MoE layer, everything else). None for a dense model.",
+    )
     num_layers: int = Field(
         ge=1, le=limits.MAX_LAYERS, description="Number of entries in `layers` (pipeline units)."
     )

@@ -122,7 +122,12 @@ def overview_section(plan: Plan) -> Section:
     model = inputs.model
     section.add(
         "model",
-        f"{model.name}: {model.num_layers} layers, {count_text(model.parameter_count)} parameters",
+        f"{model.name}: {model.num_layers} layers, {count_text(model.parameter_count)} parameters"
+        + (
+            f" ({count_text(model.active_parameter_count)} active per token)"
+            if model.active_parameter_count is not None
+            else ""
+        ),
     )
     section.add(
         "cluster",
