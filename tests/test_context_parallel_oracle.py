@@ -29,7 +29,7 @@ def cp_instances(draw):
 
 
 @settings(
-    max_examples=40,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,

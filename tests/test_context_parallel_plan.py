@@ -1,7 +1,7 @@
 """Context parallelism in plans: emitted ranks (cp index, then tp index), the validator's cp
 rules, the exports (Megatron-LM ``--context-parallel-size``, torchtitan
-``context_parallel_degree``, DeepSpeed refusing in one line), ``show`` and the runtime's
-one-line refusal."""
+``context_parallel_degree``, DeepSpeed refusing in one line), ``show`` and which executor
+runs it."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.plan.validate import plan_problems
 from autoplan.profile.schema import Profile
 from autoplan.runtime.check import check_runnable
+from autoplan.runtime.trainer import select_executor
 from autoplan.view.plan_tables import replicas_text
 from tests.synthetic_profiles import gpu, make_cluster
 from tests.test_export import TORCHTITAN_FIELDS, _megatron_parser, _sourced_argv
@@ -102,6 +103,9 @@ def test_exports_carry_cp_or_refuse_it(profile: Profile, tmp_path: Path) -> None
     assert "context_parallel_degree" not in plain["parallelism"]
 
 
-def test_runtime_refuses_a_cp_plan_in_one_line(profile: Profile) -> None:
-    with pytest.raises(InputError, match="context parallelism \\(cp 2\\), which autoplan's"):
-        check_runnable(_plan(profile))
+def test_runtime_runs_cp_on_the_mesh_executor_only(profile: Profile) -> None:
+    plan = _plan(profile)
+    check_runnable(plan)  # one (pp, dp, cp, tp) mesh: runnable
+    assert select_executor(plan) == "mesh"
+    with pytest.raises(InputError, match="context parallelism runs on the mesh executor"):
+        select_executor(plan, "groups")

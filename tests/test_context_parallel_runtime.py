@@ -6,13 +6,21 @@ grouped-query attention (llama-tiny); and the load-balanced chunks worked by han
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from autoplan.errors import InputError
+from autoplan.files import read_json_model
+from autoplan.plan.schema import Plan
+from autoplan.plan.validate import plan_problems
 from autoplan.runtime.context_parallel import chunk_positions
-from tests.torchrun_plans import torchrun
+from autoplan.runtime.report import RunReport
+from tests.distributed_driver import STEPS
+from tests.plan_factory import make_plan
+from tests.single_process_reference import reference_training
+from tests.torchrun_plans import run_plans, torchrun
 
 TOLERANCE = 1e-10
 
@@ -46,3 +54,85 @@ def test_cp2_step_equals_one_process(results: list[dict], model: str) -> None:
         # Without the ring the rank's tokens would see only each other: far off.
         assert found["control_logits"] > 1e-3
     assert results[0][model]["loss_value"] == results[1][model]["loss_value"]
+
+
+# ---- plans with cp through ``autoplan.runtime.train`` (the mesh executor) -------------------
+
+
+def _as_cp(plan: Plan) -> Plan:
+    """``plan`` (dp 2) with its two replicas as the two cp ranks of one replica: the same
+    ranks, in the same (pp, dp, cp, tp) order, one replica taking the whole micro-batch."""
+    stages = []
+    for stage in plan.stages:
+        first, second = stage.replicas
+        merged = first.model_copy(
+            update={
+                "context_parallel_degree": 2,
+                "ranks": first.ranks + second.ranks,
+                "micro_batch_size": first.micro_batch_size + second.micro_batch_size,
+            }
+        )
+        stages.append(stage.model_copy(update={"replicas": [merged]}))
+    entries = [
+        entry.model_copy(update={"dp_index": 0, "cp_index": entry.dp_index})
+        for entry in plan.rank_map
+    ]
+    prediction = plan.prediction.model_copy(
+        update={
+            "memory": [
+                m.model_copy(update={"micro_batch_size": plan.parallelism.micro_batch_size})
+                for m in plan.prediction.memory
+            ],
+            "stage_timings": [
+                t.model_copy(update={"replicas": t.replicas[:1]})
+                for t in plan.prediction.stage_timings
+            ],
+        }
+    )
+    return plan.model_copy(update={"stages": stages, "rank_map": entries, "prediction": prediction})
+
+
+def _cp_plans() -> dict[str, Plan]:
+    return {
+        # world 2: cp 2 alone, full recompute (the ring reruns inside backward)
+        "cp2_full_recompute": _as_cp(
+            make_plan([6], data_parallel=2, num_micro_batches=2, recompute="full")
+        ),
+        # world 8: cp 2 x tp 2 x pp 2
+        "cp2_tp2_pp2": _as_cp(
+            make_plan([3, 3], data_parallel=2, tensor_parallel=2, num_micro_batches=4)
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def cp_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_plans(_cp_plans(), tmp_path_factory.mktemp("cp_runs"), timeout_s=400)
+
+
+def test_cp_plans_are_valid_cp_meshes() -> None:
+    for plan in _cp_plans().values():
+        assert plan_problems(plan) == []
+        shape = plan.mesh_shape()
+        assert shape is not None and shape[:2] == (1, 2) and plan.uniform_shape() is None
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", list(_cp_plans()))
+def test_cp_plan_trains_as_one_process(cp_runs: Path, name: str) -> None:
+    plan = _cp_plans()[name]
+    losses, reference = reference_training(plan, STEPS)
+    report = read_json_model(cp_runs / name / "report.json", RunReport)
+    assert report.executor == "mesh"
+    for record, expected in zip(report.steps, losses, strict=True):
+        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
+    for step in range(STEPS):
+        covered: set[str] = set()
+        for rank in range(plan.world_size):
+            dumped = torch.load(cp_runs / name / f"rank{rank}_step{step}.pt")
+            assert dumped, f"rank {rank} dumped no gradients"
+            for param_name, grad in dumped.items():
+                error = (grad - reference[step][param_name]).abs().max().item()
+                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
+                covered.add(param_name)
+        assert covered == set(reference[step])

@@ -580,6 +580,27 @@ class Plan(_Strict):
             return None
         return dp, tp
 
+    def mesh_shape(self) -> tuple[int, int, int] | None:
+        """(dp, cp, tp) when every stage has dp replicas of cp × tp GPUs with the same shares
+        and the ranks follow the (pp, dp, cp, tp) row-major mesh; None otherwise. With cp = 1
+        it is ``uniform_shape`` with cp 1."""
+        first = self.stages[0]
+        dp = first.data_parallel_degree
+        tp = first.replicas[0].tensor_parallel_degree
+        cp = first.replicas[0].context_parallel_degree
+        width = cp * tp
+        for stage in self.stages:
+            if stage.shares != first.shares:
+                return None
+            for d, replica in enumerate(stage.replicas):
+                shape = (replica.tensor_parallel_degree, replica.context_parallel_degree)
+                start = (stage.pipeline_rank * dp + d) * width
+                if shape != (tp, cp) or replica.ranks != list(range(start, start + width)):
+                    return None
+        if len(self.rank_map) != self.parallelism.pipeline_degree * dp * width:
+            return None
+        return dp, cp, tp
+
     @property
     def is_uniform(self) -> bool:
         return self.uniform_shape() is not None

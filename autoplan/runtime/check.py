@@ -100,7 +100,9 @@ def _check_replicas(plan: Plan) -> None:
                     f"stage {stage.index} replica {d} lists ranks {replica.ranks}; a replica's "
                     "ranks must be distinct and ascending by tp index"
                 )
-            for t, rank in enumerate(replica.ranks):
+            tp = replica.tensor_parallel_degree
+            for position, rank in enumerate(replica.ranks):
+                t = position % tp  # rank i of a replica is cp index i // tp, tp index i % tp
                 if not 0 <= rank < world or plan.rank_map[rank].rank != rank:
                     raise InputError(
                         f"stage {stage.index} replica {d} lists rank {rank}; the rank map "
@@ -228,10 +230,10 @@ def check_runnable(plan: Plan) -> None:
             f"{num_layers}"
         )
     cps = sorted({r.context_parallel_degree for s in plan.stages for r in s.replicas} - {1})
-    if cps:
+    if cps and plan.mesh_shape() is None:
         raise InputError(
-            f"the plan uses context parallelism (cp {cps[0]}), which autoplan's runtime does not "
-            "execute in a plan yet: export it to Megatron-LM or torchtitan (autoplan export)"
+            f"the plan uses context parallelism (cp {cps[0]}) on stages of different shapes; "
+            "autoplan's runtime runs cp on one (pp, dp, cp, tp) mesh only"
         )
     if plan.parallelism.sequence_parallel and any(isinstance(m, MoE) for m in model.modules()):
         # The router would take the sequence-sharded residual stream as it is (a DTensor).

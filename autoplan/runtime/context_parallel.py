@@ -25,8 +25,9 @@ the runtime's tests run.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -37,9 +38,11 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from autoplan.errors import InputError
+from autoplan.runtime.model_stage import pipeline_layers
 from autoplan.zoo.positions import token_positions
 
 __all__ = [
+    "apply_context_parallel",
     "chunk_positions",
     "context_parallel",
     "reduce_gradients",
@@ -226,6 +229,28 @@ def context_parallel(group: dist.ProcessGroup, seq_len: int) -> Iterator[None]:
         stack.enter_context(token_positions(chunk_positions(seq_len, cp, rank)))
         stack.enter_context(_RingAttentionMode(group, seq_len))
         yield
+
+
+def apply_context_parallel(model: nn.Module, group: dist.ProcessGroup, seq_len: int) -> int:
+    """Run each of ``model``'s pipeline layers under ``context_parallel`` (set on the
+    instance's forward, so activation recompute, applied after, reruns a block's forward under
+    it too: the recompute runs inside backward, outside any context the caller holds); returns
+    how many layers."""
+    layers = pipeline_layers(model)
+    for _, layer in layers:
+        layer.forward = _under_context(layer.forward, group, seq_len)
+    return len(layers)
+
+
+def _under_context(
+    forward: Callable[..., Any], group: dist.ProcessGroup, seq_len: int
+) -> Callable[..., Any]:
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with context_parallel(group, seq_len):
+            return forward(*args, **kwargs)
+
+    return run
 
 
 def reduce_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:

@@ -20,6 +20,8 @@ __all__ = ["MESH_DIMS", "build_mesh", "exit_process", "init_distributed", "local
 logger = logging.getLogger(__name__)
 
 MESH_DIMS = ("pp", "dp", "tp")
+# With context parallelism the cp groups sit between the replicas and their tp groups.
+CP_MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
 def local_device(env: LaunchEnv) -> torch.device:
@@ -74,19 +76,25 @@ def _launched_by_torchrun() -> bool:
 
 
 def build_mesh(plan: Plan, device: torch.device, entry: RankEntry) -> DeviceMesh:
-    """The (pp, dp, tp) DeviceMesh of a uniform plan; checks this rank sits where the rank map
-    says."""
-    uniform = plan.uniform_shape()
+    """The (pp, dp, tp) DeviceMesh of a uniform plan, (pp, dp, cp, tp) with context
+    parallelism; checks this rank sits where the rank map says."""
+    uniform = plan.mesh_shape()
     if uniform is None:
         raise InputError(
             "the plan's stages differ in replicas, tp or shares: one DeviceMesh cannot hold "
             "it (run it with the groups executor)"
         )
-    dp, tp = uniform
-    shape = (plan.parallelism.pipeline_degree, dp, tp)
-    mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
+    dp, cp, tp = uniform
+    pp = plan.parallelism.pipeline_degree
+    if cp > 1:
+        shape: tuple[int, ...] = (pp, dp, cp, tp)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=CP_MESH_DIMS)
+        expected = [entry.pipeline_rank, entry.dp_index, entry.cp_index, entry.tp_index]
+    else:
+        shape = (pp, dp, tp)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
+        expected = [entry.pipeline_rank, entry.dp_index, entry.tp_index]
     coordinate = mesh.get_coordinate()
-    expected = [entry.pipeline_rank, entry.dp_index, entry.tp_index]
     if coordinate is None or list(coordinate) != expected:
         raise LaunchMismatchError(
             f"rank {entry.rank} is at (pp, dp, tp) = {coordinate} of the row-major mesh "

@@ -11,6 +11,12 @@ A plan whose every pipeline rank has dp replicas of tp GPUs with the same shares
 4. wraps each stage in a ``PipelineStage`` on the "pp" group and runs the plan's schedule
    (GPipe, 1F1B, Interleaved 1F1B) with the plan's micro-batches.
 
+With context parallelism (cp > 1) the mesh is (pp, dp, cp, tp): each rank runs its cp
+chunk of every sample (``autoplan.runtime.context_parallel``: ring attention over the "cp"
+group, the tokens' global positions), and data parallelism runs over the "dp" × "cp" ranks
+together (each rank's loss is the mean over its tokens, the chunks are equal, so DDP's average
+is the whole batch's mean), as torchtitan's FSDP over dp_shard × cp.
+
 Uneven shares scale replica d's loss by dp × its samples / global batch, so that DDP's plain
 average of the replicas' gradients is the full-batch mean. (Each replica's pipeline is its own
 row of the mesh, so replicas may run micro-batches of different sizes.)
@@ -25,6 +31,7 @@ from torch.distributed.pipelining.schedules import get_schedule_class
 
 from autoplan.plan.schema import MULTI_STAGE_SCHEDULES, Plan, RankEntry
 from autoplan.runtime import tensor_parallel
+from autoplan.runtime.context_parallel import apply_context_parallel, shard_sequence
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
 from autoplan.runtime.engine import Optimizer
@@ -64,14 +71,17 @@ class MeshEngine:
         learning_rate: float,
         loss_scale: DynamicLossScale | None = None,
     ) -> None:
-        uniform = plan.uniform_shape()
+        uniform = plan.mesh_shape()
         assert uniform is not None, "the mesh executor runs uniform plans"
-        self.dp, self.tp = uniform
+        self.dp, self.cp, self.tp = uniform
         self.plan = plan
         self.entry = entry
         self.device = device
         par = plan.parallelism
         mesh = build_mesh(plan, device, entry)
+        # Gradients are reduced (and ZeRO shards) over the replicas and their cp ranks.
+        data_mesh = mesh["dp"] if self.cp == 1 else mesh["dp", "cp"]._flatten("dp_cp")
+        self.cp_group = mesh["cp"].get_group() if self.cp > 1 else None
 
         my_stages = plan.stages_of_rank(entry.pipeline_rank)
         models, tied = build_stage_models(plan, my_stages, seed)
@@ -97,12 +107,14 @@ class MeshEngine:
                     sequence_parallel=par.sequence_parallel,
                     recompute=stage.replicas[entry.dp_index].recompute,
                 )
+            if self.cp_group is not None:  # before recompute: its reruns need the ring too
+                apply_context_parallel(model, self.cp_group, plan.inputs.seq_len)
             apply_recompute(model, stage.replicas[entry.dp_index].recompute)
             apply_offload(model, stage.replicas[entry.dp_index].offload)
             model.to(device)
             module = wrap_data_parallel(
                 model,
-                mesh["dp"],
+                data_mesh,
                 device,
                 shard=self.tp > 1,
                 pipelined=par.num_stages > 1,
@@ -117,7 +129,7 @@ class MeshEngine:
         # are DTensors made at wrapping, so the lists are taken after it.)
         for stage, model in zip(my_stages, models, strict=True):
             self.optimizers.append(
-                make_optimizer(list(model.parameters()), mesh["dp"], stage.zero1, learning_rate)
+                make_optimizer(list(model.parameters()), data_mesh, stage.zero1, learning_rate)
             )
         self.models: list[nn.Module] = models
 
@@ -140,6 +152,11 @@ class MeshEngine:
         """One step of the schedule on this replica's rows; the tied-weight sum after it."""
         args = tuple(t[self.rows].to(self.device) for t in inputs) if self.is_first else ()
         target = targets[self.rows].to(self.device) if self.is_last else None
+        if self.cp_group is not None:
+            # This rank's tokens of every sample (the same chunk at every stage); the layers
+            # run them under the ring (apply_context_parallel).
+            args = tuple(shard_sequence(t, self.cp_group) for t in args)
+            target = None if target is None else shard_sequence(target, self.cp_group)
         losses: list[torch.Tensor] = []
         # loss_parallel (vocabulary-split logits) must cover the loss's forward and backward,
         # both of which run inside the schedule's step.
@@ -147,8 +164,9 @@ class MeshEngine:
             self.schedule.step(*args, target=target, losses=losses)
         self.tied.synchronize()
         # Each last-stage replica holds weighted micro-batch losses w_d × mean; their sum over
-        # replicas and micro-batches divided by dp × m is the global batch's mean loss.
+        # replicas (and their cp ranks: equal chunks) and micro-batches divided by dp × cp × m
+        # is the global batch's mean loss.
         if not (self.is_last and self.entry.tp_index == 0):
             return 0.0
         total = sum(float(value.detach().double().sum()) for value in losses)
-        return total / (self.dp * self.plan.parallelism.num_micro_batches)
+        return total / (self.dp * self.cp * self.plan.parallelism.num_micro_batches)

@@ -37,12 +37,12 @@ class TiedGradientSync:
         models_by_stage: dict[int, nn.Module],
         entry: RankEntry,
     ) -> None:
-        uniform = plan.uniform_shape()
+        uniform = plan.mesh_shape()
         if uniform is None:
             raise ValueError("TiedGradientSync is the mesh executor's; see grad_sync for others")
-        dp, tp = uniform
-        group_size = dp * tp
-        my_offset = entry.dp_index * tp + entry.tp_index
+        dp, cp, tp = uniform
+        group_size = dp * cp * tp
+        my_offset = (entry.dp_index * cp + entry.cp_index) * tp + entry.tp_index
         # (module, parameter name) pairs, looked up at each call: tensor parallelism and FSDP2
         # replace a module's parameters after this object is made.
         self._weights: list[tuple[list[tuple[nn.Module, str]], dist.ProcessGroup | None]] = []

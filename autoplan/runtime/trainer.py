@@ -100,9 +100,16 @@ def select_executor(plan: Plan, choice: ExecutorChoice = "auto") -> Literal["mes
     experts = any(stage.expert_parallel_degree > 1 for stage in plan.stages)
     if choice == "mesh" and experts:
         raise InputError("the mesh executor runs no expert parallelism: use the groups executor")
+    # Context parallelism runs on the mesh executor only (its (pp, dp, cp, tp) mesh).
+    context = any(r.context_parallel_degree > 1 for s in plan.stages for r in s.replicas)
+    if context and (choice == "groups" or plan.mesh_shape() is None or experts):
+        raise InputError(
+            "context parallelism runs on the mesh executor: every stage needs the same dp "
+            "replicas of cp × tp GPUs on ranks in (pp, dp, cp, tp) order, without experts"
+        )
     if choice == "auto":
-        return "mesh" if plan.uniform_shape() is not None and not experts else "groups"
-    if choice == "mesh" and plan.uniform_shape() is None:
+        return "mesh" if plan.mesh_shape() is not None and not experts else "groups"
+    if choice == "mesh" and plan.mesh_shape() is None:
         raise InputError(
             "the mesh executor needs every stage to have the same replicas (dp, tp, shares) on "
             "ranks in (pp, dp, tp) order; this plan's differ: use the groups executor"
