@@ -276,3 +276,31 @@ def test_replicas_of_one_stage_may_differ_per_type() -> None:
         parse_stages("A(mb4)+B:L0-25:tp1:dp5")
     with pytest.raises(InputError, match="no tp"):
         parse_stages("A*1(tp4)+B*4:L0-25")
+
+
+CALIBRATION = Path(__file__).resolve().parents[1].parent / "shared" / "calibration"
+
+
+@pytest.mark.skipif(
+    not (CALIBRATION / "measured_runs.csv").is_file(),
+    reason="../shared/calibration (measured runs) is absent on this machine",
+)
+def test_every_measured_run_prices_as_written(files) -> None:
+    # The measured runs' plans as published (issue 25): mixed-type stages, types out of file
+    # order, per-stage tp; each prices on its own cluster file with its stage string verbatim,
+    # and uses exactly the GPUs its row says.
+    import csv
+
+    with (CALIBRATION / "measured_runs.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) >= 20
+    for row in rows:
+        plan = api.cost_plan(
+            files["profile"],
+            CALIBRATION / row["cluster_file"],
+            stages=row["stages"],
+            global_batch=int(row["global_batch"]),
+            micro_batch_size=int(row["micro_batch_per_replica"]),
+        )
+        assert plan.world_size == sum(json.loads(row["gpus_by_type"]).values()), row["run"]
+        assert plan.prediction.iteration_time_ms > 0

@@ -15,6 +15,7 @@ from autoplan.files import read_json_model
 from autoplan.names import printable
 from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
 from autoplan.plan.schema import Plan
+from autoplan.view.units import counted
 
 __all__ = ["validate"]
 
@@ -52,6 +53,7 @@ def validate(
     checks = "with profile, timings recomputed" if profile is not None else "without profile"
     par = plan.parallelism
     typer.echo(
-        f"{plan_path}: valid ({checks}): {len(plan.stages)} stages on {plan.world_size} GPUs "
-        f"(pp={par.pipeline_degree}, {par.schedule}), {len(plan.nodes)} nodes"
+        f"{plan_path}: valid ({checks}): {counted(len(plan.stages), 'stage')} on "
+        f"{counted(plan.world_size, 'GPU')} (pp={par.pipeline_degree}, {par.schedule}), "
+        f"{counted(len(plan.nodes), 'node')}"
     )
