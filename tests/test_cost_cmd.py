@@ -233,9 +233,12 @@ def test_validate_with_profile_recomputes_the_timings(files, solved, tmp_path) -
     stale = tmp_path / "stale.json"
     stale.write_text(json.dumps(data))
     assert runner.invoke(app, ["validate", str(stale)]).exit_code == 0  # no profile: can't tell
-    result = runner.invoke(app, ["validate", str(stale), "--profile", str(files["profile"])])
-    assert result.exit_code == 2, result.output
-    assert "stage 0 forward" in result.output and "autoplan cost" in result.output
+    for command in ("validate", "simulate"):
+        result = runner.invoke(app, [command, str(stale), "--profile", str(files["profile"])])
+        assert result.exit_code == 2, result.output
+        assert "stage 0 forward" in result.output and "autoplan cost" in result.output
+    played = runner.invoke(app, ["simulate", str(solved), "--profile", str(files["profile"])])
+    assert played.exit_code == 0, played.output
 
 
 def test_stage_spec_text_parses_back_to_itself() -> None:

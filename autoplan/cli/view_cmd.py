@@ -14,6 +14,7 @@ from autoplan.cli.app import command
 from autoplan.cli.inputs import read_plan
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, check_outputs, write_json_model
+from autoplan.names import printable
 from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
 from autoplan.plan.schema import Plan
 from autoplan.schedule import format_grid, schedule_order, unit_step_grid
@@ -130,6 +131,14 @@ def simulate(
         ),
     ] = False,
     output: FormatOption = Format.text,
+    profile_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            help="Also check that the plan's recorded timings follow from this profile (the "
+            "plan is priced again); refuse to play them if not.",
+        ),
+    ] = None,
 ) -> None:
     """Play the plan's schedule replica by replica; compare with the plan's closed-form
     prediction."""
@@ -137,6 +146,19 @@ def simulate(
     plan = read_plan(plan_path)
     if edited_since_costed(plan):
         raise InputError(stale_timings_message(str(plan_path)))
+    if profile_path is not None:
+        # Pricing imports the cost model and solvers: only when asked.
+        from autoplan.cli.inputs import read_profile
+        from autoplan.plan.repricing import timing_mismatch
+
+        mismatch = timing_mismatch(plan, read_profile(profile_path))
+        if mismatch is not None:
+            raise InputError(
+                f"{printable(str(plan_path))}: its recorded timings do not follow from "
+                f"{printable(str(profile_path))} ({mismatch}); price it first: autoplan cost "
+                f"{printable(str(plan_path))} --profile {printable(str(profile_path))} -o "
+                "PRICED.json"
+            )
     too_big = simulation_size_problem(plan)
     if too_big is not None:
         raise InputError(too_big)
