@@ -21,6 +21,7 @@ from autoplan.plan.validate import plan_problems
 from autoplan.profile.schema import Profile
 from autoplan.runtime.check import check_runnable
 from autoplan.runtime.trainer import select_executor
+from autoplan.simulate import simulate_plan
 from autoplan.view.plan_tables import replicas_text
 from tests.synthetic_profiles import gpu, make_cluster
 from tests.test_export import TORCHTITAN_FIELDS, _megatron_parser, _sourced_argv
@@ -109,3 +110,11 @@ def test_runtime_runs_cp_on_the_mesh_executor_only(profile: Profile) -> None:
     assert select_executor(plan) == "mesh"
     with pytest.raises(InputError, match="context parallelism runs on the mesh executor"):
         select_executor(plan, "groups")
+
+
+def test_simulator_plays_and_labels_a_cp_plan(profile: Profile) -> None:
+    plan = _plan(profile)
+    result = simulate_plan(plan)
+    assert result.iteration_time_ms == pytest.approx(plan.prediction.iteration_time_ms, rel=0.01)
+    labels = {replica.label for rank in result.ranks for replica in rank.replicas}
+    assert labels == {"A tp2 cp2, 2 samples"}

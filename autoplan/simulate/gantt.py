@@ -63,9 +63,10 @@ def _row_label(replicas: list[ReplicaTimeline]) -> str:
     first = replicas[0]
     who = f"r{first.replica}" if len(replicas) == 1 else f"{len(replicas)} replicas"
     times = f" × {len(replicas)}" if len(replicas) > 1 else ""
+    cp = f" cp{first.context_parallel_degree}" if first.context_parallel_degree > 1 else ""
     return (
         f"rank {first.pipeline_rank} · {who}\n{first.gpu_type} tp{first.tensor_parallel_degree}"
-        f"{times}, {first.micro_batch_size} samples"
+        f"{cp}{times}, {first.micro_batch_size} samples"
     )
 
 

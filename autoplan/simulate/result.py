@@ -72,6 +72,9 @@ class ReplicaTimeline(_Strict):
     replica: int = Field(ge=0, description="Index in its stages' replicas (its dp index).")
     gpu_type: str
     tensor_parallel_degree: int = Field(ge=1)
+    context_parallel_degree: int = Field(
+        default=1, ge=1, description="cp: its tp groups, each a chunk of every sample's sequence."
+    )
     micro_batch_size: int = Field(ge=1, description="Its share of every micro-batch.")
     node: str = Field(default="", description="The node its GPUs are on.")
     ranks: list[int] = Field(default_factory=list, description="Its global ranks, by tp index.")
@@ -91,8 +94,11 @@ class ReplicaTimeline(_Strict):
 
     @property
     def label(self) -> str:
-        """E.g. 'A100-80GB tp2, 4 samples'."""
-        return f"{self.gpu_type} tp{self.tensor_parallel_degree}, {self.micro_batch_size} samples"
+        """E.g. 'A100-80GB tp2, 4 samples' ('H100 tp2 cp4, 1 samples' with cp)."""
+        cp = f" cp{self.context_parallel_degree}" if self.context_parallel_degree > 1 else ""
+        return (
+            f"{self.gpu_type} tp{self.tensor_parallel_degree}{cp}, {self.micro_batch_size} samples"
+        )
 
 
 class RankTimeline(_Strict):
