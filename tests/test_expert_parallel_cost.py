@@ -4,7 +4,7 @@ hand, evaluate equal to the search's view, and the searched ep against brute for
 The oracle: on small random instances whose blocks carry routed experts, the solver's best
 with ep searched equals the best of every configuration of the space (tests/test_solver_
 oracle.py's enumerations) costed by ``CostModel.evaluate`` at each ep degree, where a degree
-e admits only replica groups of a multiple of e replicas and ZeRO level 0 (the space that
+e admits only replica groups of a multiple of e replicas and ZeRO level 0 or 1 (the space that
 ``autoplan.solve.expert_parallel`` declares)."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _moe(base: LayerProfile, experts: int, share: float, dispatch_bytes: int) ->
                 expert_forward_flops=base.forward_flops // (2 * experts),
                 expert_backward_flops=base.backward_flops // (2 * experts),
                 dispatch_bytes=dispatch_bytes,
-            )
+            ),
         }
     )
 
@@ -98,9 +98,20 @@ def test_ep_adds_four_alltoalls_per_moe_layer_and_divides_the_experts() -> None:
     )
 
 
+def test_zero1_shards_the_states_over_the_replicas_of_one_expert_index() -> None:
+    profile, _, model = _small_model()
+    stage = StageChoice(0, 3, (group_of(0, 1, 4, 1, "none"),), zero_stage=1, ep=2)
+    cost = model.evaluate(PlanConfig(1, "1f1b", 1, (stage,)))
+    held = sum(layer.param_count for layer in profile.layers) - 2 * int(80 * 10**6 * 0.9) / 2
+    assert cost.stages[0].groups[0].params_per_gpu == pytest.approx(held)
+    # Adam's 12 bytes a parameter (bf16 training), over the 4 / 2 replicas of an expert index.
+    assert cost.memory[0].optimizer_bytes == pytest.approx(held * 12 / 2)
+    assert cost.memory[0].weights_bytes == pytest.approx(held * 2)
+
+
 def test_the_view_costs_what_evaluate_costs_the_config_with_its_ep() -> None:
     _, _, model = _small_model()
-    stage = StageChoice(0, 3, (group_of(0, 1, 4, 1, "full"),))
+    stage = StageChoice(0, 3, (group_of(0, 1, 4, 1, "full"),), zero_stage=1)
     config = PlanConfig(2, "1f1b", 1, (stage,))
     view = model.with_expert_parallel(2).evaluate(config)
     tagged = model.evaluate(PlanConfig(2, "1f1b", 1, (dataclasses.replace(stage, ep=2),)))
@@ -130,7 +141,8 @@ def test_without_zero_the_experts_fit_only_split() -> None:
 
 class _DegreeOnly:
     """The cost-model view of one ep degree e, admitting only the space of that degree: every
-    replica group a multiple of e replicas, ZeRO level 0 where e > 1 (others infeasible)."""
+    replica group a multiple of e replicas, ZeRO level 0 or 1 where e > 1 (others
+    infeasible)."""
 
     def __init__(self, model, ep: int) -> None:
         self._view = model.with_expert_parallel(ep)
@@ -143,7 +155,7 @@ class _DegreeOnly:
         cost = self._view.evaluate(config)
         stages = config.stages
         if any(g.replicas % self._ep for s in stages for g in s.groups) or (
-            self._ep > 1 and any(s.zero_stage for s in stages)
+            self._ep > 1 and any(s.zero_stage > 1 for s in stages)
         ):
             return dataclasses.replace(cost, violations=["outside this ep's space"])
         return cost

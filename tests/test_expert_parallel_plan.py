@@ -62,14 +62,16 @@ def test_the_solve_writes_ep_and_the_plan_is_valid(solved) -> None:
     result = runner.invoke(app, ["show", str(plan_path)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "expert parallelism ep 2 on 1 stage" in result.output
-    assert "no · ep 2" in result.output
+    # ZeRO-1 over the two replicas of each expert index.
+    assert [stage.zero_stage for stage in plan.stages] == [1]
+    assert "1 · ep 2" in result.output
 
 
 @pytest.mark.parametrize(
     ("update", "message"),
     [
         ({"expert_parallel_degree": 3}, "stage 0 (ep 3): ep must divide its 4 replicas"),
-        ({"zero_stage": 1}, "has ZeRO-1; ep composes with ZeRO 0 only"),
+        ({"zero_stage": 2}, "has ZeRO-2; ep composes with ZeRO 0 or 1"),
     ],
 )
 def test_the_validator_refuses_what_ep_cannot_run(solved, update: dict, message: str) -> None:

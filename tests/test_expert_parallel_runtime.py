@@ -1,8 +1,8 @@
 """Expert parallelism executed: moe-tiny (float64, a dense first block, then MoE blocks of
 4 experts, top 2, a shared expert) trained under torchrun on gloo with its experts split over
 ep ranks equals single-process training within 1e-10, for ep 2 alone, ep 2 with two expert
-groups (dp 4: expert gradients summed across groups), ep 2 × tp 2, and ep 2 × pp 2 with full
-recompute
+groups (dp 4: expert gradients summed across groups; and with ZeRO-1 over the replicas of one
+expert index), ep 2 × tp 2, and ep 2 × pp 2 with full recompute
 (the recomputed forward exchanges its tokens again inside the backward).
 
 moe-tiny's capacity factor leaves every expert a slot for every token, so no pick drops
@@ -47,6 +47,10 @@ def _plans() -> dict[str, Plan]:
         "ep2": _with_ep(make_plan([6], model="moe-tiny", data_parallel=2, num_micro_batches=2), 2),
         "ep2_dp4": _with_ep(
             make_plan([6], model="moe-tiny", data_parallel=4, num_micro_batches=2), 2
+        ),
+        # ZeRO-1 over the replicas of one expert index (MasterWeightAdamW's sharded states).
+        "ep2_dp4_zero1": _with_ep(
+            make_plan([6], model="moe-tiny", data_parallel=4, num_micro_batches=2, zero1=True), 2
         ),
         # Experts whole on each tp rank (router and shared-expert gate replicated too).
         "ep2_tp2": _with_ep(

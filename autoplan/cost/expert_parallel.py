@@ -21,9 +21,10 @@ group's replicas). Per micro-batch and MoE layer:
   (exactly: the experts' over the r/ep replicas holding the same experts; a ring's
   2(n − 1)/n differs by at most a factor 2 on that part).
 
-ZeRO and ep are not composed: a stage with ep > 1 has ZeRO level 0 (the validator refuses
-others). Under ZeRO-1 the experts' optimizer states would shard over the r/ep replicas of an
-expert group, not over all r, which the per-parameter memory model of the search cannot say.
+ZeRO-1 with ep shards the optimizer states of every parameter over the r/ep replicas of one
+expert index (those holding the same experts: Megatron-LM's expert data-parallel group), so
+one GPU keeps (N + E/ep) / (r/ep) parameters' states: ``CostModel`` divides its sharding ranks
+by ep. ZeRO-2/3 are not composed with ep (the validator refuses them).
 """
 
 from __future__ import annotations

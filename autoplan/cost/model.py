@@ -490,16 +490,22 @@ class CostModel:
         ZeRO level ``zero`` (``sharding``; a bool reads as level 0 or 1)."""
         return sharding.static_bytes(
             params_per_gpu,
-            replicas * self.context_parallel,
+            self._sharding_ranks(replicas),
             int(zero),
             self.dtype_bytes,
             self.optimizer_bytes_per_param,
         )
 
+    def _sharding_ranks(self, replicas: int) -> int:
+        """The ranks that shard one parameter's states: replicas × cp, over ep in a view of
+        one ep (ZeRO-1 shards over an expert group's r / ep replicas of one expert index:
+        ``autoplan.cost.expert_parallel``)."""
+        return max(1, replicas * self.context_parallel // self.expert_parallel)
+
     def static_bytes_per_param(self, replicas: int, zero: int) -> float:
         """Weights + gradients + optimizer bytes per parameter held."""
         return sharding.static_bytes_per_param(
-            replicas * self.context_parallel,
+            self._sharding_ranks(replicas),
             int(zero),
             self.dtype_bytes,
             self.optimizer_bytes_per_param,
@@ -576,7 +582,8 @@ class CostModel:
     ) -> float:
         """Adam step, memory-bound: states read and written, gradient read, weight written
         (of the shard under any ZeRO level)."""
-        replicas *= self.context_parallel  # cp ranks shard the states as replicas do
+        # cp ranks shard the states as replicas do; ep's replicas of one expert index only.
+        replicas = self._sharding_ranks(replicas)
         params = params_per_gpu / replicas if (zero1 and replicas > 1) else params_per_gpu
         moved = params * (2 * self.optimizer_bytes_per_param + 2 * self.dtype_bytes)
         return moved / (self.classes[device_class].gpu.memory_bandwidth_gb_per_s * 1e9) * 1e3
@@ -835,7 +842,8 @@ class CostModel:
             ]
             steps = []
             # The ranks that shard gradients and states: replicas × cp (cp ranks as replicas).
-            ranks = stage.replicas * stage.cp
+            # With ep, those of one expert index (expert_parallel; a view's ep: _sharding_ranks).
+            ranks = stage.replicas * stage.cp // stage.ep
             for g, group in enumerate(stage.groups):
                 k = group.device_class
                 weights, grads, opt = self.static_bytes(params[g], ranks, stage.zero_stage)

@@ -131,8 +131,8 @@ def _check_experts_without_sp(plan: Plan, profile: Profile | None, problems: lis
 def _check_expert_parallel(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
     """ep cuts a stage's replicas into expert groups of ep consecutive replicas, each of one
     GPU type, tp and share (its ranks exchange equal slot buffers); ep divides the experts of
-    every MoE layer of the stage (with the profile: and the stage has some); no ZeRO with it
-    (``autoplan.cost.expert_parallel``)."""
+    every MoE layer of the stage (with the profile: and the stage has some); ZeRO 0 or 1 with
+    it (``autoplan.cost.expert_parallel``)."""
     for stage in plan.stages:
         ep = stage.expert_parallel_degree
         if ep == 1:
@@ -157,8 +157,8 @@ def _check_expert_parallel(plan: Plan, profile: Profile | None, problems: list[s
                         f"{where}: expert group of replicas {start}-{start + ep - 1} mixes "
                         f"(GPU type, tp, cp, share) {sorted(kinds)}; an expert group is one kind"
                     )
-        if stage.zero_stage:
-            problems.append(f"{where} has ZeRO-{stage.zero_stage}; ep composes with ZeRO 0 only")
+        if stage.zero_stage > 1:
+            problems.append(f"{where} has ZeRO-{stage.zero_stage}; ep composes with ZeRO 0 or 1")
         if profile is None:
             continue
         counts = {
@@ -583,7 +583,8 @@ def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
         n = sum(replica.context_parallel_degree for replica in stage.replicas)
         weights = grads = per_gpu * profile.dtype_bytes
         if stage.zero1 and n > 1:
-            optimizer /= n
+            # With ep, ZeRO-1 shards over the replicas of one expert index.
+            optimizer /= max(1, n // ep)
         if stage.zero_stage >= 2 and n > 1:
             # FSDP2 keeps shards of weights and gradients as model states (ZeRO-2's gathered
             # parameters during the step are a transient).

@@ -55,10 +55,13 @@ __all__ = ["GroupsEngine", "group_rank_sets", "zero1_ranks"]
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 
-def zero1_ranks(stage: Stage, tp_index: int) -> list[int]:
-    """The ranks that share optimizer states with tp rank ``tp_index`` of each replica of
-    ``stage`` under ZeRO-1 (its replicas have one tp degree: ``check_runnable``)."""
-    return [replica.ranks[tp_index] for replica in stage.replicas]
+def zero1_ranks(stage: Stage, tp_index: int, replica: int = 0) -> list[int]:
+    """The ranks that share optimizer states with tp rank ``tp_index`` of replica ``replica``
+    of ``stage`` under ZeRO-1 (its replicas have one tp degree: ``check_runnable``): that tp
+    rank of every replica, or with expert parallelism of every replica of the same expert
+    index (they hold the same experts)."""
+    ep = stage.expert_parallel_degree
+    return [r.ranks[tp_index] for i, r in enumerate(stage.replicas) if i % ep == replica % ep]
 
 
 def group_rank_sets(plan: Plan, sync: GradientSync) -> list[tuple[int, ...]]:
@@ -68,7 +71,8 @@ def group_rank_sets(plan: Plan, sync: GradientSync) -> list[tuple[int, ...]]:
         sets += [tuple(r.ranks) for r in stage.replicas if r.tensor_parallel_degree > 1]
         if stage.zero1 and stage.data_parallel_degree > 1:
             tp = stage.replicas[0].tensor_parallel_degree
-            sets += [tuple(zero1_ranks(stage, t)) for t in range(tp)]
+            indices = range(stage.expert_parallel_degree)
+            sets += [tuple(zero1_ranks(stage, t, i)) for t in range(tp) for i in indices]
     return sets + sync.rank_sets() + expert_rank_sets(plan)
 
 
@@ -185,7 +189,7 @@ class GroupsEngine:
                 return MasterWeightAdamW(params, learning_rate)
             return torch.optim.AdamW(params, lr=learning_rate)
         if stage.zero1 and stage.data_parallel_degree > 1:
-            group = self.groups.get(zero1_ranks(stage, self.place.tp_index))
+            group = self.groups.get(zero1_ranks(stage, self.place.tp_index, self.place.replica))
             return MasterWeightAdamW(params, learning_rate, group)
         if any(param.dtype in _SIXTEEN_BIT for param in params):
             return MasterWeightAdamW(params, learning_rate)

@@ -8,8 +8,10 @@ e replicas (the uniform, heterogeneous and shared-stage searches read ``expert_p
 and the candidates are merged: the best of the runs is the best of the space with ep in it.
 
 Degrees searched: 1 and every divisor of the gcd of the MoE layers' expert counts up to the
-cluster's GPUs (a dense model: 1 only); pinned, that degree. ep > 1 runs with ZeRO level 0
-(the cost model does not compose ZeRO with ep: ``autoplan.cost.expert_parallel``). A plan's
+cluster's GPUs (a dense model: 1 only); pinned, that degree. ep > 1 runs with ZeRO level 1
+(its optimizer states sharded over the replicas of one expert index), or 0 where pinned so:
+ZeRO-1 never costs time and saves memory, and the cost model does not compose ZeRO-2/3 with
+ep (``autoplan.cost.expert_parallel``). A plan's
 stages carry the degree (``StageChoice.ep``), and its cost is ``CostModel.evaluate`` of that
 config on the plain model, which the view's figures equal.
 """
@@ -83,9 +85,10 @@ def search_with_expert_parallel(
         left = max(deadline - time.monotonic(), 1e-3) / (len(degrees) - position)
         update: dict[str, object] = {"time_limit_s": left}
         if ep > 1:
-            if options.zero_stage not in (None, 0) or options.zero1:
-                continue  # ZeRO pinned on: ep > 1 is not composed with it
-            update["zero_stage"] = 0
+            if (options.zero_stage or 0) > 1:
+                continue  # ZeRO-2/3 pinned: ep > 1 is not composed with them
+            pinned_off = options.zero_stage == 0 or options.zero1 is False
+            update["zero_stage"] = 0 if pinned_off else 1
         result = run(
             model.with_expert_parallel(ep),
             None if block_model is None else block_model.with_expert_parallel(ep),
