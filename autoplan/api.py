@@ -176,7 +176,9 @@ def solve(
     as ``autoplan solve`` writes it.
 
     ``options`` are ``SolveOptions``' fields: pin a knob (``tp=4``, ``pp=8``, ``dp``,
-    ``micro_batch_size``, ``num_micro_batches``, ``schedule``, ``recompute``, ``zero1``,
+    ``micro_batch_size`` (per replica, as Megatron-LM counts it; a plan's
+    ``parallelism.micro_batch_size`` is the stage total over its replicas),
+    ``num_micro_batches``, ``schedule``, ``recompute``, ``zero1``,
     ``layer_split``), pick a baseline (``strategy='megatron'``) or the search space
     (``space='uniform'``), bound the search (``time_limit_s``, default 60), override
     ``efficiency`` per GPU type or the memory reserve (``reserve_gb``). ``catalog``: overlay

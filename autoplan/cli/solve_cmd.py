@@ -102,7 +102,12 @@ def solve_command(
     pp: Annotated[int | None, typer.Option("--pp", help="Pin pipeline ranks.")] = None,
     dp: Annotated[int | None, typer.Option("--dp", help="Pin data-parallel replicas.")] = None,
     micro_batch_size: Annotated[
-        int | None, typer.Option("--micro-batch-size", help="Pin samples per micro-batch.")
+        int | None,
+        typer.Option(
+            "--micro-batch-size",
+            help="Pin the micro-batch size per replica (samples each replica runs per "
+            "micro-batch, as Megatron-LM's --micro-batch-size).",
+        ),
     ] = None,
     num_micro_batches: Annotated[
         int | None, typer.Option("--num-micro-batches", help="Pin micro-batches per iteration.")
