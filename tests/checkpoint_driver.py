@@ -1,11 +1,11 @@
-"""Test driver run under torchrun: a chain of runs of one model, each resuming from the
+"""Test driver run under torchrun: chains of runs of one model, each run resuming from the
 checkpoint the run before it saved, each under its own plan.
 
-``python -m torch.distributed.run --nproc-per-node W tests/checkpoint_driver.py CHAIN OUT``
-reads ``CHAIN`` (JSON: ``{"data": token file, "runs": [{"name", "plan", "steps",
-"save_every"}]}``) and trains each run in order in the same processes, on the token file,
-with checkpoints in ``OUT/checkpoints`` (every run but the first resumes); rank 0 writes each
-run's report to ``OUT/<name>.json``.
+``python -m torch.distributed.run --nproc-per-node W tests/checkpoint_driver.py OUT CHAIN...``
+reads each ``CHAIN`` (JSON: ``{"data": token file, "runs": [{"name", "plan", "steps",
+"save_every"}]}``) and trains its runs in order in the same processes, on the token file,
+with checkpoints in ``OUT/<chain>/checkpoints`` (every run but the first resumes); rank 0
+writes each run's report to ``OUT/<chain>/<name>.json`` (``<chain>``: the file's stem).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from autoplan.runtime.token_data import TokenSource
 from autoplan.runtime.trainer import train
 
 
-def main(chain_path: Path, out_dir: Path) -> None:
+def run_chain(chain_path: Path, out_dir: Path, rank: int) -> None:
+    """Train one chain's runs in order (module docstring)."""
     chain = json.loads(chain_path.read_text())
-    rank = int(os.environ["RANK"])
     data = TokenSource(Path(chain["data"]))
     for position, run in enumerate(chain["runs"]):
         plan = read_json_model(run["plan"], Plan)
@@ -36,10 +36,16 @@ def main(chain_path: Path, out_dir: Path) -> None:
         if rank == 0:
             write_json_model(out_dir / f"{run['name']}.json", report)
         dist.barrier()
+
+
+def main(out_dir: Path, chains: list[Path]) -> None:
+    rank = int(os.environ["RANK"])
+    for chain_path in chains:
+        run_chain(chain_path, out_dir / chain_path.stem, rank)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), [Path(arg) for arg in sys.argv[2:]])
     # Ends without the interpreter's teardown, as the runtime does (exit_process says why).
     exit_process(0)

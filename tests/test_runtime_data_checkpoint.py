@@ -189,11 +189,11 @@ def test_training_on_a_token_file_equals_single_process_training_on_it(tmp_path:
     assert abs(report.steps[-1].loss - synthetic[-1]) > 1e-3  # the file's data, not synthetic
 
 
-@pytest.mark.parametrize("dtype", ["fp64", "bf16"])
+@pytest.mark.parametrize("dtype", ["fp64", "bf16", "fp16"])
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, dtype: str) -> None:
     """Save after 2 steps, resume to 4: the losses equal 4 uninterrupted steps (fp64 within
-    1e-10; bf16 exactly, with its fp32 master weights restored). Checkpoints land in complete
-    step folders with their info."""
+    1e-10; bf16 and fp16 exactly, with their fp32 master weights, and fp16 its loss scale,
+    restored). Checkpoints land in complete step folders with their info."""
     plan = make_plan([6], num_micro_batches=2, dtype=dtype)
     np.save(tmp_path / "t.npy", _tokens(3000))
     data = TokenSource(tmp_path / "t.npy")
@@ -321,14 +321,3 @@ def test_autoplan_run_checks_its_data_and_checkpoint_options_before_starting(
         assert result.exit_code == 2, (args, result.output)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, lines)
-
-
-def test_checkpoints_of_expert_parallel_plans_are_refused(tmp_path: Path) -> None:
-    """Each rank's experts are rows of one stacked tensor under one name: refused, one line,
-    before any process group."""
-    plan = make_plan([3, 3], num_micro_batches=2)
-    stages = [stage.model_copy(update={"expert_parallel_degree": 2}) for stage in plan.stages]
-    expert_plan = plan.model_copy(update={"stages": stages})
-    with pytest.raises(InputError, match=r"expert-parallel plans \(ep > 1\)"):
-        train(expert_plan, 2, checkpoint=CheckpointConfig(tmp_path / "ckpt"), environ={})
-    assert not dist.is_initialized()

@@ -10,6 +10,12 @@ What is saved, keyed by the parameter names of the whole model (every executor k
   parameter, and its fp32 ``master`` copy where the weights are 16-bit, from whichever rank
   holds them (a replica's own optimizer, or the ZeRO-1 owner of that parameter). A weight tied
   across stages is saved under each of its names.
+- The routed experts of a mixture-of-experts layer (``GroupedExperts``: one (experts, ·, ·)
+  tensor of which expert parallelism keeps a block of rows per rank) are saved one key per
+  expert, ``model.<name>.expert<j>`` and ``optim.<name>.<state>.expert<j>`` by the global expert
+  index j, so that the keys are the same whatever block each rank holds (ep 1, 2, ...).
+- ``loss_scale.*``: an fp16 run's dynamic loss scale (its value and step counters), the same
+  on every rank.
 
 Replicas save the same keys and DCP writes each once. Loading asks for this rank's keys under
 *its* plan: DCP reads the chunks each tensor needs from whatever the saving ranks wrote, which
@@ -42,7 +48,8 @@ from autoplan.files import read_json_model, write_json_model
 from autoplan.names import printable
 from autoplan.plan.schema import Plan
 from autoplan.runtime.engine import Engine, Optimizer
-from autoplan.runtime.mixed_precision import MasterWeightAdamW
+from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
+from autoplan.zoo.moe import GroupedExperts
 
 __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
@@ -205,6 +212,36 @@ def _initialise_states(optimizer: torch.optim.Optimizer) -> None:
             param.grad = None
 
 
+def _expert_rows(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """(first global expert, experts held) of each routed-expert parameter, by name."""
+    rows: dict[str, tuple[int, int]] = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, GroupedExperts):
+            for name, _ in module.named_parameters(recurse=False):
+                full = f"{prefix}.{name}" if prefix else name
+                rows[full] = (module.first_expert, module.num_local_experts)
+    return rows
+
+
+def _put(
+    state: dict[str, torch.Tensor],
+    key: str,
+    tensor: torch.Tensor,
+    experts: tuple[int, int] | None,
+    for_loading: bool,
+) -> None:
+    """``state[key] = tensor``, or one key per expert row of a routed-expert tensor: views to
+    load into, copies to save (a view would save its whole storage)."""
+    if experts is None or tensor.dim() == 0:
+        state[key] = tensor
+        return
+    first, count = experts
+    if tensor.shape[0] != count:
+        raise RuntimeError(f"{key}: {tensor.shape[0]} expert rows, expected {count}")
+    for row in range(count):
+        state[f"{key}.expert{first + row}"] = tensor[row] if for_loading else tensor[row].clone()
+
+
 def training_state(engine: Engine, *, for_loading: bool = False) -> dict[str, torch.Tensor]:
     """This rank's model and optimizer tensors by checkpoint key (module docstring); with
     ``for_loading`` a fresh optimizer's states are created first, to be loaded into."""
@@ -212,8 +249,9 @@ def training_state(engine: Engine, *, for_loading: bool = False) -> dict[str, to
         raise InputError("checkpoints need one optimizer per stage module (this executor has not)")
     state: dict[str, torch.Tensor] = {}
     for model, optimizer in zip(engine.models, engine.optimizers, strict=True):
+        experts = _expert_rows(model)
         for name, tensor in model.state_dict().items():
-            state[f"model.{name}"] = tensor
+            _put(state, f"model.{name}", tensor, experts.get(name), for_loading)
         inner = _inner_adamw(optimizer)
         if for_loading:
             _initialise_states(inner)
@@ -225,15 +263,33 @@ def training_state(engine: Engine, *, for_loading: bool = False) -> dict[str, to
             for name in names[id(param)]:
                 for key, value in values.items():
                     if isinstance(value, torch.Tensor):
-                        state[f"optim.{name}.{key}"] = value
+                        # The step count is one per parameter; the rest is per expert row.
+                        rows = None if key == "step" else experts.get(name)
+                        _put(state, f"optim.{name}.{key}", value, rows, for_loading)
     return state
 
 
 # Saving and loading ----------------------------------------------------------------------
 
 
+_SCALE_FIELDS = ("value", "clean_steps", "skipped_steps")
+
+
+def _scale_state(loss_scale: DynamicLossScale | None) -> dict[str, torch.Tensor]:
+    if loss_scale is None:
+        return {}
+    return {
+        f"loss_scale.{field}": torch.tensor(float(getattr(loss_scale, field)), dtype=torch.float64)
+        for field in _SCALE_FIELDS
+    }
+
+
 def save_checkpoint(
-    config: CheckpointConfig, step: int, engine: Engine, info: CheckpointInfo
+    config: CheckpointConfig,
+    step: int,
+    engine: Engine,
+    info: CheckpointInfo,
+    loss_scale: DynamicLossScale | None = None,
 ) -> Path:
     """Save the state after ``step`` steps (collective: every rank calls it) to
     ``step_dir(config.directory, step)``; returns that folder."""
@@ -253,7 +309,7 @@ def save_checkpoint(
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:
         raise InputError(verdict[0])
-    dcp.save(training_state(engine), checkpoint_id=partial)
+    dcp.save({**training_state(engine), **_scale_state(loss_scale)}, checkpoint_id=partial)
     if is_coordinator:
         write_json_model(partial / INFO_NAME, info)
         partial.rename(final)
@@ -262,10 +318,11 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(path: Path, engine: Engine) -> None:
+def load_checkpoint(path: Path, engine: Engine, loss_scale: DynamicLossScale | None = None) -> None:
     """Load ``path`` into this rank's modules and optimizers (collective), resharded to this
-    rank's plan."""
-    state = training_state(engine, for_loading=True)
+    rank's plan, and an fp16 run's loss scale."""
+    scale = _scale_state(loss_scale)
+    state = {**training_state(engine, for_loading=True), **scale}
     try:
         dcp.load(state, checkpoint_id=path)
     except (RuntimeError, ValueError) as error:
@@ -275,6 +332,10 @@ def load_checkpoint(path: Path, engine: Engine) -> None:
         raise InputError(
             f"checkpoint {printable(str(path))} does not fit this plan's model: {first[:300]}"
         ) from None
+    if loss_scale is not None:
+        loss_scale.value = float(scale["loss_scale.value"])
+        loss_scale.clean_steps = int(scale["loss_scale.clean_steps"])
+        loss_scale.skipped_steps = int(scale["loss_scale.skipped_steps"])
     logger.info("resumed from %s", path)
 
 

@@ -266,13 +266,6 @@ def train(
             "schedule async_pb keeps no step states to checkpoint (its optimizer updates per "
             "micro-batch); run it without --checkpoint-dir"
         )
-    if checkpoint is not None and any(stage.expert_parallel_degree > 1 for stage in plan.stages):
-        # Each rank's expert weights are rows of one stacked tensor under one name: saved as
-        # they are, ranks would overwrite each other's experts.
-        raise InputError(
-            "checkpoints of expert-parallel plans (ep > 1) are not supported yet; run it "
-            "without --checkpoint-dir"
-        )
     # fp16's range needs the loss scaled (autoplan.runtime.mixed_precision); bf16's does not.
     loss_scale = DynamicLossScale() if plan.inputs.dtype == "fp16" else None
     engine = _engine(plan, env, seed, learning_rate, executor, loss_scale)
@@ -281,7 +274,7 @@ def train(
     if checkpoint is not None:
         start, resume_from = resume_step(checkpoint, plan)
         if resume_from is not None:
-            load_checkpoint(resume_from, engine)
+            load_checkpoint(resume_from, engine, loss_scale)
         if start >= steps:
             raise InputError(
                 f"the checkpoint is at step {start} already; --steps {steps} counts from the "
@@ -348,7 +341,8 @@ def train(
                 record.peak_memory_bytes / 2**20,
             )
         if checkpoint is not None and checkpoint.saves_after(step + 1, steps):
-            save_checkpoint(checkpoint, step + 1, engine, _checkpoint_info(plan, step + 1, seed))
+            info = _checkpoint_info(plan, step + 1, seed)
+            save_checkpoint(checkpoint, step + 1, engine, info, loss_scale)
     states = model_state_bytes(engine.models, engine.optimizers)
     return _report(plan, engine, records, states)
 
