@@ -321,3 +321,43 @@ def test_autoplan_run_checks_its_data_and_checkpoint_options_before_starting(
         assert result.exit_code == 2, (args, result.output)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, lines)
+
+
+def test_an_fp16_runs_loss_scale_is_saved_and_restored(tmp_path: Path) -> None:
+    """The dynamic loss scale (value, clean and skipped steps) travels with the checkpoint,
+    as do a module's weights and AdamW states (one process, the functions train() calls)."""
+    from types import SimpleNamespace
+
+    from autoplan.runtime.checkpoint import load_checkpoint, save_checkpoint
+    from autoplan.runtime.mixed_precision import DynamicLossScale
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    scale = DynamicLossScale()
+    scale.value, scale.clean_steps, scale.skipped_steps = 1024.0, 7, 3
+    info = CheckpointInfo(
+        step=1,
+        model="m",
+        dtype="fp16",
+        global_batch_size=1,
+        seq_len=1,
+        plan_summary="",
+        world_size=1,
+        seed=0,
+    )
+    engine = SimpleNamespace(models=[model], optimizers=[optimizer])
+    path = save_checkpoint(CheckpointConfig(tmp_path), 1, engine, info, scale)
+
+    fresh_model = torch.nn.Linear(3, 2)
+    fresh_optimizer = torch.optim.AdamW(fresh_model.parameters(), lr=0.1)
+    fresh_scale = DynamicLossScale()
+    fresh = SimpleNamespace(models=[fresh_model], optimizers=[fresh_optimizer])
+    load_checkpoint(path, fresh, fresh_scale)
+    assert (fresh_scale.value, fresh_scale.clean_steps, fresh_scale.skipped_steps) == (1024.0, 7, 3)
+    assert torch.equal(fresh_model.weight, model.weight)
+    moments = fresh_optimizer.state[fresh_model.weight]["exp_avg"]
+    assert torch.equal(moments, optimizer.state[model.weight]["exp_avg"])
