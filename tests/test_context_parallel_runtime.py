@@ -98,9 +98,16 @@ def _cp_plans() -> dict[str, Plan]:
         "cp2_full_recompute": _as_cp(
             make_plan([6], data_parallel=2, num_micro_batches=2, recompute="full")
         ),
-        # world 8: cp 2 x tp 2 x pp 2
-        "cp2_tp2_pp2": _as_cp(
-            make_plan([3, 3], data_parallel=2, tensor_parallel=2, num_micro_batches=4)
+        # world 8: cp 2 x tp 2 x pp 2, with sequence parallelism in the tp groups (the ring
+        # runs on the heads of the rank's tp shard; SP's all-gathers rebuild the chunk)
+        "cp2_tp2_pp2_sp": _as_cp(
+            make_plan(
+                [3, 3],
+                data_parallel=2,
+                tensor_parallel=2,
+                num_micro_batches=4,
+                sequence_parallel=True,
+            )
         ),
     }
 
