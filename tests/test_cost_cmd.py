@@ -249,10 +249,10 @@ def test_stage_spec_text_parses_back_to_itself() -> None:
     assert [s.num_layers for s in specs] == [12, 14]
 
 
-def test_alternatives_are_written_as_stages_that_price_to_their_time(files) -> None:
+def test_alternatives_are_written_as_stages_that_price_to_their_time(files, solved) -> None:
     # A plan's runners-up are written in the --stages notation: pasted into cost, each prices
     # to the time the search recorded for it (one notation, inclusive layer ranges, everywhere).
-    plan = api.solve(files["profile"], files["two"], 32, time_limit_s=20, top_k=3)
+    plan = read_json_model(solved, Plan)
     assert plan.alternatives
     for alternative in plan.alternatives:
         head, _, stages = alternative.summary.partition(" | ")
@@ -264,6 +264,7 @@ def test_alternatives_are_written_as_stages_that_price_to_their_time(files) -> N
             num_micro_batches=int(knobs["m"]),
             schedule=head.split()[2],
             pipeline_degree=int(knobs["pp"]),
+            sequence_parallel=head.endswith(" sp"),
         )
         assert priced.prediction.iteration_time_ms == alternative.iteration_time_ms
         assert [s.num_layers for s in parse_stages(stages)] == alternative.layer_split
@@ -307,3 +308,22 @@ def test_every_measured_run_prices_as_written(files) -> None:
         )
         assert plan.world_size == sum(json.loads(row["gpus_by_type"]).values()), row["run"]
         assert plan.prediction.iteration_time_ms > 0
+
+
+def test_show_writes_the_plan_as_stages_that_price_to_it(files, solved) -> None:
+    result = runner.invoke(app, ["show", str(solved), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.output)["sections"][0]["items"]["as cost --stages"]
+    head, _, stages = line.partition(" | ")
+    knobs = dict(part.split("=") for part in head.split() if "=" in part)
+    plan = read_json_model(solved, Plan)
+    again = api.cost_plan(
+        files["profile"],
+        files["two"],
+        stages=stages,
+        num_micro_batches=int(knobs["m"]),
+        schedule=head.split()[2],
+        pipeline_degree=int(knobs["pp"]),
+        sequence_parallel=head.endswith(" sp"),
+    )
+    assert again.prediction.iteration_time_ms == plan.prediction.iteration_time_ms

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autoplan import limits
 from autoplan.errors import InputError
 from autoplan.names import shown
-from autoplan.plan.schema import Recompute, ZeroStage
+from autoplan.plan.schema import Plan, Recompute, ZeroStage
 
 __all__ = [
     "StageSpec",
@@ -44,6 +44,7 @@ __all__ = [
     "format_stage_specs",
     "megatron_stage_specs",
     "parse_stages",
+    "plan_stage_specs",
     "written_stage",
 ]
 
@@ -349,3 +350,34 @@ def written_stage(
         zero_stage=zero_stage or None,  # type: ignore[arg-type]
         offload=bool(offload),
     )
+
+
+def plan_stage_specs(plan: Plan) -> list[StageSpec]:
+    """``plan``'s stages in this notation: its replicas of one kind (GPU type, tp, cp, share,
+    recompute, offload) counted, in order of first appearance."""
+    out = []
+    for stage in plan.stages:
+        kinds: dict[tuple[str, int, int, str, bool, int], int] = {}
+        for r in stage.replicas:
+            key = (
+                r.gpu_type,
+                r.tensor_parallel_degree,
+                r.micro_batch_size,
+                r.recompute,
+                r.offload,
+                r.context_parallel_degree,
+            )
+            kinds[key] = kinds.get(key, 0) + 1
+        groups = [
+            (name, n, tp, mbs, rc, off, cp) for (name, tp, mbs, rc, off, cp), n in kinds.items()
+        ]
+        out.append(
+            written_stage(
+                stage.layer_start,
+                stage.layer_end - 1,
+                groups,
+                stage.zero_stage,
+                stage.expert_parallel_degree,
+            )
+        )
+    return out

@@ -8,6 +8,7 @@ from collections import Counter
 
 from autoplan.cluster.catalog import precision_warnings
 from autoplan.plan.schema import Plan, Stage, StageTiming
+from autoplan.plan.stage_spec import format_stage_specs, plan_stage_specs
 from autoplan.view.document import Document, Figure, Section
 from autoplan.view.memory_bars import memory_section
 from autoplan.view.unit_names import stage_units_text
@@ -39,7 +40,8 @@ __all__ = [
 
 
 ALTERNATIVES_LEGEND = (
-    "pp pipeline ranks, m micro-batches, then the schedule (v: stages per rank); each stage as "
+    "pp pipeline ranks, m micro-batches, then the schedule (v: stages per rank; sp: sequence "
+    "parallelism, cost --sp); each stage as "
     "autoplan cost --stages takes it: TYPE*replicas:Lfirst-last (inclusive layers):tpT (GPUs "
     "per replica):mbB (micro-batch per replica), (…) a type's own, full/selective recompute, "
     "offload (activations to host), zZ ZeRO level; price one with autoplan cost --stages "
@@ -160,6 +162,12 @@ def overview_section(plan: Plan) -> Section:
         + (f", {zero}" if zero else "")
         + (", sequence parallelism (SP) on" if par.sequence_parallel else "")
         + _expert_text(plan),
+    )
+    virtual_flag = f" v={par.virtual_stages_per_rank}" if par.virtual_stages_per_rank > 1 else ""
+    section.add(
+        "as cost --stages",
+        f"pp={par.pipeline_degree} m={par.num_micro_batches} {par.schedule}{virtual_flag}"
+        f"{' sp' if par.sequence_parallel else ''} | " + format_stage_specs(plan_stage_specs(plan)),
     )
     if par.async_pb is not None:  # it changes the optimisation, not only the speed
         settings = par.async_pb
