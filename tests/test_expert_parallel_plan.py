@@ -65,6 +65,9 @@ def test_the_solve_writes_ep_and_the_plan_is_valid(solved) -> None:
     # ZeRO-1 over the two replicas of each expert index.
     assert [stage.zero_stage for stage in plan.stages] == [1]
     assert "1 · ep 2" in result.output
+    simulated = runner.invoke(app, ["simulate", str(plan_path)], env={"COLUMNS": "200"})
+    assert simulated.exit_code == 0, simulated.output
+    assert "cpu tp1 ep2, 2 samples" in simulated.output
 
 
 @pytest.mark.parametrize(

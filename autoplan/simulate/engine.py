@@ -477,6 +477,7 @@ def simulate_plan(plan: Plan) -> SimulationResult:
                     gpu_type=replica.gpu_type,
                     tensor_parallel_degree=replica.tensor_parallel_degree,
                     context_parallel_degree=replica.context_parallel_degree,
+                    expert_parallel_degree=plan.stages_of_rank(p)[0].expert_parallel_degree,
                     micro_batch_size=replica.micro_batch_size,
                     node=replica.node,
                     ranks=list(replica.ranks),

@@ -64,6 +64,7 @@ def _row_label(replicas: list[ReplicaTimeline]) -> str:
     who = f"r{first.replica}" if len(replicas) == 1 else f"{len(replicas)} replicas"
     times = f" × {len(replicas)}" if len(replicas) > 1 else ""
     cp = f" cp{first.context_parallel_degree}" if first.context_parallel_degree > 1 else ""
+    cp += f" ep{first.expert_parallel_degree}" if first.expert_parallel_degree > 1 else ""
     return (
         f"rank {first.pipeline_rank} · {who}\n{first.gpu_type} tp{first.tensor_parallel_degree}"
         f"{cp}{times}, {first.micro_batch_size} samples"

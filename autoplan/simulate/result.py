@@ -75,6 +75,12 @@ class ReplicaTimeline(_Strict):
     context_parallel_degree: int = Field(
         default=1, ge=1, description="cp: its tp groups, each a chunk of every sample's sequence."
     )
+    expert_parallel_degree: int = Field(
+        default=1,
+        ge=1,
+        description="ep of its stages: it holds experts / ep of each MoE layer and exchanges "
+        "tokens with the other replicas of its expert group (inside its forwards and backwards).",
+    )
     micro_batch_size: int = Field(ge=1, description="Its share of every micro-batch.")
     node: str = Field(default="", description="The node its GPUs are on.")
     ranks: list[int] = Field(default_factory=list, description="Its global ranks, by tp index.")
@@ -94,8 +100,10 @@ class ReplicaTimeline(_Strict):
 
     @property
     def label(self) -> str:
-        """E.g. 'A100-80GB tp2, 4 samples' ('H100 tp2 cp4, 1 samples' with cp)."""
+        """E.g. 'A100-80GB tp2, 4 samples' ('H100 tp2 cp4, 1 samples' with cp, 'H100 tp1 ep4,
+        3 samples' with ep)."""
         cp = f" cp{self.context_parallel_degree}" if self.context_parallel_degree > 1 else ""
+        cp += f" ep{self.expert_parallel_degree}" if self.expert_parallel_degree > 1 else ""
         return (
             f"{self.gpu_type} tp{self.tensor_parallel_degree}{cp}, {self.micro_batch_size} samples"
         )
