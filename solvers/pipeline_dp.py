@@ -3,23 +3,28 @@ r"""Exact dynamic programming over pipelines whose stages draw on limited resour
 Problem. Cover layers 0..L-1 with p >= 1 contiguous, non-empty stages in pipeline order;
 stage s covers [b_s, b_{s+1}) with an *option* o_s from a finite set. Option o uses a resource
 vector u(o) ∈ ℕ^K (GPUs of each device class) and Σ_s u(o_s) <= R componentwise. A stage
-costs (a_s, f_s, t_s) = cost(o_s, b_s, b_{s+1}, q_s, κ_{s+1}): steady-state time per
-micro-batch, fill-and-drain time and tail; it depends on the stage's position from the end
-q_s = p - s (memory in flight under 1F1B) and on the *link key* κ_{s+1} of the next stage
-(what the boundary transfer to it costs); the stage's own key κ_s comes with its cost. Cost
-may be infeasible (None). Minimise
+costs (a_s, f_s, t_s, e_s) = cost(o_s, b_s, b_{s+1}, q_s, κ_{s+1}): steady-state time per
+micro-batch, fill-and-drain time, tail, and e_s, what its boundary transfer adds to the *next*
+stage's a and f (a blocking transfer holds both sides of the link); it depends on the stage's
+position from the end q_s = p - s (memory in flight under 1F1B) and on the *link key*
+κ_{s+1} of the next stage (what the boundary transfer to it costs); the stage's own key κ_s
+comes with its cost. Cost may be infeasible (None). With a_{s+1} and f_{s+1} taken with
+e_s added, minimise
 
     F = (m - 1) · max_s a_s + Σ_s f_s + max_s t_s
 
 (the 1F1B / GPipe iteration time with m micro-batches plus the slowest tail), with p <= P.
 
 Method: label setting from the last stage to the first. A label at layer i is a partial
-pipeline covering [i, L): (M, S, U) = (max a, Σ f, max t) so far, its stage count q, the
-resources it uses, and the key of its first stage. F is nondecreasing in M, S and U, and
-what the stages before i can add depends only on (i, q, resources used, key); so a label b is
-dominated, and dropped, when another a at the same (i, key) has q and every resource <= b's
-and S_a + (m - 1)(M_a - M_b)^+ + (U_a - U_b)^+ <= S_b (``_dominates``: a larger max may be
-paid for by a smaller sum; with M, S, U all <= it is the plain Pareto rule). Labels at i are
+pipeline covering [i, L): (M, S, U) = (max a, Σ f, max t) so far, A = a of its first stage
+(before the stage in front of it adds its e), its stage count q, the resources it uses, and
+the key of its first stage. Prepending a stage with (a, f, t, e) gives (max(M, A + e, a),
+S + f + e, max(U, t)) and A = a. F is nondecreasing in M, S and U, and what the stages before
+i can add depends only on (i, q, resources used, key) (e too: it is a function of the
+prepended stage and the key); so a label b is dominated, and dropped, when another a at the
+same (i, key) has q, A and every resource <= b's and S_a + (m - 1)(M_a - M_b)^+ + (U_a -
+U_b)^+ <= S_b (``_dominates``: a larger max may be paid for by a smaller sum; with M, S, U
+all <= it is the plain Pareto rule; A_a <= A_b makes max(A_a + e, ·) <= max(A_b + e, ·)). Labels at i are
 final once every label at j > i has been extended, so positions are processed from L down
 to 1; the answer is the best F among labels at 0.
 
@@ -62,13 +67,15 @@ def pipeline_objective(max_stage: float, sum_stage: float, max_tail: float, m: i
 
 @dataclass(frozen=True)
 class StageCostResult:
-    """What one stage costs: (a, f, t), its own link key and an opaque description."""
+    """What one stage costs: (a, f, t), its own link key and an opaque description; and what
+    its boundary transfer adds to the next stage's a and f (module docstring)."""
 
     steady_ms: float
     fill_ms: float
     tail_ms: float
     key: Hashable
     payload: object
+    next_added_ms: float = 0.0
 
 
 class StageSource(Protocol):
@@ -110,6 +117,7 @@ class PipelineLabel:
     payload: object
     previous: PipelineLabel | None
     order: int
+    first_stage: float = 0.0  # a of its first stage, without what the stage before adds
 
     def objective(self, m: int) -> float:
         return pipeline_objective(self.max_stage, self.sum_stage, self.max_tail, m)
@@ -131,6 +139,8 @@ def _dominates(a: PipelineLabel, b: PipelineLabel, m: int) -> bool:
     + (U_a - U_b)^+, so a's larger max may be paid for by a smaller sum. The stages before
     cost no more after a when a has no more stages (less in flight) and no more GPUs used."""
     if a.stages > b.stages or any(x > y for x, y in zip(a.used, b.used, strict=True)):
+        return False
+    if a.first_stage > b.first_stage:
         return False
     excess = (m - 1) * max(0.0, a.max_stage - b.max_stage) + max(0.0, a.max_tail - b.max_tail)
     return a.sum_stage + excess <= b.sum_stage
@@ -271,9 +281,10 @@ def best_pipelines(
                         if result is None:
                             break
                         pre = float(prefix[option, i])
+                        added = result.next_added_ms if label.stages else 0.0
                         new = PipelineLabel(
-                            max(label.max_stage, result.steady_ms),
-                            label.sum_stage + result.fill_ms,
+                            max(label.max_stage, label.first_stage + added, result.steady_ms),
+                            label.sum_stage + result.fill_ms + added,
                             max(label.max_tail, result.tail_ms),
                             position,
                             tuple(u + x for u, x in zip(label.used, use, strict=True)),
@@ -282,6 +293,7 @@ def best_pipelines(
                             result.payload,
                             label,
                             0,
+                            result.steady_ms,
                         )
                         if (
                             pipeline_objective(

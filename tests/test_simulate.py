@@ -119,11 +119,13 @@ def test_slow_first_stage_hides_the_others() -> None:
 
 
 def test_sends_all_reduce_and_optimizer_by_hand() -> None:
-    """pp=2, m=2, f=b=1, send 0.5, dp all-reduce 2, optimizer 0.5. By hand:
-    rank 0: 0F0 [0,1] 0F1 [1,2]; sends arrive at 1.5 and 2.5 (one link, in turn).
-    rank 1: 1F0 [1.5,2.5] 1B0 [2.5,3.5] 1F1 [3.5,4.5] 1B1 [4.5,5.5]; grads arrive 4 and 6.
-    rank 0: 0B0 [4,5] 0B1 [6,7]; DDP all-reduces during the last backward: [6,8];
-    optimizer [8,8.5]. Rank 1: 1B1 [4.5,5.5], all-reduce [4.5,6.5], optimizer [6.5,7]."""
+    """pp=2, m=2, f=b=1, send 0.5, dp all-reduce 2, optimizer 0.5; blocking transfers. By hand:
+    rank 0: 0F0 [0,1] send [1,1.5]; 0F1 [1.5,2.5] send [2.5,3].
+    rank 1: receive [1.5,2] 1F0 [2,3]; 1B0 [3,4] send [4,4.5]; receive [4.5,5] 1F1 [5,6];
+    1B1 [6,7] send [7,7.5].
+    rank 0: receive [4.5,5] 0B0 [5,6]; receive [7.5,8] 0B1 [8,9]. The all-reduce follows the
+    last backward: rank 0 [9,11], optimizer [11,11.5]; rank 1 [7.5,9.5], optimizer [9.5,10].
+    The closed form agrees: a_s = 2 + 2 × 0.5 = 3, (m - 1) × 3 + 6 = 9, + 2 + 0.5."""
     plan = _with(
         _plan("1f1b", [(1, 1), (1, 1)], 2, send_ms=0.5, data_parallel=2, dp_allreduce_ms=2.0),
         optimizer_ms=0.5,
@@ -135,24 +137,24 @@ def test_sends_all_reduce_and_optimizer_by_hand() -> None:
         for event in replica.events
         if event.track == "compute"
     }
-    assert spans["F s1 mb0"] == (1.5, 2.5)
-    assert spans["F s1 mb1"] == (3.5, 4.5)
-    assert spans["B s0 mb0"] == (4.0, 5.0)
-    assert spans["B s0 mb1"] == (6.0, 7.0)
-    assert result.pipeline_time_ms == pytest.approx(7.0)
-    assert result.iteration_time_ms == pytest.approx(8.5)
+    assert spans["F s1 mb0"] == (2.0, 3.0)
+    assert spans["F s1 mb1"] == (5.0, 6.0)
+    assert spans["B s0 mb0"] == (5.0, 6.0)
+    assert spans["B s0 mb1"] == (8.0, 9.0)
+    assert result.pipeline_time_ms == pytest.approx(9.0)
+    assert result.iteration_time_ms == pytest.approx(11.5)
     reduces = [
         (e.start_ms, e.end_ms)
         for rank in result.ranks
         for e in rank.replicas[0].events
         if e.name == "dp all-reduce"
     ]
-    assert reduces == [(6.0, 8.0), (4.5, 6.5)]
+    assert reduces == [(9.0, 11.0), (7.5, 9.5)]
     rank0 = result.ranks[0].replicas[0]
     spans_of = [[(e.category, e.start_ms, e.end_ms) for e in r.events] for r in result.replicas]
     assert spans_of[0] == spans_of[1] and spans_of[2] == spans_of[3]  # equal replicas, equal lives
     assert rank0.busy_ms == pytest.approx(4.5)
-    assert rank0.idle_ms == pytest.approx(4.0)
+    assert rank0.idle_ms == pytest.approx(7.0)
     assert rank0.communication_ms == pytest.approx(0.5 + 0.5 + 2.0)
 
 
@@ -235,17 +237,17 @@ def _reduce_spans(plan: Plan) -> list[tuple[float, float]]:
 
 
 def test_all_reduce_per_rank_from_the_plan_or_scaled_by_gradient_bytes() -> None:
-    """Same pipeline as the hand-worked one (last backwards [6,7] and [4.5,5.5])."""
+    """Same pipeline as the hand-worked one (rank 0 done at 9, rank 1 at 7.5)."""
     base = _plan("1f1b", [(1, 1), (1, 1)], 2, send_ms=0.5, data_parallel=2, dp_allreduce_ms=2.0)
     given = base.model_copy(
         update={
             "prediction": base.prediction.model_copy(update={"rank_dp_allreduce_ms": [0.5, 3.0]})
         }
     )
-    assert _reduce_spans(given) == [(6.0, 7.0), (4.5, 7.5)]
+    assert _reduce_spans(given) == [(9.0, 9.5), (7.5, 10.5)]
     small_first = [_estimate(0, 0), _estimate(1, 0).model_copy(update={"gradients_bytes": 4000})]
     scaled = _with(base, memory=small_first)  # rank 0 has 1/4 of rank 1's gradients
-    assert _reduce_spans(scaled) == [(6.0, 7.0), (4.5, 6.5)]
+    assert _reduce_spans(scaled) == [(9.0, 9.5), (7.5, 9.5)]
     assert any("scaled by each rank's gradient bytes" in n for n in simulate_plan(scaled).notes)
 
 
@@ -313,23 +315,26 @@ def _replica_plan(
 
 def test_slow_replicas_gate_only_the_receivers_that_need_their_samples() -> None:
     """Worked by hand. Stage 0: replicas of 3 and 1 samples, forward 1 and 5 ms; stage 1: two
-    replicas of 2 samples; backward 1 ms everywhere, send_ms 1 for the 2-sample pair.
+    replicas of 2 samples; backward 1 ms everywhere, send_ms 1 for the 2-sample pair; blocking
+    transfers (a receiver first spends its longest incoming transfer).
     s0 r0 F [0,1] sends 2 samples to s1 r0 [1,2] and 1 to s1 r1 [1,1.5]; s0 r1 F [0,5] sends
-    1 sample to s1 r1 [5,5.5]. s1 r0 F [2,3] B [3,4], gradient back [4,5]. s1 r1 waits for
-    the slow replica: F [5.5,6.5] B [6.5,7.5], gradients to s0 r0 and r1 [7.5,8] each. Both
-    s0 replicas need s1 r1's gradient: B [8,9]. (GPipe: 1F1B needs m >= pp.)"""
+    1 sample to s1 r1 [5,5.5]. s1 r0 receives [2,3], F [3,4] B [4,5], gradient back [5,6].
+    s1 r1 waits for the slow replica: receives [5.5,6], F [6,7] B [7,8], gradients to s0 r0
+    and r1 [8,8.5] each. Both s0 replicas need s1 r1's gradient: s0 r0 receives for its
+    longest transfer (1) [8.5,9.5], B [9.5,10.5]; s0 r1 [8.5,9], B [9,10]. (GPipe: 1F1B needs
+    m >= pp.)"""
     plan = _replica_plan(
         [[3, 1], [2, 2]], [[(1, 1), (5, 1)], [(1, 1), (1, 1)]], m=1, send_ms=1, schedule="gpipe"
     )
     result = simulate_plan(plan)
-    assert _spans(result, 1, 0)["F s1 mb0"] == (2.0, 3.0)  # not gated by the slow replica
-    assert _spans(result, 1, 1)["F s1 mb0"] == (5.5, 6.5)  # gated by it
+    assert _spans(result, 1, 0)["F s1 mb0"] == (3.0, 4.0)  # not gated by the slow replica
+    assert _spans(result, 1, 1)["F s1 mb0"] == (6.0, 7.0)  # gated by it
     assert _spans(result, 0, 0)["send act s0→s1 mb0 r0→r0"] == (1.0, 2.0)
     assert _spans(result, 0, 0)["send act s0→s1 mb0 r0→r1"] == (1.0, 1.5)
-    assert _spans(result, 1, 1)["send grad s1→s0 mb0 r1→r0"] == (7.5, 8.0)
-    assert _spans(result, 0, 0)["B s0 mb0"] == (8.0, 9.0)
-    assert _spans(result, 0, 1)["B s0 mb0"] == (8.0, 9.0)
-    assert result.pipeline_time_ms == pytest.approx(9.0)
+    assert _spans(result, 1, 1)["send grad s1→s0 mb0 r1→r0"] == (8.0, 8.5)
+    assert _spans(result, 0, 0)["B s0 mb0"] == (9.5, 10.5)
+    assert _spans(result, 0, 1)["B s0 mb0"] == (9.0, 10.0)
+    assert result.pipeline_time_ms == pytest.approx(10.5)
     sends = [e for e in result.ranks[0].replicas[0].events if e.name.startswith("send")]
     assert [(e.peer_rank, e.peer_replica, e.samples) for e in sends] == [(1, 0, 2), (1, 1, 1)]
 
@@ -344,7 +349,8 @@ def test_the_slowest_replica_of_a_stage_gates_the_next_stage() -> None:
     assert gated.pipeline_time_ms == pytest.approx(simulate_plan(slow_only).pipeline_time_ms)
     starts = [_spans(gated, 1, 0)[f"F s1 mb{i}"][0] for i in range(2)]
     slow_ends = [_spans(gated, 0, 1)[f"F s0 mb{i}"][1] for i in range(2)]
-    assert starts == [end + 0.5 for end in slow_ends]
+    # The slow replica's send (0.5), then stage 1's blocking receive of it (0.5).
+    assert starts == [end + 0.5 + 0.5 for end in slow_ends]
 
 
 def test_uniform_replicas_match_one_replica_per_rank_exactly() -> None:
@@ -361,16 +367,16 @@ def test_uniform_replicas_match_one_replica_per_rank_exactly() -> None:
 
 def test_all_reduce_waits_for_every_replica() -> None:
     """pp = 1, two replicas (1 + 1 ms and 2 + 2 ms per micro-batch), m = 2: last backwards
-    [3,4] and [6,8]. The all-reduce starts when the slow one starts its last backward (6) and
-    ends no earlier than its end (8); then both step their optimizers."""
-    for reduce_ms, end in ((3.0, 9.0), (1.0, 8.0)):
+    [3,4] and [6,8]. The all-reduce starts when the slow one has ended its last backward (8);
+    then both step their optimizers."""
+    for reduce_ms, end in ((3.0, 11.0), (1.0, 9.0)):
         plan = _replica_plan(
             [[1, 1]], [[(1, 1), (2, 2)]], m=2, optimizer_ms=0.5, dp_allreduce_ms=reduce_ms
         )
         result = simulate_plan(plan)
         for replica in (0, 1):
             spans = _spans(result, 0, replica)
-            assert spans["dp all-reduce"] == (6.0, end)
+            assert spans["dp all-reduce"] == (8.0, end)
             assert spans["optimizer"] == (end, end + 0.5)
         assert result.iteration_time_ms == pytest.approx(end + 0.5)
 

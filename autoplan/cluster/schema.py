@@ -95,6 +95,30 @@ class GpuSpec(_Strict):
         description="Host time to issue one kernel: a layer's pass takes at least its kernels "
         "× this (small work is launch-bound, whatever the GPU's speed).",
     )
+    pcie_collective_bandwidth_gb_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=limits.MAX_BANDWIDTH_GB_PER_S,
+        description="For GPUs joined by PCIe (at most NVLink-bridged in pairs): the bandwidth "
+        "a collective among more GPUs than a bridge joins reaches inside one node, whatever "
+        "the cluster file's intra-node link (a ring over more than two such GPUs crosses "
+        "PCIe and the host). None for GPUs on a switched NVLink fabric.",
+    )
+    nvlink_bridge_gpus: int = Field(
+        default=2,
+        ge=1,
+        le=limits.MAX_GPUS_PER_NODE,
+        description="With pcie_collective_bandwidth_gb_per_s: how many GPUs one NVLink bridge "
+        "joins (collectives within them use the intra-node link).",
+    )
+    collective_step_overhead_us: float = Field(
+        default=0.0,
+        ge=0,
+        le=limits.MAX_LATENCY_US,
+        description="What the training stack adds to every step of a collective or transfer on "
+        "this GPU beyond the link's latency (kernel launch, stream synchronisation, the "
+        "framework's call): the cost model adds it to the cluster's per-step latencies.",
+    )
     pass_overhead_ms: float = Field(
         default=0.0,
         ge=0,

@@ -68,6 +68,17 @@ class DeviceClass:
     def total_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
 
+    def collective_bandwidth_gb_per_s(self, gpus: int) -> float:
+        """Bandwidth a collective among ``gpus`` GPUs of one node of this class reaches: the
+        intra-node link, except among more GPUs than an NVLink bridge joins on PCIe cards,
+        where the ring crosses PCIe and the host (``GpuSpec.pcie_collective_bandwidth_gb_per_s``:
+        fitted on the calibration data, ~5 GB/s where the cluster files give the bridges'
+        ~25 GB/s)."""
+        cap = self.gpu.pcie_collective_bandwidth_gb_per_s
+        if cap is None or gpus <= self.gpu.nvlink_bridge_gpus:
+            return self.intra_node_bandwidth_gb_per_s
+        return min(self.intra_node_bandwidth_gb_per_s, cap)
+
     @property
     def label(self) -> str:
         return "+".join(self.groups)
@@ -114,9 +125,12 @@ def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceCl
                 gpus_per_node=gpn,
                 num_nodes=sum(group.count for group in groups),
                 intra_node_bandwidth_gb_per_s=bw,
-                intra_node_latency_us=lat,
+                # A step of a collective pays the stack's overhead on top of the link's
+                # latency (GpuSpec.collective_step_overhead_us).
+                intra_node_latency_us=lat + specs[gpu].collective_step_overhead_us,
                 inter_node_bandwidth_gb_per_s=cluster.inter_node_bandwidth(set(names)),
-                inter_node_latency_us=cluster.inter_node_latency_us,
+                inter_node_latency_us=cluster.inter_node_latency_us
+                + specs[gpu].collective_step_overhead_us,
                 host_link_bandwidth_gb_per_s=host,
                 host_memory_bytes_per_gpu=ram,
             )

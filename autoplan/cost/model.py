@@ -81,7 +81,7 @@ from autoplan.cost.offload import (
     split_mode,
     transit_bytes,
 )
-from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
+from autoplan.cost.schedule import blocking_stage_times, in_flight_chunks, pipeline_time_ms
 from autoplan.cost.sequence_parallel import ring_collective_ms, sequence_runs
 from autoplan.cost.zero_bubble import zero_bubble_pipeline
 from autoplan.plan.schema import V_SCHEDULES
@@ -386,7 +386,7 @@ class CostModel:
                 tp=tp,
                 micro_batch_size=micro_batch_size,
                 profile_micro_batch_size=self.profile.micro_batch_size,
-                intra_node_bandwidth_gb_per_s=dc.intra_node_bandwidth_gb_per_s,
+                intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
                 intra_node_latency_us=dc.intra_node_latency_us,
                 sequence_parallel=sequence_parallel,
                 **self._ring_link(dc, tp, cp),
@@ -417,7 +417,7 @@ class CostModel:
                         tp=tp,
                         micro_batch_size=micro_batch_size,
                         profile_micro_batch_size=self.profile.micro_batch_size,
-                        intra_node_bandwidth_gb_per_s=dc.intra_node_bandwidth_gb_per_s,
+                        intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
                         intra_node_latency_us=dc.intra_node_latency_us,
                         sequence_parallel=sequence_parallel,
                         **self._ring_link(dc, tp, cp),
@@ -636,8 +636,16 @@ class CostModel:
         names = {name for k in sender.classes + receiver.classes for name in self.classes[k].groups}
         bandwidth = self.cluster.inter_node_bandwidth(names)
         busiest = max(sender.node_samples, receiver.node_samples)
-        latency = self.cluster.inter_node_latency(names)
+        latency = self.cluster.inter_node_latency(names) + self._step_overhead_us(
+            sender.classes + receiver.classes
+        )
         return p2p_ms(busiest * bytes_per_sample, bandwidth, latency)
+
+    def _step_overhead_us(self, classes: tuple[int, ...]) -> float:
+        """The stack's overhead per collective step, of the slowest of ``classes``
+        (GpuSpec.collective_step_overhead_us; the intra-node latencies of the device classes
+        already hold it)."""
+        return max(self.classes[k].gpu.collective_step_overhead_us for k in classes)
 
     def allreduce_ms(
         self, groups: tuple[ReplicaGroup, ...], params_per_gpu: tuple[float, ...]
@@ -653,7 +661,7 @@ class CostModel:
             return ring_allreduce_ms(
                 max(params_per_gpu) * self.dtype_bytes,
                 replicas,
-                dc.intra_node_bandwidth_gb_per_s,
+                dc.collective_bandwidth_gb_per_s(sum(g.gpus for g in groups)),
                 dc.intra_node_latency_us,
             )
         names = {name for g in groups for name in self.classes[g.device_class].groups}
@@ -667,7 +675,8 @@ class CostModel:
             whole * self.dtype_bytes,
             replicas,
             self.cluster.inter_node_bandwidth(names),
-            self.cluster.inter_node_latency(names),
+            self.cluster.inter_node_latency(names)
+            + self._step_overhead_us(tuple(g.device_class for g in groups)),
             across_nodes=True,
         )
 
@@ -689,7 +698,10 @@ class CostModel:
             whole * group.micro_batch_size / (self.profile.micro_batch_size * self.cp_of(group))
         )
         one = ring_collective_ms(
-            payload, group.tp, dc.intra_node_bandwidth_gb_per_s, dc.intra_node_latency_us
+            payload,
+            group.tp,
+            dc.collective_bandwidth_gb_per_s(group.tp),
+            dc.intra_node_latency_us,
         )
         return runs * one
 
@@ -815,11 +827,14 @@ class CostModel:
 
         rank_work = [0.0] * pp
         rank_sends = [0.0] * pp
+        rank_receives = [0.0] * pp
         for index, cost in enumerate(costs):
             rank_work[rank_of(index)] += cost.work_ms
             rank_sends[rank_of(index)] += cost.send_ms
-        steady = [max(c, x) for c, x in zip(rank_work, rank_sends, strict=True)]
-        fill = [c + 2 * x for c, x in zip(rank_work, rank_sends, strict=True)]
+            if index + 1 < len(costs):
+                rank_receives[rank_of(index + 1)] += cost.send_ms
+        steady = blocking_stage_times(rank_work, rank_sends, rank_receives)
+        fill = steady
         zero_bubble = config.schedule in ZERO_BUBBLE_SCHEDULES
         if zero_bubble:  # no closed form: the action lists played (cost.zero_bubble)
             pipeline, zero_bubble_flight = zero_bubble_pipeline(self, config, costs)
@@ -897,14 +912,10 @@ class CostModel:
             # ZeRO-2/3 reduce-scatter every micro-batch's gradients in its backward
             # (``sharding``): nothing is left to all-reduce after the last one.
             ar = self.allreduce_ms(stage.groups, tuple(params)) if stage.zero_stage <= 1 else 0.0
-            shortest_backward = min(
-                sum(groups_cost[c][g].backward_ms for c in chunks) for g in range(len(stage.groups))
-            )
-            hidden = max(0.0, ar - shortest_backward)
             allreduces.append(ar)
-            exposed.append(hidden)
+            exposed.append(ar)
             optimizer.append(max(steps))
-            tails.append(hidden + max(steps))
+            tails.append(ar + max(steps))
         tail_rank = max(range(pp), key=lambda r: (tails[r], -r))
         slow = max(range(pp), key=lambda r: (steady[r], -r))
         slow_parts = [costs[c].slowest() for c in range(len(stages)) if rank_of(c) == slow]

@@ -2,27 +2,39 @@
 
 Time: with per-micro-batch stage times c_s (forward + backward), GPipe and 1F1B both take
 (m - 1) × max_s c_s + Σ_s c_s: the slowest stage works m times, the others fill and drain the
-pipeline once. Point-to-point sends are asynchronous: in the steady state a transfer overlaps
-the next computation, so a stage costs a_s = max(c_s, send_s) there (the link binds only when
-slower than compute; activations and gradients travel in opposite directions of a full-duplex
-link), while the fill and drain wait for each transfer, b_s = c_s + 2 × send_s:
-(m - 1) × max_s a_s + Σ_s b_s.
+pipeline once.
 
-Where this is exact (the event simulator, autoplan.simulate, is the reference; checked in
-tests/test_simulate_zero_bubble.py): for equal stages (every f_s, b_s alike) without sends,
-any p and m. Otherwise it is neither an upper nor a lower bound; the solver keeps it because
-its (max, sum) shape is what the DP composes stage by stage:
-- uneven stages: usually above the played time, since a stage whose backward is slow hides
-  under a slower neighbour's (p = 2, m = 2, f = (1, 1), b = (2, 1): played 7, form 8; the
-  player check's 60.4 ms by the form vs 57.4 ms played was such an over-estimate), now and
-  then below it, where the forward/backward split shapes the fill (p = 4, m = 6,
-  f = (5, 1, 3, 1), b = (4, 10, 1, 2): played 83, form 82);
-- sends: below the played time even on equal stages (p = 2, m = 3, f = b = send = 1: played
-  12, form 10). 1F1B's steady state is a cycle: rank r's B of micro-batch i waits for i's
-  round trip through the later ranks, so ranks r..q together take per micro-batch at least
-  (Σ_{k=r..q} c_k + 2 Σ_{k=r..q-1} send_k) / (q − r + 1), which max(c, send) does not see.
-  That cycle mean as the steady term fixes most such cases but is still not exact (the fill
-  and drain shift with it), and it would not compose in the DP, so it is not used.
+Point-to-point transfers are blocking (``stage_times``): a stage pays every transfer it takes
+part in, on either side of it, in the steady state as in the fill and drain. With x_s the
+one-way transfer of micro-batch's boundary activation between stages s and s+1 (its gradient
+back takes the same), stage s costs per micro-batch
+
+    a_s = c_s + 2 x_{s-1} + 2 x_s
+
+(receive the activation, send the activation on, receive the gradient, send the gradient
+back), and the pipeline takes (m - 1) × max_s a_s + Σ_s a_s. This is how the engines plans are
+exported to run: Megatron-DeepSpeed's and DeepSpeed's pipeline engines issue each send and
+receive as a blocking call between the passes (``SendActivation``, ``RecvGrad``, ...), so the
+stage's GPU waits for the transfer, and both sides of a link wait for the same transfer. It is
+what the measured runs of ``../shared/calibration/measured_runs.csv`` show: on clusters with
+slow links (the RTX runs, 0.1 GB/s between some nodes) an overlapped form (max(c_s, x_s) in the
+steady state) predicted 35-60% too fast, the blocking form within 5% on the single-replica
+pipelines (``autoplan calibrate check``).
+
+autoplan's own runtime (``autoplan run``) posts its sends as ``isend`` and waits for them at
+the end of the step; only its receives block. For it the form above is conservative by up to
+one transfer per boundary and direction; it is kept for both because a plan whose speed depends
+on overlapping transfers runs slower on the engines users export to, and the search must not
+prefer it for that (``autoplan.simulate`` plays the same blocking rule).
+
+Where the closed form is exact (the event simulator, autoplan.simulate, is the reference): for
+equal stages (every a_s, and their forward/backward split, alike), any p and m. For uneven
+stages it is usually above the played time, since a stage whose backward is slow hides under a
+slower neighbour's (p = 2, m = 2, f = (1, 1), b = (2, 1): played 7, form 8), now and then below
+it, where the forward/backward split shapes the fill (p = 4, m = 6, f = (5, 1, 3, 1),
+b = (4, 10, 1, 2): played 83, form 82). The solver keeps it because its (max, sum) shape is
+what the DP composes stage by stage; tests check solver and simulator agree within 2% on the
+plans it emits.
 
 Interleaved 1F1B with v chunks per rank divides the fill-and-drain part by v (Narayanan et
 al., SC'21, §2.2.2): m × max_r A_r + (Σ_r B_r − max_r A_r) / v, with A_r, B_r summed over
@@ -41,6 +53,7 @@ from typing import Literal
 
 __all__ = [
     "ScheduleKind",
+    "blocking_stage_times",
     "in_flight_chunks",
     "interleaved_ok",
     "pipeline_time_ms",
@@ -61,6 +74,17 @@ def pipeline_time_ms(
     slowest = max(steady_ms)
     fill = steady_ms if fill_ms is None else fill_ms
     return num_micro_batches * slowest + (sum(fill) - slowest) / chunks
+
+
+def blocking_stage_times(
+    work_ms: list[float], sends_out_ms: list[float], sends_in_ms: list[float]
+) -> list[float]:
+    """Per-micro-batch time of each pipeline rank with blocking transfers (module docstring):
+    its work + twice what it sends on (activation out, gradient in) + twice what it receives
+    (activation in, gradient out)."""
+    return [
+        c + 2 * x + 2 * y for c, x, y in zip(work_ms, sends_out_ms, sends_in_ms, strict=True)
+    ]
 
 
 def interleaved_ok(num_micro_batches: int, pipeline_degree: int) -> bool:

@@ -13,7 +13,9 @@ depends on all the stage times), so ``play_ms`` plays the action lists: each ran
 list in order; an action starts when the rank is free and what it waits for has arrived
 (a forward: the previous stage's forward plus the send; a backward or I: the next stage's
 B or I plus the send; a W: only its own I, earlier on the same rank); sends on one directed
-link between two ranks queue one after another. It is exact for the given per-stage times
+link between two ranks queue one after another. Transfers block both sides
+(``autoplan.cost.schedule``): the sender's rank is busy until its send has gone, and the
+receiver's action spends the transfer receiving before it computes. It is exact for the given per-stage times
 (the event simulator plays the same rules with replicas and the tail, and
 tests/test_simulate_zero_bubble.py checks the two agree); for
 pp = 1 or uniform stages it reduces to the closed forms tests/test_cost_zero_bubble.py checks,
@@ -95,7 +97,8 @@ def play_ms(
                     break
                 start = max(free[rank], ready)
                 s = action.stage
-                duration = {
+                received = _received_ms(action, rank, rank_of, sends, num_stages)
+                duration = received + {
                     "F": forward_ms[s],
                     "I": input_ms[s],
                     "W": weight_ms[s],
@@ -116,6 +119,7 @@ def play_ms(
                         link = (rank, rank_of[peer])
                         arrival = max(arrival, link_free.get(link, 0.0)) + send
                         link_free[link] = arrival
+                        free[rank] = arrival  # a blocking send holds the sender
                     ends[(s, what, action.micro_batch)] = arrival
                 position[rank] += 1
                 remaining -= 1
@@ -123,6 +127,22 @@ def play_ms(
         if not moved:
             raise ValueError("the action lists deadlock; validate them first")
     return max(free)
+
+
+def _received_ms(
+    action: Action,
+    rank: int,
+    rank_of: dict[int, int],
+    sends: list[float],
+    num_stages: int,
+) -> float:
+    """What ``action`` spends receiving its input from another rank (blocking transfers)."""
+    s = action.stage
+    if action.kind == "F" and s > 0 and rank_of[s - 1] != rank:
+        return sends[s - 1]
+    if action.kind in "BI" and s + 1 < num_stages and rank_of[s + 1] != rank:
+        return sends[s]
+    return 0.0
 
 
 def _ready_ms(

@@ -16,10 +16,12 @@ So the slowest sender gates a receiver, and samples are regrouped by index betwe
 different replicas (``autoplan.simulate.regroup``: which pairs exchange samples, and each pair's
 share of the boundary's ``send_ms``). A result is sent when its action ends, over the directed
 link between the two replicas; sends on one link go one after another in the order they were
-issued, and the sender does not wait for them (PyTorch's pipelining posts isend/irecv and waits
-only when it needs the data). Both directions of the boundary between stages s and s+1 take
-stage s's ``send_ms``: the gradient has the activation's shape. Stages on the same pipeline
-rank (pp = 1) run on the same replicas and hand over for free.
+issued. Transfers block both sides, as the pipeline engines plans are exported to run them
+(``autoplan.cost.schedule``): the sender is busy until its sends have gone, and a receiving
+action first spends its longest incoming transfer receiving, then computes. Both directions
+of the boundary between stages s and s+1 take stage s's ``send_ms``: the gradient has the
+activation's shape. Stages on the same pipeline rank (pp = 1) run on the same replicas and
+hand over for free.
 
 Zero-bubble schedules split a backward into ``I`` (the input gradient: it waits for the next
 stage's gradient and sends to the previous stage when it ends, like a full ``B``) and ``W``
@@ -31,13 +33,11 @@ the same GPUs without a send. These are the rules of ``autoplan.cost.zero_bubble
 which the plan's prediction comes from, played here with replicas, links and the tail.
 
 Gradients are all-reduced once per iteration over each pipeline rank's replicas (its stages
-share them), taking ``rank_dp_allreduce_ms`` of the rank. PyTorch's PipelineStage runs every
-backward but the last under DDP's ``no_sync`` and lets DDP's hooks all-reduce during the last
-one (torch 2.13, ``distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``). A
-collective needs every member, so the all-reduce starts when the last replica starts its last
-backward (B or W: the weight gradients are what it reduces) and ends no earlier than the last
-replica ends it: it hides under one backward at most. Then every replica steps its optimizer
-(``breakdown.optimizer_ms``).
+share them), taking ``rank_dp_allreduce_ms`` of the rank, after the last replica has ended its
+last backward (B or W: the weight gradients are what it reduces) and its sends: the pipeline engines of
+Megatron-DeepSpeed and DeepSpeed, and autoplan's groups executor, reduce after the schedule
+(PyTorch's PipelineStage under DDP could start it during the last backward; the model does not
+count on that). Then every replica steps its optimizer (``breakdown.optimizer_ms``).
 
 Why hand-written: the model is a worklist over fixed action lists; a general discrete-event
 library (e.g. SimPy) would add a dependency and coroutines for nothing. The result does not
@@ -210,7 +210,8 @@ def simulate_replicas(
     position = [[0] * len(rank_shares) for rank_shares in shares]
     free_ms = [[0.0] * len(rank_shares) for rank_shares in shares]
     last_backward = [[(0.0, 0.0)] * len(rank_shares) for rank_shares in shares]
-    arrivals: dict[tuple[Action, int], list[float]] = {}
+    # (arrival ms, transfer ms) of each input, by receiving action and replica.
+    arrivals: dict[tuple[Action, int], list[tuple[float, float]]] = {}
     link_free_ms: dict[tuple[int, int, int, int], float] = {}
     events: list[list[list[SimulatedEvent]]] = [[[] for _ in rank_shares] for rank_shares in shares]
     worklist = deque((p, d) for p in range(pp) for d in range(len(shares[p])))
@@ -236,7 +237,9 @@ def simulate_replicas(
             if len(got) < needed:
                 break
             forward_ms, backward_ms = times[action.stage][d]
-            start = max([free_ms[p][d], *got])
+            start = max([free_ms[p][d], *(arrival for arrival, _ in got)])
+            # A blocking receive: the longest incoming transfer, before the compute.
+            start += max((transfer for _, transfer in got), default=0.0)
             duration = _duration_ms(action, forward_ms, backward_ms, weights[action.stage][d])
             event = _compute_event(action, start, duration)
             events[p][d].append(event)
@@ -252,7 +255,7 @@ def simulate_replicas(
             send_ms = timing_of[min(action.stage, target_stage)].send_ms if outgoing else 0.0
             for target, fraction, samples in outgoing:
                 if target_rank == p:  # pp = 1 or the V's turn: the same GPUs hold both
-                    arrival = event.end_ms
+                    arrival, transfer = event.end_ms, 0.0
                 else:
                     link = (p, d, target_rank, target)
                     pair = f" r{d}→r{target}" if many[p] or many[target_rank] else ""
@@ -271,8 +274,10 @@ def simulate_replicas(
                     )
                     link_free_ms[link] = send.end_ms
                     events[p][d].append(send)
-                    arrival = send.end_ms
-                arrivals.setdefault((consumer, target), []).append(arrival)
+                    arrival, transfer = send.end_ms, send.end_ms - send.start_ms
+                    # A blocking send holds the sender until it has gone.
+                    free_ms[p][d] = max(free_ms[p][d], send.end_ms)
+                arrivals.setdefault((consumer, target), []).append((arrival, transfer))
                 if (target_rank, target) not in queued:
                     queued.add((target_rank, target))
                     worklist.append((target_rank, target))
@@ -288,8 +293,9 @@ def simulate_replicas(
 
     for p in range(pp):
         reduce_ms = allreduce_ms[p] if allreduce_ms else 0.0
-        reduce_start = max(start for start, _ in last_backward[p])
-        reduce_end = max(reduce_start + reduce_ms, *(end for _, end in last_backward[p]))
+        # After every replica's last backward and its blocking sends.
+        reduce_start = max(free_ms[p])
+        reduce_end = reduce_start + reduce_ms
         for d in range(len(shares[p])):
             step_start = max(free_ms[p][d], reduce_end) if reduce_ms > 0 else free_ms[p][d]
             if reduce_ms > 0:

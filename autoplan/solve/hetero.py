@@ -21,7 +21,7 @@ bounds it prunes with:
 Costs mirror ``CostModel.evaluate`` stage by stage (the oracle tests hold the two to the same
 answers): balanced shares (space.py), per group the fastest recompute that fits, ZeRO-1 by
 dominance, the boundary transfer to the next stage (its ``LinkSide`` is the DP's link key),
-the gradient all-reduce less the shortest backward, the slowest optimizer step.
+the gradient all-reduce (after the last backward), the slowest optimizer step.
 """
 
 from __future__ import annotations
@@ -430,7 +430,7 @@ class HeteroSource:
                     + model.step_overhead_ms(g.device_class)
                 )
             allreduce = model.allreduce_ms(groups, tuple(params)) if zero1 <= 1 else 0.0
-            tail = max(0.0, allreduce - min(backward)) + max(steps)
+            tail = allreduce + max(steps)
             core = _Core(groups, zero1, work, tail, model.link_side(groups))
         self._cores[key] = core
         return core
@@ -450,12 +450,15 @@ class HeteroSource:
             if send < 0:
                 send = self.model.boundary_ms(core.side, next_key, self._out_bytes[j - 1])
                 self._sends[link] = send
+        # Blocking transfers (``autoplan.cost.schedule``): this stage sends its activation
+        # and receives the gradient back; the next stage pays the same two transfers.
         return StageCostResult(
-            steady_ms=max(core.work_ms, send),
+            steady_ms=core.work_ms + 2 * send,
             fill_ms=core.work_ms + 2 * send,
             tail_ms=core.tail_ms,
             key=core.side,
             payload=(core.groups, core.zero1),
+            next_added_ms=2 * send,
         )
 
 

@@ -210,12 +210,12 @@ class _StageCoster:
         allreduce = 0.0
         if params > 0 and level <= 1:
             allreduce = _allreduce_ms(self.model, self.rank_groups[s], params)
-        tail = (
-            max(0.0, allreduce - backward)
-            + self.optimizer[level][s] * params
-            + self.step_overhead[s]
-        )
-        return max(work, send), work + 2 * send, tail
+        tail = allreduce + self.optimizer[level][s] * params + self.step_overhead[s]
+        # Blocking transfers (``autoplan.cost.schedule``): the stage pays both directions of
+        # the boundary to the next stage and of the one from the previous stage.
+        received = self.sends[s - 1][i] if s > 0 else 0.0
+        time = work + 2 * send + 2 * received
+        return time, time, tail
 
     def floor(self, s: int, i: int, j: int) -> float:
         """A lower bound on the stage's times for every end >= j: its compute, no
