@@ -20,12 +20,14 @@ import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 from autoplan.cluster.catalog import load_catalog
 from autoplan.errors import AutoplanError
 from autoplan.profile.schema import Profile
 from bench import megatron_table1 as megatron
 from bench.calibration_data import (
+    CALIBRATION_CSV,
     CALIBRATION_MACHINES,
     Row,
     calibration_profiles,
@@ -228,9 +230,58 @@ def report_calibration() -> None:
     print(f"\n({skipped} embedding backward passes not counted.)")
 
 
+# ---- part 4: whole iterations of real clusters ----------------------------------------------
+
+
+def report_measured_runs() -> None:
+    """Every run of ``../shared/calibration/measured_runs.csv``, its plan pinned: predicted
+    from the catalog alone and with ``layer_times.csv`` attached, against measured."""
+    from autoplan.calibrate.fidelity import fidelity_report
+    from autoplan.calibrate.measured_runs import read_measured_runs
+    from autoplan.files import read_json_model
+
+    root = CALIBRATION_CSV.parent
+    if not (root / "measured_runs.csv").is_file():
+        print("\n## 4. Measured runs: skipped (../shared/calibration/measured_runs.csv absent)")
+        return
+    profile = read_json_model(
+        Path(__file__).resolve().parents[1]
+        / "profiles"
+        / "calibration"
+        / "opt-350.megatron.tf32.profile.json",
+        Profile,
+    )
+    runs = read_measured_runs(root / "measured_runs.csv")
+    report = fidelity_report(runs, {"OPT-350": profile}, root / "layer_times.csv")
+    print("\n## 4. Whole iterations of real clusters (measured_runs.csv, plans pinned)")
+    print(
+        "OPT-350 (Megatron-DeepSpeed, TF32), each run's own cluster file and plan (1F1B);\n"
+        "error = predicted / measured - 1. 'sim' is the table's own simulator, for reference.\n"
+    )
+    print(
+        f"{'run':<7} {'site':<9} {'m':>4} {'measured':>9} {'catalog':>9} {'error':>7} "
+        f"{'layers':>9} {'error':>7} {'sim':>9}  plan"
+    )
+    for r in report.runs:
+        print(
+            f"{r.run:<7} {r.site:<9} {r.num_micro_batches:>4} {r.measured_s:>9.3f} "
+            f"{r.catalog_s:>9.3f} {r.catalog_error:>+7.1%} {r.measured_layers_s or 0:>9.3f} "
+            f"{r.measured_layers_error or 0:>+7.1%} {r.reference_simulator_s or 0:>9.3f}  "
+            f"{r.stages}"
+        )
+    print(f"\n{'group':<9} {'runs':>4}  catalog: median |e|, worst   with layers: median, worst")
+    for s in report.summaries:
+        print(
+            f"{s.group:<9} {s.runs:>4}  {s.catalog_median_abs_error:>17.1%} "
+            f"{s.catalog_worst_error:>+7.1%}   {s.measured_layers_median_abs_error or 0:>20.1%} "
+            f"{s.measured_layers_worst_error or 0:>+7.1%}"
+        )
+
+
 def main() -> None:
-    """Print the three fidelity tables."""
+    """Print the four fidelity tables."""
     started = time.perf_counter()
+    report_measured_runs()
     profiles = megatron.megatron_profiles()
     report_table1(profiles)
     report_free_choice(profiles)

@@ -18,15 +18,15 @@ e_s added, minimise
 Method: label setting from the last stage to the first. A label at layer i is a partial
 pipeline covering [i, L): (M, S, U) = (max a, Σ f, max t) so far, A = a of its first stage
 (before the stage in front of it adds its e), its stage count q, the resources it uses, and
-the key of its first stage. Prepending a stage with (a, f, t, e) gives (max(M, A + e, a),
-S + f + e, max(U, t)) and A = a. F is nondecreasing in M, S and U, and what the stages before
-i can add depends only on (i, q, resources used, key) (e too: it is a function of the
-prepended stage and the key); so a label b is dominated, and dropped, when another a at the
-same (i, key) has q, A and every resource <= b's and S_a + (m - 1)(M_a - M_b)^+ + (U_a -
-U_b)^+ <= S_b (``_dominates``: a larger max may be paid for by a smaller sum; with M, S, U
-all <= it is the plain Pareto rule; A_a <= A_b makes max(A_a + e, ·) <= max(A_b + e, ·)). Labels at i are
-final once every label at j > i has been extended, so positions are processed from L down
-to 1; the answer is the best F among labels at 0.
+the key of its first stage. Prepending a stage with (a, f, t, e) gives (max(M, A + e, a), S +
+f + e, max(U, t)) and A = a. F is nondecreasing in M, S and U, and what the stages before i
+can add depends only on (i, q, resources used, key) (e too: it is a function of the prepended
+stage and the key); so a label b is dominated, and dropped, when another a at the same (i,
+key) has q, A and every resource <= b's and S_a + (m - 1)(M_a - M_b)^+ + (U_a - U_b)^+ <= S_b
+(``_dominates``: a larger max may be paid for by a smaller sum; with M, S, U all <= it is the
+plain Pareto rule; A_a <= A_b makes max(A_a + e, ·) <= max(A_b + e, ·)). Labels at i are final
+once every label at j > i has been extended, so positions are processed from L down to 1; the
+answer is the best F among labels at 0.
 
 Pruning (exact: never drops a label that could beat the bound u, the best F found so far or
 given): ``floor_table(j)[o, i]`` is a lower bound on a_s and f_s of option o on [i, j), and

@@ -8,12 +8,11 @@ type or ``A+B`` (replicas of several types in one stage) and the layer range is 
 the cost model, so that predicted and measured iteration times can be set side by side (the
 fidelity report: ``autoplan calibrate check``, ``make bench``).
 
-How a row becomes a configuration:
+How a row becomes a configuration (``autoplan.plan.pricing.config_from_specs``, what
+``autoplan cost --stages`` runs):
 
-- replicas of a multi-type stage are split among its types so that every type of the stage
-  gets at least one replica and the whole plan fits in each type's GPU count (the row does
-  not say the split; where several splits fit, the one giving the earlier-listed type more
-  replicas is taken: it is unique on every row of the shipped table);
+- replicas of a multi-type stage are split among its types to fit the cluster (the row does
+  not say the split; on every row of the shipped table one split fits);
 - every replica runs ``micro_batch_per_replica`` samples of each micro-batch, so the
   micro-batch is ``dp × micro_batch_per_replica`` samples and the pipeline runs
   ``global_batch / micro-batch`` micro-batches (a row where that does not divide is an error);
@@ -27,23 +26,24 @@ calibration data's spelling) or taken as catalog names.
 from __future__ import annotations
 
 import csv
-import itertools
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from autoplan.cluster.schema import Cluster
-from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel, PlanCost
 from autoplan.errors import InputError
+from autoplan.plan.pricing import config_from_specs
+from autoplan.plan.stage_spec import parse_stages
 
 __all__ = [
     "MEASURED_GPU_NAMES",
     "MeasuredRun",
-    "RunStage",
+    "cost_run",
     "pinned_config",
     "read_measured_runs",
+    "run_cluster",
 ]
 
 # The calibration data's GPU names → catalog names.
@@ -57,24 +57,11 @@ MEASURED_GPU_NAMES = {
     "Titan-RTX": "Titan-RTX",
 }
 
-_STAGE = re.compile(r"^(?P<types>[^:]+):L(?P<first>\d+)-(?P<last>\d+):tp(?P<tp>\d+):dp(?P<dp>\d+)$")
-
-
-@dataclass(frozen=True)
-class RunStage:
-    """One pipeline stage of a measured run: layers first..last (inclusive) on ``dp``
-    replicas of ``tp`` GPUs of ``gpu_types`` (catalog names)."""
-
-    gpu_types: tuple[str, ...]
-    first_layer: int
-    last_layer: int
-    tp: int
-    dp: int
-
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """One row of a measured-runs table (module docstring)."""
+    """One row of a measured-runs table (module docstring); ``stages`` in the notation of
+    ``autoplan.plan.stage_spec``, GPU names as the catalog spells them."""
 
     name: str
     site: str
@@ -82,12 +69,11 @@ class MeasuredRun:
     cluster_file: Path
     global_batch: int
     micro_batch_per_replica: int
-    stages: tuple[RunStage, ...]
+    stages: str
     measured_iteration_s: float
     measured_grad_allreduce_s: float | None
     measured_max_memory_gib: float | None
     reference_simulator_s: float | None
-    gpus_by_type: dict[str, int]
 
     @property
     def group(self) -> str:
@@ -95,38 +81,12 @@ class MeasuredRun:
         return self.site
 
 
-def _gpu_name(name: str) -> str:
-    return MEASURED_GPU_NAMES.get(name, name)
+def _catalog_names(stages: str) -> str:
+    """The stage list with the table's GPU names replaced by the catalog's."""
+    return _GPU_TOKEN.sub(lambda m: MEASURED_GPU_NAMES.get(m.group(0), m.group(0)), stages)
 
 
-def parse_stages(text: str) -> tuple[RunStage, ...]:
-    """``TYPES:Lfirst-last:tpT:dpD | ...`` → stages (InputError naming the bad part)."""
-    stages = []
-    for part in (p.strip() for p in text.split("|")):
-        match = _STAGE.match(part)
-        if match is None:
-            raise InputError(
-                f"stage '{part}' is not TYPES:Lfirst-last:tpT:dpD (e.g. A100-40:L0-11:tp2:dp4)"
-            )
-        first, last = int(match["first"]), int(match["last"])
-        if last < first:
-            raise InputError(f"stage '{part}': layer range {first}-{last} is empty")
-        stages.append(
-            RunStage(
-                gpu_types=tuple(_gpu_name(t) for t in match["types"].split("+")),
-                first_layer=first,
-                last_layer=last,
-                tp=int(match["tp"]),
-                dp=int(match["dp"]),
-            )
-        )
-    for before, after in itertools.pairwise(stages):
-        if after.first_layer != before.last_layer + 1:
-            raise InputError(
-                f"stages must cover consecutive layers: {before.last_layer} is followed by "
-                f"{after.first_layer}"
-            )
-    return tuple(stages)
+_GPU_TOKEN = re.compile("|".join(sorted(map(re.escape, MEASURED_GPU_NAMES), key=len, reverse=True)))
 
 
 def _optional_float(text: str | None) -> float | None:
@@ -144,87 +104,36 @@ def read_measured_runs(path: str | Path) -> list[MeasuredRun]:
     runs = []
     for row in rows:
         try:
+            stages = _catalog_names(row["stages"])
+            parse_stages(stages)  # a bad row fails here, naming itself
             runs.append(
                 MeasuredRun(
                     name=row["run"],
-                    site=row.get("site", ""),
+                    site=row.get("site") or "",
                     model=row["model"],
                     cluster_file=path.parent / row["cluster_file"],
                     global_batch=int(row["global_batch"]),
                     micro_batch_per_replica=int(row["micro_batch_per_replica"]),
-                    stages=parse_stages(row["stages"]),
+                    stages=stages,
                     measured_iteration_s=float(row["measured_iteration_s"]),
                     measured_grad_allreduce_s=_optional_float(row.get("measured_grad_allreduce_s")),
                     measured_max_memory_gib=_optional_float(row.get("measured_max_memory_gib")),
                     reference_simulator_s=_optional_float(row.get("sailor_simulator_s")),
-                    gpus_by_type={
-                        _gpu_name(k): int(v)
-                        for k, v in json.loads(row.get("gpus_by_type") or "{}").items()
-                    },
                 )
             )
-        except (KeyError, ValueError) as error:
-            raise InputError(f"{path}: row {row.get('run', '?')}: {error}") from None
+        except (KeyError, ValueError, InputError) as error:
+            raise InputError(f"{path}: run {row.get('run', '?')}: {error}") from None
     return runs
-
-
-def _replica_splits(stage: RunStage) -> list[tuple[int, ...]]:
-    """Ways to split the stage's dp replicas among its types, each type at least one,
-    earlier-listed types first given more."""
-    k = len(stage.gpu_types)
-    splits = [
-        split
-        for split in itertools.product(range(1, stage.dp + 1), repeat=k)
-        if sum(split) == stage.dp
-    ]
-    return sorted(splits, reverse=True)
 
 
 def pinned_config(run: MeasuredRun, model: CostModel) -> PlanConfig:
     """The run's plan as a configuration of ``model``'s cluster (module docstring)."""
-    class_of: dict[str, int] = {}
-    available: dict[int, int] = {}
-    for dc in model.classes:
-        class_of.setdefault(dc.gpu.name, dc.index)
-        available[dc.index] = available.get(dc.index, 0) + dc.total_gpus
-    for stage in run.stages:
-        missing = [t for t in stage.gpu_types if t not in class_of]
-        if missing:
-            raise InputError(f"run {run.name}: the cluster has no {', '.join(missing)} GPUs")
-    choices = [_replica_splits(stage) for stage in run.stages]
-    for combination in itertools.product(*choices):
-        used: dict[int, int] = {}
-        for stage, split in zip(run.stages, combination, strict=True):
-            for gpu_type, replicas in zip(stage.gpu_types, split, strict=True):
-                k = class_of[gpu_type]
-                used[k] = used.get(k, 0) + replicas * stage.tp
-        if all(used[k] <= available[k] for k in used):
-            break
-    else:
-        raise InputError(f"run {run.name}: its stages need more GPUs than its cluster has")
-    stages = []
-    for stage, split in zip(run.stages, combination, strict=True):
-        groups = tuple(
-            ReplicaGroup(class_of[t], stage.tp, replicas, run.micro_batch_per_replica, "none")
-            for t, replicas in zip(stage.gpu_types, split, strict=True)
-        )
-        stages.append(StageChoice(stage.first_layer, stage.last_layer + 1, groups))
-    micro_batch = stages[0].samples
-    if any(s.samples != micro_batch for s in stages) or run.global_batch % micro_batch:
-        raise InputError(
-            f"run {run.name}: global batch {run.global_batch} is not a whole number of "
-            f"micro-batches of {micro_batch} samples in every stage"
-        )
-    if stages[-1].layer_end != len(model.profile.layers) or stages[0].layer_start != 0:
-        raise InputError(
-            f"run {run.name}: its stages cover layers 0-{stages[-1].layer_end - 1}; the profile "
-            f"has {len(model.profile.layers)} layers"
-        )
-    return PlanConfig(
-        num_micro_batches=run.global_batch // micro_batch,
+    return config_from_specs(
+        model,
+        parse_stages(run.stages),
+        global_batch=run.global_batch,
+        micro_batch_size=run.micro_batch_per_replica,
         schedule="1f1b",
-        chunks=1,
-        stages=tuple(stages),
     )
 
 

@@ -88,3 +88,96 @@ def calibrate_command(
             f"note: {name} ran faster than its peak allows; its efficiency is capped at 1"
         )
     console.print(f"wrote {output}")
+
+
+def _profiles(given: list[str]) -> dict[str, object]:
+    """``--profile MODEL=PATH`` (or one ``PATH`` for every run) → {model: Profile}."""
+    from autoplan.profile.schema import Profile
+
+    out: dict[str, object] = {}
+    for item in given:
+        name, sep, path = item.rpartition("=")
+        if not sep:
+            name, path = "", item
+        out[name] = read_json_model(path, Profile)
+    return out
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+@command("fidelity")
+def fidelity_command(
+    runs: Annotated[Path, typer.Argument(help="Measured runs (CSV: run, cluster_file, stages…).")],
+    profile: Annotated[
+        list[str],
+        typer.Option(
+            "--profile",
+            help="MODEL=PATH for each model of the table, or one PATH for every run.",
+        ),
+    ],
+    layer_times: Annotated[
+        Path | None,
+        typer.Option(
+            "--layer-times",
+            help="Measured per-layer times (CSV/JSON) to attach for a second prediction.",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Also write the report as JSON.")
+    ] = None,
+) -> None:
+    """Cost every measured run with its plan pinned; print predicted against measured."""
+    from autoplan.calibrate.fidelity import fidelity_report
+    from autoplan.calibrate.measured_runs import read_measured_runs
+    from autoplan.files import write_json_model
+
+    report = fidelity_report(
+        read_measured_runs(runs),
+        _profiles(profile),  # type: ignore[arg-type]
+        layer_times,
+    )
+    if output is not None:
+        write_json_model(output, report)
+    table = Table(title="iteration time, measured vs predicted (error: predicted / measured - 1)")
+    columns = ["run", "site", "plan", "m", "measured s", "catalog s", "error"]
+    if layer_times is not None:
+        columns += ["with layers s", "error"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("run", "site", "plan") else "right")
+    for run in report.runs:
+        cells = [
+            run.run,
+            run.site,
+            run.stages,
+            str(run.num_micro_batches),
+            f"{run.measured_s:.3f}",
+            f"{run.catalog_s:.3f}",
+            _percent(run.catalog_error),
+        ]
+        if layer_times is not None:
+            cells += [
+                "-" if run.measured_layers_s is None else f"{run.measured_layers_s:.3f}",
+                _percent(run.measured_layers_error),
+            ]
+        table.add_row(*cells)
+    summary = Table(title="median |error| and worst error")
+    for column in ("group", "runs", "catalog median", "worst", "with layers median", "worst"):
+        summary.add_column(column, justify="left" if column == "group" else "right")
+    for s in report.summaries:
+        summary.add_row(
+            s.group,
+            str(s.runs),
+            f"{s.catalog_median_abs_error:.1%}",
+            _percent(s.catalog_worst_error),
+            "-"
+            if s.measured_layers_median_abs_error is None
+            else f"{s.measured_layers_median_abs_error:.1%}",
+            _percent(s.measured_layers_worst_error),
+        )
+    console = _console()
+    console.print(table)
+    console.print(summary)
+    if output is not None:
+        console.print(f"wrote {output}")

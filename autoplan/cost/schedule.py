@@ -82,9 +82,7 @@ def blocking_stage_times(
     """Per-micro-batch time of each pipeline rank with blocking transfers (module docstring):
     its work + twice what it sends on (activation out, gradient in) + twice what it receives
     (activation in, gradient out)."""
-    return [
-        c + 2 * x + 2 * y for c, x, y in zip(work_ms, sends_out_ms, sends_in_ms, strict=True)
-    ]
+    return [c + 2 * x + 2 * y for c, x, y in zip(work_ms, sends_out_ms, sends_in_ms, strict=True)]
 
 
 def interleaved_ok(num_micro_batches: int, pipeline_degree: int) -> bool:

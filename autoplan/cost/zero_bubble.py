@@ -15,8 +15,8 @@ list in order; an action starts when the rank is free and what it waits for has 
 B or I plus the send; a W: only its own I, earlier on the same rank); sends on one directed
 link between two ranks queue one after another. Transfers block both sides
 (``autoplan.cost.schedule``): the sender's rank is busy until its send has gone, and the
-receiver's action spends the transfer receiving before it computes. It is exact for the given per-stage times
-(the event simulator plays the same rules with replicas and the tail, and
+receiver's action spends the transfer receiving before it computes. It is exact for the
+given per-stage times (the event simulator plays the same rules with replicas and the tail, and
 tests/test_simulate_zero_bubble.py checks the two agree); for
 pp = 1 or uniform stages it reduces to the closed forms tests/test_cost_zero_bubble.py checks,
 e.g. 1F1B's (m − 1)·(F + B) + p·(F + B) and ZB-H1's m·(F + I + W) + (p − 1)·(F + I − W).
@@ -98,12 +98,15 @@ def play_ms(
                 start = max(free[rank], ready)
                 s = action.stage
                 received = _received_ms(action, rank, rank_of, sends, num_stages)
-                duration = received + {
-                    "F": forward_ms[s],
-                    "I": input_ms[s],
-                    "W": weight_ms[s],
-                    "B": input_ms[s] + weight_ms[s],
-                }[action.kind]
+                duration = (
+                    received
+                    + {
+                        "F": forward_ms[s],
+                        "I": input_ms[s],
+                        "W": weight_ms[s],
+                        "B": input_ms[s] + weight_ms[s],
+                    }[action.kind]
+                )
                 free[rank] = start + duration
                 # A result goes out when its action ends (PyTorch sends the input gradient
                 # after a full B, not midway).

@@ -34,8 +34,9 @@ which the plan's prediction comes from, played here with replicas, links and the
 
 Gradients are all-reduced once per iteration over each pipeline rank's replicas (its stages
 share them), taking ``rank_dp_allreduce_ms`` of the rank, after the last replica has ended its
-last backward (B or W: the weight gradients are what it reduces) and its sends: the pipeline engines of
-Megatron-DeepSpeed and DeepSpeed, and autoplan's groups executor, reduce after the schedule
+last backward (B or W: the weight gradients are what it reduces) and its sends: the pipeline
+engines of Megatron-DeepSpeed and DeepSpeed, and autoplan's groups executor, reduce after the
+schedule
 (PyTorch's PipelineStage under DDP could start it during the last backward; the model does not
 count on that). Then every replica steps its optimizer (``breakdown.optimizer_ms``).
 

@@ -204,7 +204,7 @@ class _StageCoster:
             return None
         level, mode = choice
         t = self.tables[s]
-        work, backward = self._work(s, i, j, mode, level)
+        work, _ = self._work(s, i, j, mode, level)
         send = self.sends[s][j]
         params = t.params[j] - t.params[i]
         allreduce = 0.0

@@ -1,0 +1,172 @@
+"""How far the cost model is from real runs: every measured run costed with its plan pinned.
+
+For each run of a measured-runs table (``autoplan.calibrate.measured_runs``) the cost model
+prices the run's own configuration on the run's own cluster, twice where a per-layer table is
+given: from the GPU catalog alone (what a user without measurements gets) and with the
+table's measured layer times attached (``autoplan.profile.measured_table.attach``: what
+``autoplan profile import`` does). The error of a prediction is predicted / measured − 1
+(negative: the model is optimistic). A report groups the runs by site and gives the median
+and worst absolute error of each group and of all runs.
+
+``autoplan fidelity`` prints it; ``make bench`` prints it for ``../shared/calibration``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoplan.calibrate.measured_runs import (
+    MEASURED_GPU_NAMES,
+    MeasuredRun,
+    cost_run,
+    run_cluster,
+)
+from autoplan.cluster.catalog import gpu_specs
+from autoplan.cost.model import CostModel
+from autoplan.errors import InputError
+from autoplan.profile.measured_table import TableRow, attach, read_table
+from autoplan.profile.schema import Profile
+
+__all__ = [
+    "FIDELITY_SCHEMA_VERSION",
+    "FidelityReport",
+    "FidelityRun",
+    "FidelitySummary",
+    "fidelity_report",
+]
+
+FIDELITY_SCHEMA_VERSION = 1
+
+
+class FidelityRun(BaseModel):
+    """One measured run beside what the cost model predicts for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run: str = Field(description="The run's name in the table.")
+    site: str = Field(description="Where it ran (the report's groups).")
+    model: str = Field(description="The model trained.")
+    stages: str = Field(description="Its plan, TYPES:Lfirst-last:tpT:dpD per stage.")
+    num_micro_batches: int = Field(ge=1, description="Micro-batches per iteration.")
+    measured_s: float = Field(gt=0, description="Measured iteration time.")
+    catalog_s: float = Field(gt=0, description="Predicted from the GPU catalog alone.")
+    catalog_error: float = Field(description="catalog_s / measured_s − 1.")
+    measured_layers_s: float | None = Field(
+        default=None, description="Predicted with the measured layer times attached."
+    )
+    measured_layers_error: float | None = Field(
+        default=None, description="measured_layers_s / measured_s − 1."
+    )
+    reference_simulator_s: float | None = Field(
+        default=None, description="What the table's own simulator predicted, for reference."
+    )
+    fits: bool = Field(description="Whether the cost model says the plan fits memory.")
+
+
+class FidelitySummary(BaseModel):
+    """Median and worst absolute error of a group of runs, per prediction."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group: str = Field(description="A site, or 'all'.")
+    runs: int = Field(ge=1)
+    catalog_median_abs_error: float = Field(ge=0)
+    catalog_worst_error: float
+    measured_layers_median_abs_error: float | None = None
+    measured_layers_worst_error: float | None = None
+
+
+class FidelityReport(BaseModel):
+    """Every run and the summaries (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = Field(default=FIDELITY_SCHEMA_VERSION)
+    runs: list[FidelityRun]
+    summaries: list[FidelitySummary]
+
+
+def _worst(errors: list[float]) -> float:
+    return max(errors, key=abs)
+
+
+def _summary(group: str, runs: list[FidelityRun]) -> FidelitySummary:
+    catalog = [r.catalog_error for r in runs]
+    layers = [r.measured_layers_error for r in runs if r.measured_layers_error is not None]
+    return FidelitySummary(
+        group=group,
+        runs=len(runs),
+        catalog_median_abs_error=statistics.median(abs(e) for e in catalog),
+        catalog_worst_error=_worst(catalog),
+        measured_layers_median_abs_error=(
+            statistics.median(abs(e) for e in layers) if layers else None
+        ),
+        measured_layers_worst_error=_worst(layers) if layers else None,
+    )
+
+
+def _profile_for(run: MeasuredRun, profiles: dict[str, Profile]) -> Profile:
+    if run.model in profiles:
+        return profiles[run.model]
+    if len(profiles) == 1 and "" in profiles:
+        return profiles[""]
+    known = ", ".join(sorted(p for p in profiles if p)) or "none"
+    raise InputError(
+        f"run {run.name} trains {run.model}: give its profile as --profile {run.model}=PATH "
+        f"(profiles given for: {known})"
+    )
+
+
+def fidelity_report(
+    runs: Sequence[MeasuredRun],
+    profiles: dict[str, Profile],
+    layer_times: str | Path | None = None,
+) -> FidelityReport:
+    """Cost every run (module docstring). ``profiles`` maps a model name of the table to its
+    profile ('' for one profile that serves every run); ``layer_times`` is a per-layer table
+    (CSV or JSON, ``autoplan.profile.measured_table``) whose rows of each run's model are
+    attached for the second prediction."""
+    rows: dict[str, list[TableRow]] = {}
+    out = []
+    for run in runs:
+        profile = _profile_for(run, profiles)
+        cluster = run_cluster(run)
+        specs = gpu_specs(cluster)
+        config, catalog = cost_run(run, CostModel(profile, cluster, specs))
+        with_layers = None
+        if layer_times is not None:
+            if run.model not in rows:
+                rows[run.model] = read_table(
+                    layer_times, model=run.model, gpu_names=MEASURED_GPU_NAMES
+                )
+            measured = attach(profile, rows[run.model], str(layer_times))
+            _, with_layers = cost_run(run, CostModel(measured, cluster, specs))
+        measured_s = run.measured_iteration_s
+        out.append(
+            FidelityRun(
+                run=run.name,
+                site=run.site,
+                model=run.model,
+                stages=run.stages,
+                num_micro_batches=config.num_micro_batches,
+                measured_s=measured_s,
+                catalog_s=catalog.iteration_ms / 1e3,
+                catalog_error=catalog.iteration_ms / 1e3 / measured_s - 1,
+                measured_layers_s=None if with_layers is None else with_layers.iteration_ms / 1e3,
+                measured_layers_error=(
+                    None if with_layers is None else with_layers.iteration_ms / 1e3 / measured_s - 1
+                ),
+                reference_simulator_s=run.reference_simulator_s,
+                fits=catalog.feasible,
+            )
+        )
+    if not out:
+        raise InputError("the measured-runs table has no runs")
+    sites = sorted({r.site for r in out})
+    summaries = [_summary(site, [r for r in out if r.site == site]) for site in sites]
+    summaries.append(_summary("all", out))
+    return FidelityReport(runs=out, summaries=summaries)
