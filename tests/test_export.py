@@ -286,7 +286,8 @@ def solved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # ZeRO-3 solve is the data-parallel plan torchtitan and DeepSpeed take at level 3.
     zero = ("--zero", "1")
     return {
-        "edge": _solve(tmp, "llama2-7b", "a100-v100", 64, "--pp", "2", *zero),
+        # 1F1B pinned: with blocking transfers the free choice interleaves instead.
+        "edge": _solve(tmp, "llama2-7b", "a100-v100", 64, "--pp", "2", "--schedule", "1f1b", *zero),
         "interleaved": _solve(tmp, "megatron-1.7b", "a100x8", 64, "--pp", "2", "--tp", "2", *zero),
         "data": _solve(tmp, "gpt2-small", "a100x8", 32, *zero),
         "mixed": _solve(tmp, "gpt2-small", "a100-v100", 512, *zero),
