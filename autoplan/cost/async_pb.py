@@ -1,8 +1,8 @@
 """Cost of a configuration run as asynchronous Pipelined Backpropagation (``async_pb``).
 
 Time: the pipeline never flushes, so in the steady state every pipeline rank r takes, per
-micro-batch, t_r = max(c_r, send_r) + exposed_r + step_r: its forward + backward (or its send,
-when the link is slower), the part of its gradient all-reduce over replicas that its backward
+micro-batch, t_r = c_r + 2 x_{r-1} + 2 x_r + exposed_r + step_r: its forward + backward and
+its blocking transfers on both sides (``autoplan.cost.schedule``), the part of its gradient all-reduce over replicas that its backward
 does not hide (each micro-batch's gradient is applied at once, so data parallelism pays one
 all-reduce per micro-batch), and its optimizer step, now once per micro-batch. The slowest rank
 sets the pace and nobody waits on a fill or drain: an iteration of m micro-batches takes
@@ -93,7 +93,8 @@ def async_pb_cost(model: CostModel, config: PlanConfig) -> AsyncCost:
         ]
         allreduce = sync.rank_allreduce_ms[r]
         exposed = max(0.0, allreduce - min(g.backward_ms for g in cost.groups))
-        per_mb.append(max(cost.work_ms, cost.send_ms) + exposed + max(steps))
+        received = sync.stages[r - 1].send_ms if r > 0 else 0.0
+        per_mb.append(cost.work_ms + 2 * cost.send_ms + 2 * received + exposed + max(steps))
     memory, violations = [], []
     for mem in sync.memory:
         r = mem.pipeline_rank
