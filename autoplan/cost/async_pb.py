@@ -1,13 +1,14 @@
 """Cost of a configuration run as asynchronous Pipelined Backpropagation (``async_pb``).
 
 Time: the pipeline never flushes, so in the steady state every pipeline rank r takes, per
-micro-batch, t_r = c_r + 2 x_{r-1} + 2 x_r + exposed_r + step_r: its forward + backward and
-its blocking transfers on both sides (``autoplan.cost.schedule``), the part of its gradient
+micro-batch, t_r = c_r + 2 x_{r-1} + 2 x_r + exposed_r + step_r: its forward + backward and its
+blocking transfers on both sides (``autoplan.cost.schedule``), the part of its gradient
 all-reduce over replicas that its backward does not hide (each micro-batch's gradient is
 applied at once, so data parallelism pays one all-reduce per micro-batch), and its optimizer
-step, now once per micro-batch. The slowest rank sets the pace and nobody waits on a fill or drain: an iteration of m micro-batches takes
-m × max_r t_r, with no bubble (the one-time fill of a stream of many iterations is amortised
-to nothing; ``autoplan.runtime.async_pb`` runs exactly this order).
+step, now once per micro-batch. The slowest rank sets the pace and nobody waits on a fill or
+drain: an iteration of m micro-batches takes m × max_r t_r, with no bubble (the one-time fill
+of a stream of many iterations is amortised to nothing; ``autoplan.runtime.async_pb`` runs
+exactly this order).
 
 Memory: rank r holds the activations of p − r micro-batches in flight, as in 1F1B, and, for
 each of them, the copy of its weights the forward used (the stashed version, or the predicted
