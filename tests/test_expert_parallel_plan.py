@@ -105,7 +105,7 @@ def test_the_validator_checks_ep_against_the_experts(solved) -> None:
     dense = profile.model_copy(
         update={"layers": [layer.model_copy(update={"experts": None}) for layer in profile.layers]}
     )
-    with pytest.raises(PlanInvalidError, match="its layers have no experts"):
+    with pytest.raises(PlanInvalidError, match="the model has no mixture-of-experts layers"):
         validate_plan(plan, dense)
 
 

@@ -131,7 +131,7 @@ def _check_experts_without_sp(plan: Plan, profile: Profile | None, problems: lis
 def _check_expert_parallel(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
     """ep cuts a stage's replicas into expert groups of ep consecutive replicas, each of one
     GPU type, tp and share (its ranks exchange equal slot buffers); ep divides the experts of
-    every MoE layer of the stage (with the profile: and the stage has some); ZeRO 0 or 1 with
+    every MoE layer of the stage (with the profile: and the model has some); ZeRO 0 or 1 with
     it (``autoplan.cost.expert_parallel``)."""
     for stage in plan.stages:
         ep = stage.expert_parallel_degree
@@ -166,8 +166,10 @@ def _check_expert_parallel(plan: Plan, profile: Profile | None, problems: list[s
             for layer in profile.layers[stage.layer_start : stage.layer_end]
             if layer.experts is not None
         }
-        if not counts:
-            problems.append(f"{where}: its layers have no experts")
+        # A stage without MoE layers (an embedding alone) may carry the plan's ep: it then
+        # only groups its ZeRO-1 shards by expert index. A model without any may not.
+        if not any(layer.experts is not None for layer in profile.layers):
+            problems.append(f"{where}: the model has no mixture-of-experts layers")
         for count in sorted(c for c in counts if c % ep):
             problems.append(f"{where}: ep must divide the {count} experts of its MoE layers")
 
