@@ -2,7 +2,7 @@
 4 experts, top 2, a shared expert) trained under torchrun on gloo with its experts split over
 ep ranks equals single-process training within 1e-10, for ep 2 alone, ep 2 with two expert
 groups (dp 4: expert gradients summed across groups; and with ZeRO-1 over the replicas of one
-expert index), ep 2 × tp 2, and ep 2 × pp 2 with full recompute
+expert index), ep 2 × tp 2, ep 2 × pp 2 with full recompute, and ep 2 × pp 2 interleaved
 (the recomputed forward exchanges its tokens again inside the backward).
 
 moe-tiny's capacity factor leaves every expert a slot for every token, so no pick drops
@@ -56,6 +56,18 @@ def _plans() -> dict[str, Plan]:
         "ep2_tp2": _with_ep(
             make_plan(
                 [6], model="moe-tiny", data_parallel=2, tensor_parallel=2, num_micro_batches=2
+            ),
+            2,
+        ),
+        # Interleaved 1F1B: two stages per pipeline rank, each exchanging on the rank's groups.
+        "ep2_pp2_interleaved": _with_ep(
+            make_plan(
+                [1, 2, 2, 1],
+                model="moe-tiny",
+                data_parallel=2,
+                virtual_stages_per_rank=2,
+                schedule="interleaved_1f1b",
+                num_micro_batches=4,
             ),
             2,
         ),
