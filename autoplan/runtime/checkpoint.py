@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from autoplan.errors import InputError
@@ -325,12 +326,13 @@ def load_checkpoint(path: Path, engine: Engine, loss_scale: DynamicLossScale | N
     state = {**training_state(engine, for_loading=True), **scale}
     try:
         dcp.load(state, checkpoint_id=path)
-    except (RuntimeError, ValueError) as error:
-        # DCP wraps a missing key or a shape mismatch in a CheckpointException (a
-        # RuntimeError); its first line names the key.
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    except CheckpointException as error:
+        # DCP gathers each rank's failure (a missing key, a shape that does not match): the
+        # first one's message names the key.
+        causes = [failure[0] for failure in error.failures.values()]
+        first = (str(causes[0]) if causes else str(error)).strip().splitlines() or ["?"]
         raise InputError(
-            f"checkpoint {printable(str(path))} does not fit this plan's model: {first[:300]}"
+            f"checkpoint {printable(str(path))} does not fit this plan's model: {first[0][:300]}"
         ) from None
     if loss_scale is not None:
         loss_scale.value = float(scale["loss_scale.value"])
