@@ -364,5 +364,6 @@ def test_an_fp16_runs_loss_scale_is_saved_and_restored(tmp_path: Path) -> None:
     # A model whose names differ (a plan of another model) is one line, naming the key.
     other = torch.nn.Sequential(torch.nn.Linear(3, 2))
     stranger = SimpleNamespace(models=[other], optimizers=[torch.optim.AdamW(other.parameters())])
-    with pytest.raises(InputError, match=r"does not fit this plan's model: Missing key .* model\.0\."):
+    refusal = r"does not fit this plan's model: Missing key .* model\.0\."
+    with pytest.raises(InputError, match=refusal):
         load_checkpoint(path, stranger)
