@@ -155,3 +155,17 @@ def test_sequence_parallelism_is_refused_on_experts(solved, tmp_path: Path) -> N
     )
     assert result.exit_code == 2
     assert "sequence parallelism is not run on mixture-of-experts models" in result.output
+
+
+def test_a_pinned_ep_counts_in_the_gpus_asked(solved, tmp_path: Path) -> None:
+    _, profile, _ = solved
+    write_json_model(tmp_path / "profile.json", profile)
+    result = runner.invoke(
+        app,
+        [
+            *("solve", str(tmp_path / "profile.json"), "--cluster", "cpu-local"),
+            *("--global-batch", "8", "--pp", "2", "--ep", "4", "-o", str(tmp_path / "p.json")),
+        ],
+    )
+    assert result.exit_code == 2
+    assert "pp × dp × tp = 8 GPUs asked (dp at least ep 4); the cluster has 4" in result.output

@@ -2,8 +2,8 @@
 4 experts, top 2, a shared expert) trained under torchrun on gloo with its experts split over
 ep ranks equals single-process training within 1e-10, for ep 2 alone, ep 2 with two expert
 groups (dp 4: expert gradients summed across groups; and with ZeRO-1 over the replicas of one
-expert index), ep 2 × tp 2, ep 2 × pp 2 with full recompute, and ep 2 × pp 2 interleaved
-(the recomputed forward exchanges its tokens again inside the backward).
+expert index), ep 2 × tp 2, ep 2 × pp 2 with full recompute (the recomputed forward exchanges
+its tokens again inside the backward), and ep 2 × pp 2 interleaved.
 
 moe-tiny's capacity factor leaves every expert a slot for every token, so no pick drops
 however the batch is split; its router is the model's own, seeded: deterministic. Each rank's

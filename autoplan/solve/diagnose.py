@@ -60,12 +60,15 @@ def _diagnose_counts(model: CostModel, options: SolveOptions) -> Diagnosis | Non
             f"and the GPUs per node {per_node}",
         )
     asked = 1
-    for value in (options.tp, options.dp, options.pp):
+    # A pinned ep needs at least ep replicas in every stage (its expert groups).
+    ep = options.expert_parallel or 1
+    for value in (options.tp, max(options.dp or 1, ep), options.pp):
         asked *= value or 1
     if asked > gpus:
+        floor = f" (dp at least ep {ep})" if ep > (options.dp or 1) else ""
         return Diagnosis(
             f"pp × dp × tp = {asked} > {gpus} GPUs",
-            f"pp × dp × tp = {asked} GPUs asked; the cluster has {gpus}",
+            f"pp × dp × tp = {asked} GPUs asked{floor}; the cluster has {gpus}",
         )
     return None
 
