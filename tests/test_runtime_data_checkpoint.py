@@ -23,7 +23,7 @@ from autoplan.runtime.checkpoint import (
     latest_checkpoint,
     step_dir,
 )
-from autoplan.runtime.data import Batch
+from autoplan.runtime.data import Batch, replica_rows
 from autoplan.runtime.report import RunReport
 from autoplan.runtime.token_data import (
     TOKEN_DTYPES,
@@ -154,6 +154,11 @@ def test_each_replica_reads_the_rows_of_its_share() -> None:
     # A uniform plan of dp 2 (mesh executor): replica d's block of share × m rows.
     uniform = make_plan([6], data_parallel=2, num_micro_batches=2, micro_batch_size=2)
     assert [rank_rows(uniform, rank) for rank in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # Uneven shares on the mesh executor: the rows are the block it slices (replica_rows).
+    uneven = make_plan([3, 3], num_micro_batches=2, replica_micro_batch_sizes=[1, 3])
+    for rank, entry in enumerate(uneven.rank_map):
+        block = replica_rows(uneven, entry.dp_index)
+        assert rank_rows(uneven, rank) == list(range(block.start, block.stop))
 
 
 def test_a_rank_reads_only_its_rows_of_the_file(tmp_path: Path) -> None:
