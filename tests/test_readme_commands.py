@@ -103,6 +103,24 @@ SUBSTITUTIONS: dict[str, tuple[list[str], str]] = {
     ),
 }
 
+_FIDELITY = (
+    "autoplan fidelity ../shared/calibration/measured_runs.csv --profile "
+    "OPT-350=profiles/calibration/opt-350.megatron.tf32.profile.json --layer-times "
+    "../shared/calibration/layer_times.csv"
+)
+_CALIBRATION = REPO.parent / "shared" / "calibration"
+SUBSTITUTIONS[_FIDELITY] = (
+    [
+        f"autoplan fidelity {_CALIBRATION / 'measured_runs.csv'} --profile OPT-350="
+        f"{REPO / 'profiles/calibration/opt-350.megatron.tf32.profile.json'} --layer-times "
+        f"{_CALIBRATION / 'layer_times.csv'}"
+        if (_CALIBRATION / "measured_runs.csv").is_file()
+        else "autoplan fidelity --help"
+    ],
+    "the README names ../shared beside the repository; the test runs in a folder of its own "
+    "(where ../shared is absent, only the command's help)",
+)
+
 # Bash lines that are not autoplan commands, and why they are not run here.
 NOT_RUN: dict[str, str] = {
     "make demo": "sets up .venv and runs scripts/demo.sh (a minute); its steps are the "
@@ -116,6 +134,7 @@ NOT_RUN: dict[str, str] = {
 # beside the ordered chain of the rest. Why each may.
 BESIDE: list[tuple[list[str], str]] = [
     (["autoplan models"], "reads and writes no file"),
+    ([_FIDELITY], "reads shipped files only and writes none"),
     (
         ["autoplan profile mypkg.models:build --seq 1024 -o mine.json"],
         "writes mine.json, which no other line reads",
