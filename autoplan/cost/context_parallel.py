@@ -18,7 +18,9 @@ travel around the ring (Liu et al. 2023, "Ring Attention"; torch's
   chunk it holds to the next rank while it attends to it (forward), and the K, V chunk with
   its accumulated dK, dV (twice the bytes) in backward. A step's send overlaps that step's
   share of the core (1/c of the rank's core time): exposed per pass = (c − 1) ·
-  max(0, send − core / c) (``ring_attention_comm``). The send is one point-to-point message,
+  max(0, send − core / c) (``ring_attention_comm``). Backward ends with one more hop that
+  nothing overlaps: each chunk's dK, dV (the K, V chunk's bytes) back to its owner (as torch's
+  ring and ``autoplan.runtime.context_parallel`` do). The send is one point-to-point message,
   α + S / β, on the intra-node link when the tp·c GPUs of a replica share a node.
 - **Memory.** Saved activations are the chunk's (1/c); the ring holds one K, V chunk in
   flight besides the one in use (``RingComm.buffer_bytes``, a transient).
@@ -95,7 +97,7 @@ class RingComm:
     forward_send_ms: float  # one forward step's send (K, V chunk)
     backward_send_ms: float  # one backward step's send (K, V and dK, dV)
     forward_ms: float  # exposed in forward: steps · max(0, send − core step)
-    backward_ms: float  # exposed in backward
+    backward_ms: float  # exposed in backward, the last hop of dK, dV included
     buffer_bytes: float  # the chunk in flight beside the one in use (transient)
 
 
@@ -122,6 +124,7 @@ def ring_attention_comm(
         forward_send_ms=forward_send,
         backward_send_ms=backward_send,
         forward_ms=steps * max(0.0, forward_send - core_forward_ms / cp),
-        backward_ms=steps * max(0.0, backward_send - core_backward_ms / cp),
+        # + the last hop: each chunk's dK, dV (as many bytes as the chunk) to its owner.
+        backward_ms=steps * max(0.0, backward_send - core_backward_ms / cp) + forward_send,
         buffer_bytes=chunk_kv_bytes,
     )

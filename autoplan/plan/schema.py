@@ -216,13 +216,14 @@ class Replica(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Replica:
-        gpus = self.tensor_parallel_degree * self.context_parallel_degree
-        if len(self.ranks) != gpus:
-            raise ValueError(
-                f"replica on {self.node} lists {len(self.ranks)} ranks; its "
-                f"tensor_parallel_degree ({self.tensor_parallel_degree}) × "
-                f"context_parallel_degree ({self.context_parallel_degree}) is {gpus}"
-            )
+        tp, cp = self.tensor_parallel_degree, self.context_parallel_degree
+        if len(self.ranks) != tp * cp:
+            degree = f"tensor_parallel_degree is {tp}"
+            if cp > 1:
+                degree = (
+                    f"tensor_parallel_degree ({tp}) × context_parallel_degree ({cp}) is {tp * cp}"
+                )
+            raise ValueError(f"replica on {self.node} lists {len(self.ranks)} ranks; its {degree}")
         return self
 
 
