@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from autoplan.errors import InputError
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
 from autoplan.solve.context_parallel import cp_choices
+from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 from tests.test_solver_oracle import brute_force, brute_force_hetero, instances
 
 # cp searched at any length (the synthetic sequences are short); SP and the zero-bubble
@@ -65,3 +68,23 @@ def test_the_oracle_instances_have_both_degrees_win() -> None:
     """Runs after the oracle test (file order): cp 2 is the best on some instances and not on
     others, so the equality above is tested on both sides."""
     assert {1, 2} == SEEN
+
+
+def test_degrees_searched_follow_the_nodes_and_the_sequence() -> None:
+    def model(seq_len: int, per_node: int, attention: bool = True):
+        layers = [layer(i, flops=10**12, params=10**6, saved=10**6, output=10**6) for i in range(2)]
+        if not attention:
+            layers = [x.model_copy(update={"selective_recompute_flops": 0}) for x in layers]
+        cluster = make_cluster([("a", gpu("A", 100.0, 80.0), per_node, 1)])
+        return cost_model(make_profile(layers, seq_len=seq_len), cluster, SolveOptions())
+
+    default = SolveOptions()
+    assert cp_choices(model(8192, 8), default) == [1, 2, 4, 8]
+    assert cp_choices(model(8192, 4), default) == [1, 2, 4]  # within a node
+    assert cp_choices(model(8196, 8), default) == [1, 2]  # 2·cp must divide 8196 tokens
+    assert cp_choices(model(4096, 8), default) == [1]  # below cp_min_seq_len
+    assert cp_choices(model(8192, 8, attention=False), default) == [1]
+    assert cp_choices(model(8192, 8), SolveOptions(strategy="megatron")) == [1]
+    assert cp_choices(model(4096, 8), SolveOptions(cp=4)) == [4]
+    with pytest.raises(InputError, match="--cp 3: 2 × 3 load-balanced chunks"):
+        cp_choices(model(4096, 8), SolveOptions(cp=3))
