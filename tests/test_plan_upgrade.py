@@ -63,7 +63,7 @@ def test_show_and_simulate_read_a_version_1_plan(tmp_path: Path) -> None:
     path = DATA / "gpt2-small-a100-v100-shares.json"
     shown = runner.invoke(app, ["show", str(path)])
     assert shown.exit_code == 0, shown.output
-    assert "15 samples" in shown.output and "V100-32GB" in shown.output
+    assert "micro-batch 15" in shown.output and "V100-32GB" in shown.output
     simulated = runner.invoke(app, ["simulate", str(path), "--trace", str(tmp_path / "t.json")])
     assert simulated.exit_code == 0, simulated.output
     assert json.loads((tmp_path / "t.json").read_text())

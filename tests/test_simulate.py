@@ -460,7 +460,7 @@ def test_memory_curves_per_replica_from_replica_timings() -> None:
     result = simulate_plan(plan)
     assert result.activation_bytes_source == "plan"
     assert [r.peak_bytes for r in result.replicas] == [4000 + 300 + 50, 4000 + 120 + 50]
-    assert [r.label for r in result.replicas] == ["cpu tp1, 3 samples", "cpu tp1, 1 samples"]
+    assert [r.label for r in result.replicas] == ["cpu tp1, 3 samples", "cpu tp1, 1 sample"]
 
 
 def test_replica_timings_must_cover_every_replica() -> None:

@@ -482,7 +482,7 @@ def test_every_replica_kind_needs_a_memory_estimate() -> None:
     assert kinds == [(0, "cpu", 1), (0, "cpu", 1), (1, "cpu2", 2), (2, "cpu", 1)]
     memory = [m for m in plan.prediction.memory if m.micro_batch_size != 1]
     message = _problems(_replace_prediction(plan, memory=memory))
-    assert "no memory estimate for pipeline rank 0's cpu tp 1 replicas with 1 samples" in message
+    assert "no memory estimate for pipeline rank 0's cpu tp 1 replicas with 1 sample" in message
     wrong = _replace_estimate(plan, 2, tensor_parallel_degree=1)
     message = _problems(wrong)
     assert "no memory estimate for pipeline rank 1's cpu2 tp 2 replicas with 4 samples" in message

@@ -230,7 +230,10 @@ def _replicas_of_rank(plan: Plan) -> dict[int, list[Replica]]:
 
 def _kind_text(kind: _Kind) -> str:
     p, gpu_type, tp, share = kind
-    return f"pipeline rank {p}'s {gpu_type} tp {tp} replicas with {share} samples"
+    return (
+        f"pipeline rank {p}'s {gpu_type} tp {tp} replicas with {share} "
+        f"sample{'' if share == 1 else 's'}"
+    )
 
 
 # ---- stages -------------------------------------------------------------------------------

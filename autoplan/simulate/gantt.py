@@ -67,7 +67,7 @@ def _row_label(replicas: list[ReplicaTimeline]) -> str:
     cp += f" ep{first.expert_parallel_degree}" if first.expert_parallel_degree > 1 else ""
     return (
         f"rank {first.pipeline_rank} · {who}\n{first.gpu_type} tp{first.tensor_parallel_degree}"
-        f"{cp}{times}, {first.micro_batch_size} samples"
+        f"{cp}{times}, {first.micro_batch_size} sample{'' if first.micro_batch_size == 1 else 's'}"
     )
 
 

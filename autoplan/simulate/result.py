@@ -105,7 +105,8 @@ class ReplicaTimeline(_Strict):
         cp = f" cp{self.context_parallel_degree}" if self.context_parallel_degree > 1 else ""
         cp += f" ep{self.expert_parallel_degree}" if self.expert_parallel_degree > 1 else ""
         return (
-            f"{self.gpu_type} tp{self.tensor_parallel_degree}{cp}, {self.micro_batch_size} samples"
+            f"{self.gpu_type} tp{self.tensor_parallel_degree}{cp}, {self.micro_batch_size} "
+            f"sample{'' if self.micro_batch_size == 1 else 's'}"
         )
 
 
