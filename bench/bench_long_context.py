@@ -1,4 +1,4 @@
-"""Long context: Llama-3.1-8B at 131,072 tokens on h100-a100-l4, cp pinned to 1 and searched.
+"""Long context: Llama-3.1-8B and Qwen2-7B at 131,072 tokens on h100-a100-l4, cp 1 and searched.
 
 The model is the Hugging Face config of Llama-3.1-8B (tests/data/hf/llama-3.1-8b: Llama-3-8B's
 shape with 131,072 positions; the zoo's llama3-8b stops at 8,192), profiled here at one sample
@@ -14,6 +14,10 @@ ZeRO), with
 - cp searched without activation offload,
 and the layer's memory at the chosen plan: predicted iteration time, the fullest GPU, and what
 fits. The cost model's ring terms are ``autoplan.cost.context_parallel``.
+
+Then Qwen2-7B (tests/data/hf/qwen2-7b, 131,072 positions), whose 4 key-value heads stop tensor
+parallelism at tp 4 (a GPU keeps a quarter of each layer's activations, where cp 8 keeps an
+eighth): cp pinned to 1 and searched.
 """
 
 from __future__ import annotations
@@ -26,23 +30,33 @@ from rich.console import Console
 from rich.table import Table
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
+from autoplan.cluster.schema import Cluster
 from autoplan.errors import AutoplanError
 from autoplan.plan.schema import Plan
 from autoplan.profile.profiler import profile_model
+from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, solve_outcome
 
 __all__ = ["main"]
 
-CONFIG = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf" / "llama-3.1-8b"
+HF = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf"
 SEQ_LEN = 131_072
 GLOBAL_BATCH = 8
 CLUSTER = "h100-a100-l4"
 TIME_LIMIT_S = 60.0
-ROWS = [
-    ("cp 1", {"cp": 1}),
-    ("cp 1, no offload", {"cp": 1, "offload": False}),
-    ("cp searched", {}),
-    ("cp searched, no offload", {"offload": False}),
+# (model, its config folder, rows of (knobs, pinned options))
+CASES = [
+    (
+        "Llama-3.1-8B",
+        "llama-3.1-8b",
+        [
+            ("cp 1", {"cp": 1}),
+            ("cp 1, no offload", {"cp": 1, "offload": False}),
+            ("cp searched", {}),
+            ("cp searched, no offload", {"offload": False}),
+        ],
+    ),
+    ("Qwen2-7B", "qwen2-7b", [("cp 1", {"cp": 1}), ("cp searched", {})]),
 ]
 
 
@@ -67,35 +81,39 @@ def _shape(plan: Plan) -> str:
 def main() -> None:
     logging.getLogger("autoplan").setLevel(logging.ERROR)
     console = Console(width=200)
-    start = time.monotonic()
-    profile = profile_model(f"hf:{CONFIG / 'config.json'}", SEQ_LEN, 1, "bf16")
     cluster = load_cluster(example_cluster_path(CLUSTER))
-    table = Table(
-        title=f"Llama-3.1-8B, {SEQ_LEN:,} tokens, global batch {GLOBAL_BATCH}, {CLUSTER} "
-        f"(profiled in {time.monotonic() - start:.0f} s)"
-    )
-    for column in ("knobs", "iteration (s)", "fits", "fullest GPU (GiB)", "plan"):
-        table.add_column(column)
-    for label, pins in ROWS:
-        options = SolveOptions(time_limit_s=TIME_LIMIT_S, **pins)
-        try:
-            outcome = solve_outcome(profile, cluster, GLOBAL_BATCH, options)
-        except AutoplanError as error:
-            table.add_row(label, "-", "no", "-", str(error).splitlines()[0])
-            continue
-        plan = outcome.plan
-        fullest = max(m.total_bytes + m.reserved_bytes for m in plan.prediction.memory)
-        fits = "no" if outcome.violation else "yes"
-        if outcome.timed_out:
-            fits += " (time limit: best found)"
-        table.add_row(
-            label,
-            f"{plan.prediction.iteration_time_ms / 1e3:.2f}",
-            fits,
-            f"{fullest / 1024**3:.1f}",
-            _shape(plan),
+    for name, folder, rows in CASES:
+        start = time.monotonic()
+        profile = profile_model(f"hf:{HF / folder / 'config.json'}", SEQ_LEN, 1, "bf16")
+        table = Table(
+            title=f"{name}, {SEQ_LEN:,} tokens, global batch {GLOBAL_BATCH}, {CLUSTER} "
+            f"(profiled in {time.monotonic() - start:.0f} s)"
         )
-    console.print(table)
+        for column in ("knobs", "iteration (s)", "fits", "fullest GPU (GiB)", "plan"):
+            table.add_column(column)
+        for label, pins in rows:
+            table.add_row(label, *_row(profile, cluster, pins))
+        console.print(table)
+
+
+def _row(profile: Profile, cluster: Cluster, pins: dict[str, object]) -> list[str]:
+    """One solve's figures: iteration (s), fits, fullest GPU (GiB), plan."""
+    options = SolveOptions(time_limit_s=TIME_LIMIT_S, **pins)
+    try:
+        outcome = solve_outcome(profile, cluster, GLOBAL_BATCH, options)
+    except AutoplanError as error:
+        return ["-", "no", "-", str(error).splitlines()[0]]
+    plan = outcome.plan
+    fullest = max(m.total_bytes + m.reserved_bytes for m in plan.prediction.memory)
+    fits = "no" if outcome.violation else "yes"
+    if outcome.timed_out:
+        fits += " (time limit: best found)"
+    return [
+        f"{plan.prediction.iteration_time_ms / 1e3:.2f}",
+        fits,
+        f"{fullest / 1024**3:.1f}",
+        _shape(plan),
+    ]
 
 
 if __name__ == "__main__":
