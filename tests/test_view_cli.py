@@ -468,6 +468,10 @@ def test_json_format_parses(command: str, hetero_file: Path, plan_file: Path) ->
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["sections"]
+    if command == "compare":
+        (iteration,) = [row for row in data["sections"][0]["rows"] if row[""] == "iteration"]
+        first = read_json_model(hetero_file, Plan).prediction.iteration_time_ms
+        assert iteration[f"{hetero_file.name}_ms"] == first
     if command == "show":
         stages = next(s for s in data["sections"] if s["title"].startswith("Stages"))
         assert stages["rows"][0]["replicas"] == (

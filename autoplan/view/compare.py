@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autoplan.plan.schema import Plan
-from autoplan.view.document import Document, Section
+from autoplan.view.document import Document, Figure, Section
 from autoplan.view.plan_tables import gpus_text, micro_batch_text, replicas_text
 from autoplan.view.units import bytes_text, duration_text, percent_text, rate_text
 
@@ -57,10 +57,16 @@ def compare_rows(plan: Plan) -> dict[str, str]:
         "global batch": str(plan.inputs.global_batch_size),
         "layers per stage": " ".join(f"{s.layer_start}-{s.layer_end - 1}" for s in plan.stages),
         "replicas per stage": _replicas_per_stage(plan),
-        "iteration": duration_text(prediction.iteration_time_ms),
-        "samples/s": rate_text(prediction.samples_per_s, "samples"),
-        "tokens/s": rate_text(prediction.tokens_per_s, "tokens"),
-        "MFU": percent_text(prediction.mfu),
+        "iteration": Figure(
+            duration_text(prediction.iteration_time_ms), prediction.iteration_time_ms, "ms"
+        ),
+        "samples/s": Figure(
+            rate_text(prediction.samples_per_s, "samples"), prediction.samples_per_s, "per_s"
+        ),
+        "tokens/s": Figure(
+            rate_text(prediction.tokens_per_s, "tokens"), prediction.tokens_per_s, "per_s"
+        ),
+        "MFU": Figure(percent_text(prediction.mfu), prediction.mfu, "fraction"),
         "peak memory": _peak_memory(plan),
         "idle GPUs": ", ".join(f"{g.count} {g.gpu_type}" for g in idle) if idle else "none",
     }
@@ -76,8 +82,8 @@ def compare_document(first: Plan, second: Plan, names: tuple[str, str] = ("A", "
     ratio = second.prediction.samples_per_s / first.prediction.samples_per_s
     section.add(
         "throughput vs first",
-        "1.00×",
-        f"{ratio:.2f}×",
+        Figure("1.00×", 1.0, "ratio"),
+        Figure(f"{ratio:.2f}×", ratio, "ratio"),
         style="bold green" if ratio > 1 else "bold",
     )
     return Document(title="", sections=[section])
