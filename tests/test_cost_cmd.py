@@ -210,6 +210,8 @@ def test_an_edited_plan_is_refused_until_priced_again(files, solved, tmp_path) -
         assert "autoplan cost" in result.output and len(result.output.strip().splitlines()) == 1
     with pytest.raises(InputError, match="autoplan cost"):
         api.simulate(edited)
+    shown = runner.invoke(app, ["show", str(edited)], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "STALE" in shown.output  # shown, with the warning
     priced = tmp_path / "priced.json"
     result = _cost(str(edited), "--profile", str(files["profile"]), "-o", str(priced))
     assert result.exit_code == 0, result.output

@@ -7,6 +7,7 @@ import re
 from collections import Counter
 
 from autoplan.cluster.catalog import precision_warnings
+from autoplan.plan.fingerprint import edited_since_costed
 from autoplan.plan.schema import Plan, Stage, StageTiming
 from autoplan.plan.stage_spec import format_stage_specs, plan_stage_specs
 from autoplan.view.document import Document, Figure, Section
@@ -216,6 +217,13 @@ def overview_section(plan: Plan) -> Section:
     )
     for warning in plan_precision_warnings(plan):
         section.add("PRECISION", warning, style="bold red")
+    if edited_since_costed(plan):
+        section.add(
+            "STALE",
+            "the stages, batch or inputs were edited after these times were computed: price "
+            "the plan again with autoplan cost PLAN --profile PROFILE",
+            style="bold red",
+        )
     return section
 
 
