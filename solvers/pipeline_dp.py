@@ -22,9 +22,9 @@ the key of its first stage. Prepending a stage with (a, f, t, e) gives (max(M, A
 f + e, max(U, t)) and A = a. F is nondecreasing in M, S and U, and what the stages before i
 can add depends only on (i, q, resources used, key) (e too: it is a function of the prepended
 stage and the key); so a label b is dominated, and dropped, when another a at the same (i,
-key) has q, A and every resource <= b's and S_a + (m - 1)(M_a - M_b)^+ + (U_a - U_b)^+ <= S_b
-(``_dominates``: a larger max may be paid for by a smaller sum; with M, S, U all <= it is the
-plain Pareto rule; A_a <= A_b makes max(A_a + e, ·) <= max(A_b + e, ·)). Labels at i are final
+key) has q and every resource <= b's and S_a + (m - 1) max((M_a - M_b)^+, (A_a - A_b)^+) +
+(U_a - U_b)^+ <= S_b (``_dominates``: a larger max may be paid for by a smaller sum; with M,
+A, S, U all <= it is the plain Pareto rule). Labels at i are final
 once every label at j > i has been extended, so positions are processed from L down to 1; the
 answer is the best F among labels at 0.
 
@@ -140,9 +140,10 @@ def _dominates(a: PipelineLabel, b: PipelineLabel, m: int) -> bool:
     cost no more after a when a has no more stages (less in flight) and no more GPUs used."""
     if a.stages > b.stages or any(x > y for x, y in zip(a.used, b.used, strict=True)):
         return False
-    if a.first_stage > b.first_stage:
-        return False
-    excess = (m - 1) * max(0.0, a.max_stage - b.max_stage) + max(0.0, a.max_tail - b.max_tail)
+    # The stage before adds the same e to both first stages: max(M_a, A_a + e, X) -
+    # max(M_b, A_b + e, X) <= max((M_a - M_b)^+, (A_a - A_b)^+).
+    peak = max(a.max_stage - b.max_stage, a.first_stage - b.first_stage, 0.0)
+    excess = (m - 1) * peak + max(0.0, a.max_tail - b.max_tail)
     return a.sum_stage + excess <= b.sum_stage
 
 

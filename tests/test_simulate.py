@@ -123,9 +123,9 @@ def test_sends_all_reduce_and_optimizer_by_hand() -> None:
     rank 0: 0F0 [0,1] send [1,1.5]; 0F1 [1.5,2.5] send [2.5,3].
     rank 1: receive [1.5,2] 1F0 [2,3]; 1B0 [3,4] send [4,4.5]; receive [4.5,5] 1F1 [5,6];
     1B1 [6,7] send [7,7.5].
-    rank 0: receive [4.5,5] 0B0 [5,6]; receive [7.5,8] 0B1 [8,9]. The all-reduce follows the
-    last backward: rank 0 [9,11], optimizer [11,11.5]; rank 1 [7.5,9.5], optimizer [9.5,10].
-    The closed form agrees: a_s = 2 + 2 × 0.5 = 3, (m - 1) × 3 + 6 = 9, + 2 + 0.5."""
+    rank 0: receive [4.5,5] 0B0 [5,6]; receive [7.5,8] 0B1 [8,9]. DDP all-reduces during the
+    last backward: rank 0 [8,10], optimizer [10,10.5]; rank 1 [6,8], optimizer [8,8.5]. The
+    closed form agrees: a_s = 2 + 2 × 0.5 = 3, (m - 1) × 3 + 6 = 9, + (2 - 1) + 0.5."""
     plan = _with(
         _plan("1f1b", [(1, 1), (1, 1)], 2, send_ms=0.5, data_parallel=2, dp_allreduce_ms=2.0),
         optimizer_ms=0.5,
@@ -142,19 +142,19 @@ def test_sends_all_reduce_and_optimizer_by_hand() -> None:
     assert spans["B s0 mb0"] == (5.0, 6.0)
     assert spans["B s0 mb1"] == (8.0, 9.0)
     assert result.pipeline_time_ms == pytest.approx(9.0)
-    assert result.iteration_time_ms == pytest.approx(11.5)
+    assert result.iteration_time_ms == pytest.approx(10.5)
     reduces = [
         (e.start_ms, e.end_ms)
         for rank in result.ranks
         for e in rank.replicas[0].events
         if e.name == "dp all-reduce"
     ]
-    assert reduces == [(9.0, 11.0), (7.5, 9.5)]
+    assert reduces == [(8.0, 10.0), (6.0, 8.0)]
     rank0 = result.ranks[0].replicas[0]
     spans_of = [[(e.category, e.start_ms, e.end_ms) for e in r.events] for r in result.replicas]
     assert spans_of[0] == spans_of[1] and spans_of[2] == spans_of[3]  # equal replicas, equal lives
     assert rank0.busy_ms == pytest.approx(4.5)
-    assert rank0.idle_ms == pytest.approx(7.0)
+    assert rank0.idle_ms == pytest.approx(6.0)
     assert rank0.communication_ms == pytest.approx(0.5 + 0.5 + 2.0)
 
 
@@ -237,17 +237,17 @@ def _reduce_spans(plan: Plan) -> list[tuple[float, float]]:
 
 
 def test_all_reduce_per_rank_from_the_plan_or_scaled_by_gradient_bytes() -> None:
-    """Same pipeline as the hand-worked one (rank 0 done at 9, rank 1 at 7.5)."""
+    """Same pipeline as the hand-worked one (last backwards [8,9] and [6,7])."""
     base = _plan("1f1b", [(1, 1), (1, 1)], 2, send_ms=0.5, data_parallel=2, dp_allreduce_ms=2.0)
     given = base.model_copy(
         update={
             "prediction": base.prediction.model_copy(update={"rank_dp_allreduce_ms": [0.5, 3.0]})
         }
     )
-    assert _reduce_spans(given) == [(9.0, 9.5), (7.5, 10.5)]
+    assert _reduce_spans(given) == [(8.0, 9.0), (6.0, 9.0)]
     small_first = [_estimate(0, 0), _estimate(1, 0).model_copy(update={"gradients_bytes": 4000})]
     scaled = _with(base, memory=small_first)  # rank 0 has 1/4 of rank 1's gradients
-    assert _reduce_spans(scaled) == [(9.0, 9.5), (7.5, 9.5)]
+    assert _reduce_spans(scaled) == [(8.0, 9.0), (6.0, 8.0)]
     assert any("scaled by each rank's gradient bytes" in n for n in simulate_plan(scaled).notes)
 
 
@@ -367,16 +367,16 @@ def test_uniform_replicas_match_one_replica_per_rank_exactly() -> None:
 
 def test_all_reduce_waits_for_every_replica() -> None:
     """pp = 1, two replicas (1 + 1 ms and 2 + 2 ms per micro-batch), m = 2: last backwards
-    [3,4] and [6,8]. The all-reduce starts when the slow one has ended its last backward (8);
-    then both step their optimizers."""
-    for reduce_ms, end in ((3.0, 11.0), (1.0, 9.0)):
+    [3,4] and [6,8]. The all-reduce starts when the slow one starts its last backward (6) and
+    ends no earlier than its end (8); then both step their optimizers."""
+    for reduce_ms, end in ((3.0, 9.0), (1.0, 8.0)):
         plan = _replica_plan(
             [[1, 1]], [[(1, 1), (2, 2)]], m=2, optimizer_ms=0.5, dp_allreduce_ms=reduce_ms
         )
         result = simulate_plan(plan)
         for replica in (0, 1):
             spans = _spans(result, 0, replica)
-            assert spans["dp all-reduce"] == (8.0, end)
+            assert spans["dp all-reduce"] == (6.0, end)
             assert spans["optimizer"] == (end, end + 0.5)
         assert result.iteration_time_ms == pytest.approx(end + 0.5)
 

@@ -912,10 +912,14 @@ class CostModel:
             # ZeRO-2/3 reduce-scatter every micro-batch's gradients in its backward
             # (``sharding``): nothing is left to all-reduce after the last one.
             ar = self.allreduce_ms(stage.groups, tuple(params)) if stage.zero_stage <= 1 else 0.0
+            shortest_backward = min(
+                sum(groups_cost[c][g].backward_ms for c in chunks) for g in range(len(stage.groups))
+            )
+            hidden = max(0.0, ar - shortest_backward)
             allreduces.append(ar)
-            exposed.append(ar)
+            exposed.append(hidden)
             optimizer.append(max(steps))
-            tails.append(ar + max(steps))
+            tails.append(hidden + max(steps))
         tail_rank = max(range(pp), key=lambda r: (tails[r], -r))
         slow = max(range(pp), key=lambda r: (steady[r], -r))
         slow_parts = [costs[c].slowest() for c in range(len(stages)) if rank_of(c) == slow]

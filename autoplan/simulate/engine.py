@@ -33,12 +33,12 @@ the same GPUs without a send. These are the rules of ``autoplan.cost.zero_bubble
 which the plan's prediction comes from, played here with replicas, links and the tail.
 
 Gradients are all-reduced once per iteration over each pipeline rank's replicas (its stages
-share them), taking ``rank_dp_allreduce_ms`` of the rank, after the last replica has ended its
-last backward (B or W: the weight gradients are what it reduces) and its sends: the pipeline
-engines of Megatron-DeepSpeed and DeepSpeed, and autoplan's groups executor, reduce after the
-schedule
-(PyTorch's PipelineStage under DDP could start it during the last backward; the model does not
-count on that). Then every replica steps its optimizer (``breakdown.optimizer_ms``).
+share them), taking ``rank_dp_allreduce_ms`` of the rank. PyTorch's PipelineStage runs every
+backward but the last under DDP's ``no_sync`` and lets DDP's hooks all-reduce during the last
+one (torch 2.13, ``distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``). A
+collective needs every member, so the all-reduce starts when the last replica starts its last
+backward (B or W: the weight gradients are what it reduces) and ends no earlier than the last
+replica ends it: it hides under one backward at most. Then every replica steps its optimizer (``breakdown.optimizer_ms``).
 
 Why hand-written: the model is a worklist over fixed action lists; a general discrete-event
 library (e.g. SimPy) would add a dependency and coroutines for nothing. The result does not
@@ -294,9 +294,8 @@ def simulate_replicas(
 
     for p in range(pp):
         reduce_ms = allreduce_ms[p] if allreduce_ms else 0.0
-        # After every replica's last backward and its blocking sends.
-        reduce_start = max(free_ms[p])
-        reduce_end = reduce_start + reduce_ms
+        reduce_start = max(start for start, _ in last_backward[p])
+        reduce_end = max(reduce_start + reduce_ms, *(end for _, end in last_backward[p]))
         for d in range(len(shares[p])):
             step_start = max(free_ms[p][d], reduce_end) if reduce_ms > 0 else free_ms[p][d]
             if reduce_ms > 0:

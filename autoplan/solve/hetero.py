@@ -21,7 +21,7 @@ bounds it prunes with:
 Costs mirror ``CostModel.evaluate`` stage by stage (the oracle tests hold the two to the same
 answers): balanced shares (space.py), per group the fastest recompute that fits, ZeRO-1 by
 dominance, the boundary transfer to the next stage (its ``LinkSide`` is the DP's link key),
-the gradient all-reduce (after the last backward), the slowest optimizer step.
+the gradient all-reduce less the shortest backward, the slowest optimizer step.
 """
 
 from __future__ import annotations
@@ -430,7 +430,7 @@ class HeteroSource:
                     + model.step_overhead_ms(g.device_class)
                 )
             allreduce = model.allreduce_ms(groups, tuple(params)) if zero1 <= 1 else 0.0
-            tail = allreduce + max(steps)
+            tail = max(0.0, allreduce - min(backward)) + max(steps)
             core = _Core(groups, zero1, work, tail, model.link_side(groups))
         self._cores[key] = core
         return core

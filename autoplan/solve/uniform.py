@@ -204,13 +204,17 @@ class _StageCoster:
             return None
         level, mode = choice
         t = self.tables[s]
-        work, _ = self._work(s, i, j, mode, level)
+        work, backward = self._work(s, i, j, mode, level)
         send = self.sends[s][j]
         params = t.params[j] - t.params[i]
         allreduce = 0.0
         if params > 0 and level <= 1:
             allreduce = _allreduce_ms(self.model, self.rank_groups[s], params)
-        tail = allreduce + self.optimizer[level][s] * params + self.step_overhead[s]
+        tail = (
+            max(0.0, allreduce - backward)
+            + self.optimizer[level][s] * params
+            + self.step_overhead[s]
+        )
         # Blocking transfers (``autoplan.cost.schedule``): the stage pays both directions of
         # the boundary to the next stage and of the one from the previous stage.
         received = self.sends[s - 1][i] if s > 0 else 0.0
