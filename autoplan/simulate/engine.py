@@ -38,7 +38,9 @@ backward but the last under DDP's ``no_sync`` and lets DDP's hooks all-reduce du
 one (torch 2.13, ``distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``). A
 collective needs every member, so the all-reduce starts when the last replica starts its last
 backward (B or W: the weight gradients are what it reduces) and ends no earlier than the last
-replica ends it: it hides under one backward at most. Then every replica steps its optimizer (``breakdown.optimizer_ms``).
+replica ends it: it hides under one backward at most (the pipeline engines of DeepSpeed reduce
+after the schedule instead; the difference is one backward). Then every replica steps its
+optimizer (``breakdown.optimizer_ms``).
 
 Why hand-written: the model is a worklist over fixed action lists; a general discrete-event
 library (e.g. SimPy) would add a dependency and coroutines for nothing. The result does not
