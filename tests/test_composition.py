@@ -150,3 +150,26 @@ def test_megatron_table_1_within_ten_percent() -> None:
     for row in megatron.MEGATRON_TABLE1:
         predicted = megatron.predict_row(row, profiles[row.model])
         assert abs(predicted.error) <= 0.10, (row.model, predicted.tflops_per_gpu)
+
+
+def test_collectives_pay_the_stack_overhead_and_pcie_cards_their_bus() -> None:
+    """A GPU type's per-step overhead adds to the cluster's link latency, and on PCIe cards a
+    collective among more GPUs than one bridge joins runs at the type's PCIe bandwidth:
+    a ring all-reduce of 1 MB over 4 GPUs then takes 6 steps × (5 + 20) µs + 1.5 × 1 MB / 5 GB/s."""
+    from autoplan.cost.comm import ring_allreduce_ms
+    from autoplan.cost.devices import device_classes
+
+    card = gpu("CARD", 50.0, 24.0).model_copy(
+        update={
+            "pcie_collective_bandwidth_gb_per_s": 5.0,
+            "nvlink_bridge_gpus": 2,
+            "collective_step_overhead_us": 20.0,
+        }
+    )
+    cluster = make_cluster([("n", card, 8, 1)], intra_gb_per_s=25.0)
+    (dc,) = device_classes(cluster, {"CARD": card})
+    assert dc.intra_node_latency_us == 5.0 + 20.0
+    assert dc.collective_bandwidth_gb_per_s(2) == 25.0  # a bridged pair
+    assert dc.collective_bandwidth_gb_per_s(4) == 5.0
+    expected = 6 * 25e-3 + 1.5 * 1e6 / 5e9 * 1e3
+    assert ring_allreduce_ms(1e6, 4, 5.0, dc.intra_node_latency_us) == pytest.approx(expected)
