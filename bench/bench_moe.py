@@ -2,8 +2,9 @@
 
 Mixtral-8x7B (46.7 B parameters, 12.9 B active; 8 experts, top 2, capacity factor 1.25) is
 profiled on fake tensors at sequence 4096, micro-batch 1, bf16, and solved for a global batch
-of 64 on the shipped ``h100-a100-l4`` cluster (16 H100, 16 A100-80GB, 16 L4) twice: with ep
-searched (1, 2, 4 or 8 per plan, ``autoplan.solve.expert_parallel``) and with ep pinned to 1.
+of 64 on the shipped ``h100-a100-l4`` cluster (16 H100, 16 A100-80GB, 16 L4): with ep searched
+(1, 2, 4 or 8 per plan, ``autoplan.solve.expert_parallel``), and with ep pinned to 1, 4 and 8
+(the best plan of each degree, whether or not the search prefers it).
 
 For each plan: its knobs, the predicted iteration time, and the all-to-all share of it: the
 iteration time the dispatch and combine all-to-alls add, T - T₀, where T₀ is the same
@@ -71,10 +72,10 @@ def main() -> None:
     for column in ("ep", "plan", "iteration", "all-to-all", "share", "search"):
         table.add_column(column, overflow="fold")
     base = SolveOptions(time_limit_s=TIME_LIMIT_S, top_k=1)
-    for label, options in (
-        ("searched", base),
-        ("pinned 1", base.model_copy(update={"expert_parallel": 1})),
-    ):
+    runs = [("searched", base)] + [
+        (f"pinned {ep}", base.model_copy(update={"expert_parallel": ep})) for ep in (1, 4, 8)
+    ]
+    for label, options in runs:
         config, summary, iteration_ms, timed_out, took = _best(profile, options)
         free_ms = cost_model(free, cluster, options).evaluate(config).iteration_ms
         degrees = sorted({stage.ep for stage in config.stages})
