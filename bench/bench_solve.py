@@ -16,6 +16,11 @@ strategy's (``megatron``: blind to heterogeneity, even split, ranks in file orde
 beside the physical bound: total FLOPs / Σ every GPU's peak × efficiency (no communication,
 no memory limit, no bubble).
 
+Certificate (issue 24): ``autoplan solve`` run as a user runs it (a new process, start-up
+included), with the proven bound it reports and the gap reached, for the issue's scenarios and
+the demo's solve, with the zero-bubble schedules (the default) and without them (then the
+bound covers the whole space searched).
+
 Profiles come from the real profiler (``autoplan.profile.profile_model``: FakeTensorMode, no
 memory), bf16, one sample per micro-batch profiled; the two small-cluster scenarios of issue 8
 in fp32 with Adam and no ZeRO (the issue's comparison setting), and again in tf32 with ZeRO-1
@@ -25,10 +30,17 @@ searched (how they would train today).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -41,6 +53,7 @@ from autoplan.cluster.catalog import (
 )
 from autoplan.cluster.schema import Cluster, InterNodeLink, NodeGroup
 from autoplan.errors import AutoplanError
+from autoplan.files import write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.plan.validate import plan_problems
 from autoplan.profile import profile_model
@@ -183,6 +196,17 @@ QUALITY_CASES = [
 ]
 
 STRATEGIES = ("optimal", "megatron", "even-split", "data-parallel")
+
+# The issue's scenarios (issue 24) and the demo's solve (scripts/demo.sh), with its targets.
+CLI_CASES = [
+    Case("opt-350m", 2048, "a100-v100-8x2", 256, target_s=1.0, dtype="fp32", zero1=False),
+    Case("gpt-neo-2.7b", 2048, "a100-v100-16x2", 1024, target_s=1.0, dtype="fp32", zero1=False),
+    Case("llama2-13b", 4096, "h100-a100-l4", 256, target_s=5.0),
+    Case("llama2-70b", 4096, "h100-a100-l4", 256, target_s=5.0),
+    Case("gpt3-175b", 2048, "mixed-1024", 1536, target_s=10.0),
+    Case("gpt3-175b", 2048, "mixed-16k", 6144, target_s=30.0),
+    Case("llama2-7b", 4096, "h100-a100-l4", 256, target_s=5.0),  # the demo's solve
+]
 
 _profiles: dict[tuple[str, int, str], Profile] = {}
 
@@ -393,9 +417,77 @@ def _warnings():
         root.removeHandler(handler)
 
 
+def _cli_solve(profile_path: Path, cluster_path: Path, case: Case, extra: list[str]):
+    """(wall seconds, plan's search record or None, iteration ms or None, error line)."""
+    out = profile_path.with_suffix(".plan.json")
+    # The console script, as a user runs it.
+    command = [str(Path(sys.executable).parent / "autoplan"), "solve", str(profile_path)]
+    command += ["--cluster", str(cluster_path), "--global-batch", str(case.global_batch)]
+    command += ["-o", str(out), *extra]
+    if case.zero1 is False:
+        command.append("--no-zero1")
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy())
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        return wall, None, None, (done.stderr.strip().splitlines() or ["?"])[-1]
+    plan = json.loads(out.read_text())
+    return wall, plan.get("search"), plan["prediction"]["iteration_time_ms"], ""
+
+
+def _cli_table(console: Console) -> None:
+    table = Table(title="autoplan solve as a user runs it (new process, start-up included)")
+    for column in (
+        "model",
+        "cluster",
+        "GPUs",
+        "batch",
+        "zero bubble",
+        "wall s",
+        "target s",
+        "status",
+        "gap",
+        "plan ms",
+        "bound ms",
+    ):
+        table.add_column(column, justify="left" if column in ("model", "cluster") else "right")
+    with tempfile.TemporaryDirectory() as folder:
+        for index, case in enumerate(CLI_CASES):
+            profile_path = Path(folder) / f"case{index}.profile.json"
+            write_json_model(profile_path, _profile(case))
+            cluster = _cluster(case.cluster)
+            cluster_path = Path(folder) / f"case{index}.cluster.yaml"
+            cluster_path.write_text(yaml.safe_dump(cluster.model_dump(mode="json")))
+            for extra in ([], ["--no-zero-bubble"]):
+                wall, record, plan_ms, error = _cli_solve(profile_path, cluster_path, case, extra)
+                target = "" if case.target_s is None else f"{case.target_s:g}"
+                if case.target_s is not None:
+                    target += " ok" if wall <= case.target_s else " MISSED"
+                status = error or (record or {}).get("status", "-")
+                gap = (record or {}).get("gap")
+                bound = (record or {}).get("lower_bound_ms")
+                table.add_row(
+                    case.model,
+                    case.cluster,
+                    str(cluster.total_gpus()),
+                    str(case.global_batch),
+                    "off" if extra else "on",
+                    f"{wall:.2f}",
+                    target,
+                    status,
+                    "-" if gap is None else f"{gap:.2%}",
+                    "-" if plan_ms is None else f"{plan_ms:,.1f}",
+                    "-" if bound is None else f"{bound:,.1f}",
+                )
+    console.print(table)
+
+
 def main() -> None:
-    """Print the speed, round-1 and quality tables."""
+    """Print the certificate, speed, round-1 and quality tables."""
     console = Console(width=260)
+    _cli_table(console)
+    if os.environ.get("BENCH_SOLVE_CLI_ONLY"):
+        return
     _speed_table(console)
     _versus_round_1_table(console)
     _quality_table(console)

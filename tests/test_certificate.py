@@ -20,6 +20,7 @@ from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan, SearchRecord
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.certificate import search_record, work_bound_ms
+from autoplan.solve.progress import watching
 from autoplan.solve.space import divisors
 from solvers.oracle import oracle_shares
 from solvers.share_ilp import ShareClass, ShareProblem, _ShareModel, share_search
@@ -192,3 +193,16 @@ def test_a_version_2_plan_reads_with_no_certificate(tmp_path) -> None:
     assert shown.exit_code == 0, shown.output
     assert "no bound recorded" in shown.stdout
     assert "optimal (proven)" not in shown.stdout
+
+
+def test_a_watcher_sees_the_plans_found_and_the_bound() -> None:
+    profile, cluster, batch = _medium()
+    seen: list[tuple[float, float]] = []
+    with watching(lambda state: seen.append((state.incumbent_ms, state.bound_ms))) as state:
+        plan = solve(profile, cluster, batch, EXACT)
+    assert seen and state.bound_ms > 0 and math.isfinite(state.incumbent_ms)
+    # The bound it showed holds; the best it showed is the families' figure for the plan.
+    assert state.bound_ms <= plan.prediction.iteration_time_ms
+    assert math.isclose(state.incumbent_ms, plan.prediction.iteration_time_ms, rel_tol=1e-6)
+    incumbents = [found for found, _ in seen]
+    assert incumbents == sorted(incumbents, reverse=True)  # it only improves

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
 
 from autoplan import limits
 from autoplan.cli.app import command, exit_fast_when_done
@@ -21,6 +30,7 @@ from autoplan.cluster.catalog import (
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model
 from autoplan.view import print_document, solve_summary
+from autoplan.view.units import duration_text
 
 __all__ = ["solve_command"]
 
@@ -30,6 +40,24 @@ _GIB = 1024**3
 def _console(stderr: bool = False) -> Console:
     console = Console(stderr=stderr)
     return console if console.is_terminal else Console(stderr=stderr, width=140)
+
+
+class _SearchColumn(ProgressColumn):
+    """Incumbent, bound and gap of a search running longer than a second (``solve.progress``:
+    the families' own figures; the plan records the certificate once the search ends)."""
+
+    def render(self, task: Task) -> Text:
+        state = task.fields.get("state")
+        if state is None or state.elapsed_s < 1.0:
+            return Text("")
+        parts = []
+        if math.isfinite(state.incumbent_ms):
+            parts.append(f"best {duration_text(state.incumbent_ms)}")
+        if state.bound_ms > 0:
+            parts.append(f"bound {duration_text(state.bound_ms)}")
+        if state.gap is not None:
+            parts.append(f"gap {state.gap:.1%}")
+        return Text("  ".join(parts))
 
 
 def _cluster_path(value: str) -> Path:
@@ -188,6 +216,9 @@ def solve_command(
             "bound; without them the bound covers the whole space searched.",
         ),
     ] = True,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress line on stderr.")
+    ] = False,
     gap: Annotated[
         float,
         typer.Option(
@@ -236,6 +267,7 @@ def solve_command(
     # small commands start without them.
     from autoplan.solve import SolveOptions, solve_outcome
     from autoplan.solve.async_pb import async_line
+    from autoplan.solve.progress import SearchProgress, watching
 
     _check_sizes(global_batch, tp, pp, dp, micro_batch_size, num_micro_batches, top_k, time_limit)
     if not 0 <= gap < 1:
@@ -274,28 +306,36 @@ def solve_command(
         reserve_gb=reserve_gb,
         allow_async=allow_async,
     )
+    errors = _console(stderr=True)
     with Progress(
         TextColumn("searching"),
-        BarColumn(),
+        BarColumn(bar_width=20),
         TextColumn("{task.fields[where]}"),
+        _SearchColumn(),
         TimeElapsedColumn(),
-        console=_console(stderr=True),
+        console=errors,
         transient=True,
+        # Quiet where nobody watches (a pipe, a file, CI) and under --quiet.
+        disable=quiet or not errors.is_terminal,
     ) as progress:
         # No count until the search knows its total (a first frame of '0/None' says nothing).
-        task = progress.add_task("search", total=None, where="")
+        task = progress.add_task("search", total=None, where="", state=None)
 
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total, where=f"{done}/{total}")
 
-        outcome = solve_outcome(
-            profile,
-            cluster_model,
-            global_batch,
-            options,
-            profile_sha256=file_sha256(profile_path),
-            progress=report,
-        )
+        def changed(state: SearchProgress) -> None:
+            progress.update(task, state=state)
+
+        with watching(changed):
+            outcome = solve_outcome(
+                profile,
+                cluster_model,
+                global_batch,
+                options,
+                profile_sha256=file_sha256(profile_path),
+                progress=report,
+            )
     plan = outcome.plan
     write_json_model(output, plan)
     console = _console()

@@ -22,7 +22,7 @@ from autoplan.profile.schema import Profile
 from autoplan.solve.async_pb import async_alternative, best_async
 from autoplan.solve.async_plan import emit_async_plan
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
-from autoplan.solve.certificate import search_record
+from autoplan.solve.certificate import search_record, work_bound_ms
 from autoplan.solve.context_parallel import search_with_context_parallel
 from autoplan.solve.diagnose import (
     diagnose_before_search,
@@ -33,6 +33,7 @@ from autoplan.solve.expert_parallel import search_with_expert_parallel
 from autoplan.solve.granularity import block_seed_profile, seeded_search
 from autoplan.solve.host_memory import host_memory_diagnosis
 from autoplan.solve.options import SolveOptions
+from autoplan.solve.progress import report_bound
 from autoplan.solve.search import Candidate, SearchResult
 
 __all__ = [
@@ -161,6 +162,8 @@ def solve_outcome(
     # Said before a search that cannot succeed runs to its time limit.
     if options.strategy != "megatron" and (early := diagnose_before_search(model, options)):
         raise InfeasibleError(early.message, short=early.short)
+    if options.strategy == "optimal":
+        report_bound(work_bound_ms(model, global_batch_size, options))  # for a progress line
     result = solve_candidates(model, global_batch_size, options, progress)
     feasible: list[Candidate] = [c for c in result.candidates if c.cost.feasible]
     if not result.candidates:

@@ -41,6 +41,7 @@ from autoplan.cost.offload import group_of, mode_key
 from autoplan.cost.sharding import exposed_ms
 from autoplan.solve.certificate import work_bound_ms
 from autoplan.solve.options import SolveOptions
+from autoplan.solve.progress import report_found
 from autoplan.solve.space import (
     MAX_CLASSES_PER_STAGE,
     MIXED_STAGE_NODES,
@@ -555,6 +556,7 @@ def hetero_candidates(
             found.append((label.objective(m), len(found), _config(label.chain(), m, schedule)))
         if finals:
             bound = min(bound, finals[0].objective(m))
+            report_found(bound)
         if beam is not None:
             promise[index] = finals[0].objective(m) if finals else math.inf
         elif not stats.timed_out:

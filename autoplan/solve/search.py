@@ -30,6 +30,7 @@ from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve.certificate import Floors, work_bound_ms
 from autoplan.solve.hetero import hetero_candidates
 from autoplan.solve.options import SolveOptions
+from autoplan.solve.progress import report_found
 from autoplan.solve.shares import shared_search
 from autoplan.solve.uniform import Candidate, SearchResult, config_key, uniform_search
 from autoplan.solve.zero_bubble import zero_bubble_variants
@@ -77,6 +78,8 @@ def search(
         for config in shared.configs:
             cost = model.evaluate(config)
             candidates.append(Candidate(cost.iteration_ms, config, cost))
+            if cost.feasible:
+                report_found(cost.iteration_ms)
     if heterogeneous and timed_out:
         floors.add(work_bound_ms(model, batch, options))  # never started
     if heterogeneous and not timed_out:

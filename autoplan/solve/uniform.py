@@ -56,6 +56,7 @@ from autoplan.solve.bounds import (
     static_fits,
 )
 from autoplan.solve.options import SolveOptions
+from autoplan.solve.progress import report_found
 from autoplan.solve.space import (
     class_caps,
     divisors,
@@ -506,6 +507,7 @@ def uniform_search(
     timed_out = False
 
     def offer(value: float, config: PlanConfig) -> None:
+        report_found(value)
         best.append((value, config_key(config), config))
         best.sort(key=lambda item: (item[0], item[1]))
         del best[keep:]
