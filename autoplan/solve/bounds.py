@@ -276,10 +276,12 @@ class Group:
     allowed: tuple[tuple[str, int], ...]
 
 
-def group_bound(model: CostModel, g: Group) -> float:
+def group_bound(model: CostModel, g: Group, integral: bool = True) -> float:
     """A lower bound over every class sequence of the group: the fractional bound of
     ``rank_bound`` with λ_k ∝ 1/W_k over all usable classes, its denominator Σ n_k / W_k at
-    most what filling the ranks from the fastest classes gives."""
+    most what filling the ranks from the fastest classes gives; with ``integral``, also
+    ``integral_bound`` (tighter, and most of the cost: the search asks for it only when the
+    group comes up, ``uniform_search``)."""
     usable = tuple(k for k, cap in enumerate(g.caps) if cap > 0)
     fastest, work = fastest_work(model, g.tp, g.mbs, usable)
     totals = {k: sum(work[k]) for k in usable}
@@ -294,8 +296,12 @@ def group_bound(model: CostModel, g: Group) -> float:
             left -= take
         slowest_rank = max(spread / capacity, max(fastest))
     bounds = []
-    integral = integral_bound(
-        model, g.tp, g.mbs, g.dp, g.zero1, tuple((k, g.caps[k]) for k in usable), g.pp, MODES
+    integral = (
+        integral_bound(
+            model, g.tp, g.mbs, g.dp, g.zero1, tuple((k, g.caps[k]) for k in usable), g.pp, MODES
+        )
+        if integral
+        else 0.0
     )
     if math.isinf(integral):
         # No split fits even the relaxation: infeasible. (At m = 1, (m - 1) × inf would be

@@ -32,7 +32,6 @@ faster on one class than on another.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -116,34 +115,74 @@ def _lambda_bound(omega: list[list[float] | None], counts: list[int]) -> float:
     return best
 
 
-@functools.lru_cache(maxsize=4096)
-def _work_bound_for(
+def _model_key(model: CostModel) -> tuple:
+    """What the layer tables of a model view depend on: its profile, peaks and efficiency
+    (shared by every view of one solve), its classes and its cp and ep degrees. Views of the
+    same model with sequence parallelism on or off share it (ω takes both settings)."""
+    classes = tuple((c.index, c.total_gpus, c.gpus_per_node, c.gpu.name) for c in model.classes)
+    return (
+        id(model.profile),
+        id(model._peaks),
+        classes,
+        getattr(model, "context_parallel", 1),
+        getattr(model, "expert_parallel", 1),
+    )
+
+
+_BOUNDS: dict[tuple, tuple[float, float, float]] = {}
+
+
+def _spread_and_overheads(
     model: CostModel, batch: int, m: int, tp: int | None, sequence_parallel: bool | None
-) -> float:
-    omega = _per_layer_gpu_ms(model, batch, m, tp, sequence_parallel)
-    counts = [c.total_gpus for c in model.classes]
-    spread = _lambda_bound(omega, counts)
-    if math.isinf(spread):
-        return math.inf
-    usable = [c.index for c, values in zip(model.classes, omega, strict=True) if values]
-    fixed = min(2 * m * model.pass_overhead_ms(k) + model.step_overhead_ms(k) for k in usable)
-    return fixed + spread
+) -> tuple[float, float, float]:
+    """(B Σ_l min_k λ_k ω_k(l) / m-free part, least 2 × pass overhead, least step overhead)
+    at share B / m, cached per model view (``_model_key``) for the solve."""
+    key = (_model_key(model), batch, m, tp, sequence_parallel)
+    found = _BOUNDS.get(key)
+    if found is None:
+        omega = _per_layer_gpu_ms(model, batch, m, tp, sequence_parallel)
+        counts = [c.total_gpus for c in model.classes]
+        spread = _lambda_bound(omega, counts)
+        usable = [c.index for c, values in zip(model.classes, omega, strict=True) if values]
+        if not usable:
+            found = (math.inf, 0.0, 0.0)
+        else:
+            found = (
+                spread,
+                min(2 * model.pass_overhead_ms(k) for k in usable),
+                min(model.step_overhead_ms(k) for k in usable),
+            )
+        if len(_BOUNDS) > 4096:  # one solve needs a handful; a long-lived process many
+            _BOUNDS.clear()
+        _BOUNDS[key] = found
+    return found
 
 
 def work_bound_ms(
     model: CostModel, batch: int, options: SolveOptions, counts: list[int] | None = None
 ) -> float:
     """The work bound of the module docstring over the micro-batch counts ``counts``
-    (default: every divisor of ``batch``, a superset of every family's)."""
-    counts = divisors(batch) if counts is None else counts
+    (default: every divisor of ``batch``, a superset of every family's).
+
+    One table set serves every count: ω is taken at the space's largest share (B over its
+    least m), which per-sample time only favours (it does not grow with the share), and the
+    pass overheads at the least of ``counts``: never above the per-m bound of any count."""
+    every = divisors(batch)
     if options.num_micro_batches is not None:
-        counts = [m for m in counts if m == options.num_micro_batches]
+        every = [m for m in every if m == options.num_micro_batches]
+    counts = every if counts is None else [m for m in counts if m in every]
+    if not counts:
+        return math.inf
     # Sequence parallelism pinned on still leaves tp 1 stages off: either setting counts.
     sequence_parallel = False if options.sequence_parallel is False else None
-    return min(
-        (_work_bound_for(model, batch, m, options.tp, sequence_parallel) for m in counts),
-        default=math.inf,
+    # The table set at the space's largest share serves every count (one per model view).
+    spread, passes, step = _spread_and_overheads(
+        model, batch, min(every), options.tp, sequence_parallel
     )
+    if math.isinf(spread):
+        return math.inf
+    # ω scales as m × time(B / m) = B × per-sample time: the spread holds at any m >= least.
+    return spread + step + min(counts) * passes
 
 
 def search_record(
