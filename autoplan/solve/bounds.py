@@ -238,19 +238,33 @@ def lower_bound(model: CostModel, p: Pending) -> float:
     )
     if p.chunks > 1:
         # The split is fixed: each rank's work without recompute or sends bounds it.
-        pp = len(p.classes)
-        bounds = [
-            0,
-            *itertools.accumulate(interleaved_sizes(model, p.classes, p.tp, p.mbs, p.chunks)),
-        ]
-        ranks = [0.0] * pp
-        for s in range(pp * p.chunks):
-            work = model.tables(p.classes[s % pp], p.tp, p.mbs).work["none"]
-            ranks[s % pp] += work[bounds[s + 1]] - work[bounds[s]]
+        per_class = _interleaved_rank_work(
+            model, tuple(sorted(set(p.classes))), len(p.classes), p.tp, p.mbs, p.chunks
+        )
+        ranks = [per_class[k][r] for r, k in enumerate(p.classes)]
         return pipeline_time_ms(ranks, p.m, p.chunks)
     if math.isinf(slowest_rank):  # infeasible; at m = 1, (m - 1) × inf would be NaN
         return math.inf
     return (p.m - 1) * slowest_rank + sum(fastest)
+
+
+@functools.lru_cache(maxsize=65536)
+def _interleaved_rank_work(
+    model: CostModel, used: tuple[int, ...], ranks: int, tp: int, mbs: int, chunks: int
+) -> dict[int, list[float]]:
+    """Per used class k: the work (no recompute, no sends) rank r would have on class k
+    under the interleaved split, for every r; the split depends on the set of classes and
+    the rank count only (``interleaved_sizes``), so every order of the classes reads it."""
+    sizes = _interleaved_sizes(model, used, ranks, tp, mbs, chunks)
+    bounds = [0, *itertools.accumulate(sizes)]
+    out = {}
+    for k in used:
+        work = model.tables(k, tp, mbs).work["none"]
+        per_rank = [0.0] * ranks
+        for s in range(ranks * chunks):
+            per_rank[s % ranks] += work[bounds[s + 1]] - work[bounds[s]]
+        out[k] = per_rank
+    return out
 
 
 def static_fits(model: CostModel, p: Pending) -> bool:

@@ -115,30 +115,29 @@ def _lambda_bound(omega: list[list[float] | None], counts: list[int]) -> float:
     return best
 
 
-def _model_key(model: CostModel) -> tuple:
-    """What the layer tables of a model view depend on: its profile, peaks and efficiency
-    (shared by every view of one solve), its classes and its cp and ep degrees. Views of the
-    same model with sequence parallelism on or off share it (ω takes both settings)."""
+def _view_key(model: CostModel) -> tuple:
+    """What the layer tables differ by between the views of one solve's model: their classes
+    and cp and ep degrees (views with sequence parallelism on or off share it: ω takes both
+    settings)."""
     classes = tuple((c.index, c.total_gpus, c.gpus_per_node, c.gpu.name) for c in model.classes)
-    return (
-        id(model.profile),
-        id(model._peaks),
-        classes,
-        getattr(model, "context_parallel", 1),
-        getattr(model, "expert_parallel", 1),
-    )
+    return (classes, getattr(model, "context_parallel", 1), getattr(model, "expert_parallel", 1))
 
 
-_BOUNDS: dict[tuple, tuple[float, float, float]] = {}
+def _cache_of(model: CostModel) -> dict[tuple, tuple[float, float, float]]:
+    """The bounds computed for this model and its views: a dict in the model itself, which
+    the views copied from it after its creation share (``copy.copy``), and which dies with
+    the solve (never keyed by ``id``, which a later solve's objects may reuse)."""
+    return vars(model).setdefault("_work_bound_cache", {})
 
 
 def _spread_and_overheads(
     model: CostModel, batch: int, m: int, tp: int | None, sequence_parallel: bool | None
 ) -> tuple[float, float, float]:
     """(B Σ_l min_k λ_k ω_k(l) / m-free part, least 2 × pass overhead, least step overhead)
-    at share B / m, cached per model view (``_model_key``) for the solve."""
-    key = (_model_key(model), batch, m, tp, sequence_parallel)
-    found = _BOUNDS.get(key)
+    at share B / m, cached in the model for its views (``_cache_of``)."""
+    cache = _cache_of(model)
+    key = (_view_key(model), batch, m, tp, sequence_parallel)
+    found = cache.get(key)
     if found is None:
         omega = _per_layer_gpu_ms(model, batch, m, tp, sequence_parallel)
         counts = [c.total_gpus for c in model.classes]
@@ -152,9 +151,7 @@ def _spread_and_overheads(
                 min(2 * model.pass_overhead_ms(k) for k in usable),
                 min(model.step_overhead_ms(k) for k in usable),
             )
-        if len(_BOUNDS) > 4096:  # one solve needs a handful; a long-lived process many
-            _BOUNDS.clear()
-        _BOUNDS[key] = found
+        cache[key] = found
     return found
 
 
