@@ -536,13 +536,6 @@ def hetero_candidates(
         # With --gap, what cannot beat the best by more than the gap is pruned: the run's
         # floor is then the lowered bound.
         pruning = bound * (1.0 - options.gap)
-        least = work_bound_ms(model, batch, options, [m])
-        if least >= pruning:
-            # No plan of this micro-batch count can beat the best held: the run is proven
-            # without a search (its floor is its work bound).
-            promise[index] = math.inf
-            floors[index] = least
-            return True
         finals, stats = best_pipelines(
             num_layers,
             m,
