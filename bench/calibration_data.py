@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoplan.calibrate.measured_runs import MEASURED_GPU_NAMES
 from autoplan.cluster.catalog import peak_tflops
 from autoplan.cluster.schema import GpuSpec
 from autoplan.profile.schema import LayerProfile, Profile
@@ -61,16 +62,8 @@ __all__ = [
 SEQ_LEN = 2048
 CALIBRATION_CSV = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "layer_times.csv"
 
-# Calibration GPU names → catalog names.
-CALIBRATION_GPUS = {
-    "A100-40": "A100-40GB",
-    "A100-80": "A100-80GB",
-    "V100-16": "V100-16GB",
-    "GH-96": "GH200",
-    "RTX-2080": "RTX-2080",
-    "RTX-3090": "RTX-3090",
-    "Titan-RTX": "Titan-RTX",
-}
+# Calibration GPU names → catalog names (the product reads the same table for measured runs).
+CALIBRATION_GPUS = MEASURED_GPU_NAMES
 
 # Megatron pads the vocabulary to a multiple of 128: 50272 → 50304.
 _PADDED_VOCAB = 50304

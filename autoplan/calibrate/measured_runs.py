@@ -75,11 +75,6 @@ class MeasuredRun:
     measured_max_memory_gib: float | None
     reference_simulator_s: float | None
 
-    @property
-    def group(self) -> str:
-        """The runs' family in reports: the site (one site is one kind of cluster)."""
-        return self.site
-
 
 def _catalog_names(stages: str) -> str:
     """The stage list with the table's GPU names replaced by the catalog's."""

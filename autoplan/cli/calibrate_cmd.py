@@ -4,7 +4,7 @@ types, for ``autoplan solve --catalog``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import yaml
@@ -15,7 +15,10 @@ from autoplan.cli.app import command
 from autoplan.errors import InputError
 from autoplan.files import read_json_model
 
-__all__ = ["calibrate_command"]
+if TYPE_CHECKING:
+    from autoplan.profile.schema import Profile
+
+__all__ = ["calibrate_command", "fidelity_command"]
 
 
 def _console() -> Console:
@@ -90,11 +93,11 @@ def calibrate_command(
     console.print(f"wrote {output}")
 
 
-def _profiles(given: list[str]) -> dict[str, object]:
+def _profiles(given: list[str]) -> dict[str, Profile]:
     """``--profile MODEL=PATH`` (or one ``PATH`` for every run) → {model: Profile}."""
     from autoplan.profile.schema import Profile
 
-    out: dict[str, object] = {}
+    out: dict[str, Profile] = {}
     for item in given:
         name, sep, path = item.rpartition("=")
         if not sep:
@@ -135,7 +138,7 @@ def fidelity_command(
 
     report = fidelity_report(
         read_measured_runs(runs),
-        _profiles(profile),  # type: ignore[arg-type]
+        _profiles(profile),
         layer_times,
     )
     if output is not None:
