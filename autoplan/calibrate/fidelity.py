@@ -26,6 +26,7 @@ from autoplan.calibrate.measured_runs import (
     run_cluster,
 )
 from autoplan.cluster.catalog import gpu_specs
+from autoplan.cost.engines import Engine
 from autoplan.cost.model import CostModel
 from autoplan.errors import InputError
 from autoplan.profile.measured_table import TableRow, attach, read_table
@@ -39,7 +40,7 @@ __all__ = [
     "fidelity_report",
 ]
 
-FIDELITY_SCHEMA_VERSION = 1
+FIDELITY_SCHEMA_VERSION = 2
 
 
 class FidelityRun(BaseModel):
@@ -86,6 +87,9 @@ class FidelityReport(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_version: int = Field(default=FIDELITY_SCHEMA_VERSION)
+    engine: Engine = Field(
+        default="megatron-deepspeed", description="The engine the runs were costed as."
+    )
     runs: list[FidelityRun]
     summaries: list[FidelitySummary]
 
@@ -125,18 +129,20 @@ def fidelity_report(
     runs: Sequence[MeasuredRun],
     profiles: dict[str, Profile],
     layer_times: str | Path | None = None,
+    engine: Engine = "megatron-deepspeed",
 ) -> FidelityReport:
     """Cost every run (module docstring). ``profiles`` maps a model name of the table to its
     profile ('' for one profile that serves every run); ``layer_times`` is a per-layer table
     (CSV or JSON, ``autoplan.profile.measured_table``) whose rows of each run's model are
-    attached for the second prediction."""
+    attached for the second prediction; ``engine`` is the engine that ran the runs
+    (``autoplan.cost.engines``: the published runs are Megatron-DeepSpeed's)."""
     rows: dict[str, list[TableRow]] = {}
     out = []
     for run in runs:
         profile = _profile_for(run, profiles)
         cluster = run_cluster(run)
         specs = gpu_specs(cluster)
-        config, catalog = cost_run(run, CostModel(profile, cluster, specs))
+        config, catalog = cost_run(run, CostModel(profile, cluster, specs).with_engine(engine))
         with_layers = None
         if layer_times is not None:
             if run.model not in rows:
@@ -144,7 +150,9 @@ def fidelity_report(
                     layer_times, model=run.model, gpu_names=MEASURED_GPU_NAMES
                 )
             measured = attach(profile, rows[run.model], str(layer_times))
-            _, with_layers = cost_run(run, CostModel(measured, cluster, specs))
+            _, with_layers = cost_run(
+                run, CostModel(measured, cluster, specs).with_engine(engine)
+            )
         measured_s = run.measured_iteration_s
         out.append(
             FidelityRun(
@@ -169,4 +177,4 @@ def fidelity_report(
     sites = sorted({r.site for r in out})
     summaries = [_summary(site, [r for r in out if r.site == site]) for site in sites]
     summaries.append(_summary("all", out))
-    return FidelityReport(runs=out, summaries=summaries)
+    return FidelityReport(engine=engine, runs=out, summaries=summaries)

@@ -3,6 +3,7 @@ types, for ``autoplan solve --catalog``."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,7 +19,14 @@ from autoplan.files import read_json_model
 if TYPE_CHECKING:
     from autoplan.profile.schema import Profile
 
-__all__ = ["calibrate_command", "fidelity_command"]
+__all__ = ["RunEngine", "calibrate_command", "fidelity_command"]
+
+
+class RunEngine(StrEnum):
+    """The engines ``autoplan.cost.engines`` knows (typer needs an enum for a choice)."""
+
+    autoplan = "autoplan"
+    megatron_deepspeed = "megatron-deepspeed"
 
 
 def _console() -> Console:
@@ -130,6 +138,14 @@ def fidelity_command(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Also write the report as JSON.")
     ] = None,
+    engine: Annotated[
+        RunEngine,
+        typer.Option(
+            "--engine",
+            help="The engine that ran the runs: megatron-deepspeed (the published runs) or "
+            "autoplan (runs of `autoplan run`).",
+        ),
+    ] = RunEngine.megatron_deepspeed,
 ) -> None:
     """Cost every measured run with its plan pinned; print predicted against measured."""
     from autoplan.calibrate.fidelity import fidelity_report
@@ -140,6 +156,7 @@ def fidelity_command(
         read_measured_runs(runs),
         _profiles(profile),
         layer_times,
+        engine.value,
     )
     if output is not None:
         write_json_model(output, report)

@@ -4,7 +4,8 @@ A stage's replica groups run their shares of every micro-batch in parallel; the 
 per micro-batch, as long as its slowest group (forward + backward, with recompute and tp
 all-reduces, plus the GPU type's fixed ``pass_overhead_ms`` per pass). Iteration time =
 pipeline time (``autoplan.cost.schedule``, with a pipeline rank's work = its stages') + the
-largest per-rank tail.
+largest per-rank tail. Costs are those of autoplan's own runtime unless a ``with_engine``
+view says Megatron-DeepSpeed (``autoplan.cost.engines``: where the two differ).
 
 Stage-to-stage transfers (``boundary_ms``): each replica's tp rank 0 sends the rows of its
 samples to the replicas of the next stage that own them (samples are regrouped by index). The
@@ -63,6 +64,7 @@ from autoplan.cost.comm import allreduce_ms as nccl_allreduce_ms
 from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.devices import DeviceClass, block_sizes, device_classes
+from autoplan.cost.engines import ENGINES, Engine
 from autoplan.cost.expert_parallel import expert_layer_cost
 from autoplan.cost.layers import (
     LayerCost,
@@ -311,6 +313,17 @@ class CostModel:
         self.host_limit = True  # offload's host-memory bound (``without_host_limit``)
         self.context_parallel = 1  # cp of groups that say 1 (``with_context_parallel``)
         self.expert_parallel = 1  # ep of stages that say 1 (``with_expert_parallel``)
+        self.engine: Engine = "autoplan"  # whose runtime runs the plan (``with_engine``)
+
+    def with_engine(self, engine: Engine) -> CostModel:
+        """This model costing plans as ``engine`` runs them (``ENGINES``): the search and
+        ``autoplan run`` use "autoplan"; ``autoplan fidelity`` and ``autoplan cost --engine``
+        price a Megatron-DeepSpeed run as that engine runs it."""
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+        view = copy.copy(self)
+        view.engine = engine
+        return view
 
     def with_sequence_parallel(self, sequence_parallel: bool) -> CostModel:
         """This model costing sequence parallelism on or off where a caller does not say
@@ -915,7 +928,7 @@ class CostModel:
             shortest_backward = min(
                 sum(groups_cost[c][g].backward_ms for c in chunks) for g in range(len(stage.groups))
             )
-            hidden = max(0.0, ar - shortest_backward)
+            hidden = max(0.0, ar - shortest_backward) if ENGINES[self.engine].overlaps_grad_reduce else ar
             allreduces.append(ar)
             exposed.append(hidden)
             optimizer.append(max(steps))
