@@ -87,6 +87,26 @@ def test_the_gradient_all_reduce_hides_under_one_backward_at_most() -> None:
     assert cost.dp_comm_ms == pytest.approx(hidden)
 
 
+def test_megatron_deepspeed_reduces_gradients_after_the_last_backward() -> None:
+    """The same stage priced as Megatron-DeepSpeed runs it: ReduceGrads after the schedule's
+    last backward, so the whole all-reduce is added; the passes and the pipeline are the
+    same as autoplan's own runtime's."""
+    profile, cluster = _two_nodes(0.1)
+    model = cost_model(profile, cluster, SolveOptions())
+    group = ReplicaGroup(model.classes[0].index, 1, 2, 1, "none")
+    config = PlanConfig(2, "1f1b", 1, (StageChoice(0, 4, (group,)),))
+    ours = model.evaluate(config)
+    theirs = model.with_engine("megatron-deepspeed").evaluate(config)
+    assert theirs.pipeline_ms == pytest.approx(ours.pipeline_ms)
+    assert theirs.dp_comm_ms == pytest.approx(ours.dp_allreduce_ms)
+    assert theirs.iteration_ms == pytest.approx(
+        ours.pipeline_ms + ours.dp_allreduce_ms + ours.optimizer_ms
+    )
+    assert theirs.iteration_ms - ours.iteration_ms == pytest.approx(ours.stages[0].backward_ms)
+    with pytest.raises(ValueError, match="unknown engine"):
+        model.with_engine("horovod")  # type: ignore[arg-type]
+
+
 def test_solver_and_simulator_agree_on_the_plans_it_emits() -> None:
     """A slow network (sends matter), plans the solver picks freely: its predicted iteration
     is within 2% of the event simulator's play of the same plan."""

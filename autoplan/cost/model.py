@@ -928,7 +928,8 @@ class CostModel:
             shortest_backward = min(
                 sum(groups_cost[c][g].backward_ms for c in chunks) for g in range(len(stage.groups))
             )
-            hidden = max(0.0, ar - shortest_backward) if ENGINES[self.engine].overlaps_grad_reduce else ar
+            overlapped = ENGINES[self.engine].overlaps_grad_reduce
+            hidden = max(0.0, ar - shortest_backward) if overlapped else ar
             allreduces.append(ar)
             exposed.append(hidden)
             optimizer.append(max(steps))
