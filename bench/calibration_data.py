@@ -55,6 +55,7 @@ __all__ = [
     "plain_opt_350",
     "predict_row",
     "read_rows",
+    "sailor_gpt_neo_2_7b",
     "sailor_opt_30",
     "sailor_opt_350",
 ]
@@ -136,6 +137,13 @@ def sailor_opt_350(batch_size: int, seq_len: int) -> Any:
 def sailor_opt_30(batch_size: int, seq_len: int) -> Any:
     """OPT-30's shape as Megatron-DeepSpeed builds it: 48 blocks, h 7168, 56 heads."""
     return _sailor_gpt(48, 7168, 56, batch_size, seq_len)
+
+
+def sailor_gpt_neo_2_7b(batch_size: int, seq_len: int) -> Any:
+    """GPT-Neo-2.7B's shape as Megatron-DeepSpeed builds it (``gpt_neo_model.py``: the same
+    pre-LayerNorm GELU block with unfused attention; its local layers mask a 256-token
+    window but still compute the full s×s scores): 32 blocks, h 2560, 20 heads."""
+    return _sailor_gpt(32, 2560, 20, batch_size, seq_len)
 
 
 def plain_opt_350(batch_size: int, seq_len: int) -> Any:

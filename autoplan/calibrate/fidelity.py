@@ -13,6 +13,7 @@ and worst absolute error of each group and of all runs.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,10 +26,11 @@ from autoplan.calibrate.measured_runs import (
     cost_run,
     run_cluster,
 )
-from autoplan.cluster.catalog import gpu_specs
+from autoplan.cluster.catalog import gpu_specs, profiles_dir
 from autoplan.cost.engines import Engine
 from autoplan.cost.model import CostModel
 from autoplan.errors import InputError
+from autoplan.files import read_json_model
 from autoplan.profile.measured_table import TableRow, attach, read_table
 from autoplan.profile.schema import Profile
 
@@ -38,6 +40,7 @@ __all__ = [
     "FidelityRun",
     "FidelitySummary",
     "fidelity_report",
+    "shipped_profile",
 ]
 
 FIDELITY_SCHEMA_VERSION = 2
@@ -113,15 +116,41 @@ def _summary(group: str, runs: list[FidelityRun]) -> FidelitySummary:
     )
 
 
+# The models of the published measured runs as Megatron-DeepSpeed builds them (unfused
+# attention, Megatron's embedding and cross-entropy; ``bench/calibration_data.py``), profiled
+# in TF32 and shipped in profiles/calibration/: a run whose model has no profile given uses
+# its shipped one, matched by name without case, punctuation or a size suffix.
+SHIPPED_PROFILES = {
+    "opt350": "opt-350.megatron.tf32.profile.json",
+    "opt30": "opt-30.megatron.tf32.profile.json",
+    "gptneo27": "gpt-neo-2.7b.megatron.tf32.profile.json",
+}
+
+
+def _model_key(name: str) -> str:
+    """'OPT-350M', 'opt_350' → 'opt350'; 'GPT-Neo-2.7B' → 'gptneo27'."""
+    return re.sub(r"[^a-z0-9]", "", name.lower()).removesuffix("b").removesuffix("m")
+
+
+def shipped_profile(model: str) -> Path | None:
+    """The shipped calibration profile of a measured-runs model name, or None."""
+    file = SHIPPED_PROFILES.get(_model_key(model))
+    return None if file is None else profiles_dir() / "calibration" / file
+
+
 def _profile_for(run: MeasuredRun, profiles: dict[str, Profile]) -> Profile:
     if run.model in profiles:
         return profiles[run.model]
-    if len(profiles) == 1 and "" in profiles:
+    if "" in profiles:
         return profiles[""]
+    shipped = shipped_profile(run.model)
+    if shipped is not None and shipped.is_file():
+        profiles[run.model] = read_json_model(shipped, Profile)
+        return profiles[run.model]
     known = ", ".join(sorted(p for p in profiles if p)) or "none"
     raise InputError(
         f"run {run.name} trains {run.model}: give its profile as --profile {run.model}=PATH "
-        f"(profiles given for: {known})"
+        f"(profiles given for: {known}; shipped for: OPT-350, OPT-30, GPT-Neo-2.7B)"
     )
 
 
@@ -136,6 +165,7 @@ def fidelity_report(
     (CSV or JSON, ``autoplan.profile.measured_table``) whose rows of each run's model are
     attached for the second prediction; ``engine`` is the engine that ran the runs
     (``autoplan.cost.engines``: the published runs are Megatron-DeepSpeed's)."""
+    profiles = dict(profiles)  # the shipped ones read are added to this copy
     rows: dict[str, list[TableRow]] = {}
     out = []
     for run in runs:
@@ -150,9 +180,7 @@ def fidelity_report(
                     layer_times, model=run.model, gpu_names=MEASURED_GPU_NAMES
                 )
             measured = attach(profile, rows[run.model], str(layer_times))
-            _, with_layers = cost_run(
-                run, CostModel(measured, cluster, specs).with_engine(engine)
-            )
+            _, with_layers = cost_run(run, CostModel(measured, cluster, specs).with_engine(engine))
         measured_s = run.measured_iteration_s
         out.append(
             FidelityRun(

@@ -51,6 +51,8 @@ MEASURED_GPU_NAMES = {
     "A100-40": "A100-40GB",
     "A100-80": "A100-80GB",
     "V100-16": "V100-16GB",
+    "V100-32": "V100-32GB",
+    "H100-80": "H100",
     "GH-96": "GH200",
     "RTX-2080": "RTX-2080",
     "RTX-3090": "RTX-3090",
@@ -81,7 +83,13 @@ def _catalog_names(stages: str) -> str:
     return _GPU_TOKEN.sub(lambda m: MEASURED_GPU_NAMES.get(m.group(0), m.group(0)), stages)
 
 
-_GPU_TOKEN = re.compile("|".join(sorted(map(re.escape, MEASURED_GPU_NAMES), key=len, reverse=True)))
+# A table name only where it is a whole GPU name: "A100-40" in "A100-40GB" (already the
+# catalog's spelling) stays as it is.
+_GPU_TOKEN = re.compile(
+    r"(?<![\w-])(?:"
+    + "|".join(sorted(map(re.escape, MEASURED_GPU_NAMES), key=len, reverse=True))
+    + r")(?![\w-])"
+)
 
 
 def _optional_float(text: str | None) -> float | None:

@@ -122,12 +122,13 @@ def _percent(value: float | None) -> str:
 def fidelity_command(
     runs: Annotated[Path, typer.Argument(help="Measured runs (CSV: run, cluster_file, stages…).")],
     profile: Annotated[
-        list[str],
+        list[str] | None,
         typer.Option(
             "--profile",
-            help="MODEL=PATH for each model of the table, or one PATH for every run.",
+            help="MODEL=PATH for each model of the table, or one PATH for every run "
+            "(default: the shipped profiles/calibration/ ones of OPT-350, OPT-30, GPT-Neo-2.7B).",
         ),
-    ],
+    ] = None,
     layer_times: Annotated[
         Path | None,
         typer.Option(
@@ -154,7 +155,7 @@ def fidelity_command(
 
     report = fidelity_report(
         read_measured_runs(runs),
-        _profiles(profile),
+        _profiles(profile or []),
         layer_times,
         engine.value,
     )

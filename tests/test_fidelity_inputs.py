@@ -1,0 +1,59 @@
+"""``autoplan fidelity`` on runs tables from elsewhere: the shipped calibration profiles stand
+in where no profile is given, and GPU names in either spelling are read alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoplan.calibrate.fidelity import fidelity_report, shipped_profile
+from autoplan.calibrate.measured_runs import read_measured_runs
+from autoplan.errors import InputError
+from autoplan.files import read_json_model
+from autoplan.profile.schema import Profile
+
+CLUSTER = """schema_version: 1
+name: one-a100-node
+node_groups:
+  - name: a100
+    gpu: A100-40GB
+    gpus_per_node: 8
+    count: 1
+    intra_node_bandwidth_gb_per_s: 300
+inter_node_bandwidth_gb_per_s: 25
+"""
+
+HEADER = (
+    "run,site,model,gpus_by_type,cluster_file,global_batch,micro_batch_per_replica,stages,"
+    "measured_iteration_s,measured_grad_allreduce_s,measured_max_memory_gib,sailor_simulator_s\n"
+)
+
+
+def _runs(tmp_path: Path, *rows: str) -> Path:
+    (tmp_path / "a100.yaml").write_text(CLUSTER)
+    table = tmp_path / "runs.csv"
+    table.write_text(HEADER + "".join(f"{row}\n" for row in rows))
+    return table
+
+
+def test_a_model_without_a_given_profile_uses_its_shipped_one(tmp_path: Path) -> None:
+    table = _runs(
+        tmp_path,
+        'neo,site-a,GPT-Neo-2.7B,"{}",a100.yaml,16,2,A100-40:L0-33:tp8:dp1,5.0,,,',
+        'neo-gb,site-a,gpt_neo_2.7b,"{}",a100.yaml,16,2,A100-40GB:L0-33:tp8:dp1,5.0,,,',
+    )
+    report = fidelity_report(read_measured_runs(table), {})
+    first, second = report.runs
+    assert first.catalog_s == pytest.approx(second.catalog_s)  # both spellings alike
+    assert first.catalog_s > 0 and first.num_micro_batches == 8
+    shipped = shipped_profile("GPT-Neo-2.7B")
+    assert shipped is not None
+    neo = read_json_model(shipped, Profile)
+    assert neo.model.parameter_count > 2.6e9 and len(neo.layers) == 34
+
+
+def test_an_unknown_model_without_a_profile_is_a_one_line_error(tmp_path: Path) -> None:
+    table = _runs(tmp_path, 'x,site-a,Bloom-7B,"{}",a100.yaml,16,2,A100-40:L0-33:tp8:dp1,5.0,,,')
+    with pytest.raises(InputError, match="give its profile as --profile Bloom-7B=PATH"):
+        fidelity_report(read_measured_runs(table), {})
