@@ -235,7 +235,8 @@ def report_calibration() -> None:
 
 def report_measured_runs() -> None:
     """Every run of ``../shared/calibration/measured_runs.csv``, its plan pinned: predicted
-    from the catalog alone and with ``layer_times.csv`` attached, against measured."""
+    from the catalog alone and with ``layer_times.csv`` attached, against measured; and the
+    predicted peak memory per GPU against the measured peak."""
     from autoplan.calibrate.fidelity import fidelity_report
     from autoplan.calibrate.measured_runs import read_measured_runs
     from autoplan.files import read_json_model
@@ -276,6 +277,25 @@ def report_measured_runs() -> None:
             f"{s.catalog_worst_error:>+7.1%}   {s.measured_layers_median_abs_error or 0:>20.1%} "
             f"{s.measured_layers_worst_error or 0:>+7.1%}"
         )
+    print(
+        "\nPeak memory per GPU (GiB): measured, the model's count (largest over the plan's "
+        "GPUs),\nthe same with the GPU type's reserve; error = with reserve / measured - 1.\n"
+    )
+    print(f"{'run':<7} {'measured':>9} {'model':>9} {'+reserve':>9} {'error':>8}  plan")
+    for r in report.runs:
+        if r.measured_memory_gib is None:
+            continue
+        print(
+            f"{r.run:<7} {r.measured_memory_gib:>9.2f} {r.predicted_memory_gib:>9.2f} "
+            f"{r.predicted_memory_with_reserve_gib:>9.2f} {r.memory_error or 0:>+8.1%}  {r.stages}"
+        )
+    print(f"\n{'group':<9} {'runs':>4}  memory: median |e|, worst")
+    for s in report.summaries:
+        if s.memory_runs:
+            print(
+                f"{s.group:<9} {s.memory_runs:>4}  {s.memory_median_abs_error or 0:>16.1%} "
+                f"{s.memory_worst_error or 0:>+7.1%}"
+            )
 
 
 def main() -> None:

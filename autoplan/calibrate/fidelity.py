@@ -8,6 +8,14 @@ table's measured layer times attached (``autoplan.profile.measured_table.attach`
 (negative: the model is optimistic). A report groups the runs by site and gives the median
 and worst absolute error of each group and of all runs.
 
+Memory: where the table records a run's measured peak (``measured_max_memory_gib``), the
+report sets beside it the model's peak per GPU, the largest over the plan's GPUs of what the
+model counts (weights, gradients, optimizer states, activations in flight, transients and
+buffers: ``autoplan.cost.model.RankMemory``), without and with the GPU type's reserve (CUDA
+context, NCCL's buffers, allocator fragmentation), and the error of the latter:
+predicted / measured − 1 (negative: the model says the plan needs less than it took; a plan
+predicted to fit would not).
+
 ``autoplan fidelity`` prints it; ``make bench`` prints it for ``../shared/calibration``.
 """
 
@@ -28,7 +36,7 @@ from autoplan.calibrate.measured_runs import (
 )
 from autoplan.cluster.catalog import gpu_specs, profiles_dir
 from autoplan.cost.engines import Engine
-from autoplan.cost.model import CostModel
+from autoplan.cost.model import CostModel, PlanCost
 from autoplan.errors import InputError
 from autoplan.files import read_json_model
 from autoplan.profile.measured_table import TableRow, attach, read_table
@@ -40,10 +48,13 @@ __all__ = [
     "FidelityRun",
     "FidelitySummary",
     "fidelity_report",
+    "predicted_peak_bytes",
     "shipped_profile",
 ]
 
-FIDELITY_SCHEMA_VERSION = 2
+FIDELITY_SCHEMA_VERSION = 3  # 2: the engine; 3: memory columns
+
+_GIB = 1024**3
 
 
 class FidelityRun(BaseModel):
@@ -69,6 +80,22 @@ class FidelityRun(BaseModel):
         default=None, description="What the table's own simulator predicted, for reference."
     )
     fits: bool = Field(description="Whether the cost model says the plan fits memory.")
+    measured_memory_gib: float | None = Field(
+        default=None, description="The run's measured peak device memory per GPU, GiB."
+    )
+    predicted_memory_gib: float = Field(
+        ge=0,
+        description="The model's peak per GPU, GiB: the largest over the plan's GPUs of what "
+        "it counts, without the reserve.",
+    )
+    predicted_memory_with_reserve_gib: float = Field(
+        ge=0,
+        description="The same with each GPU type's reserve (CUDA context, NCCL, fragmentation).",
+    )
+    memory_error: float | None = Field(
+        default=None,
+        description="predicted_memory_with_reserve_gib / measured_memory_gib − 1.",
+    )
 
 
 class FidelitySummary(BaseModel):
@@ -82,6 +109,13 @@ class FidelitySummary(BaseModel):
     catalog_worst_error: float
     measured_layers_median_abs_error: float | None = None
     measured_layers_worst_error: float | None = None
+    memory_runs: int = Field(default=0, ge=0, description="Runs with a measured memory peak.")
+    memory_median_abs_error: float | None = Field(
+        default=None, ge=0, description="Median |memory_error| of those runs."
+    )
+    memory_worst_error: float | None = Field(
+        default=None, description="The memory_error of the largest magnitude."
+    )
 
 
 class FidelityReport(BaseModel):
@@ -104,6 +138,7 @@ def _worst(errors: list[float]) -> float:
 def _summary(group: str, runs: list[FidelityRun]) -> FidelitySummary:
     catalog = [r.catalog_error for r in runs]
     layers = [r.measured_layers_error for r in runs if r.measured_layers_error is not None]
+    memory = [r.memory_error for r in runs if r.memory_error is not None]
     return FidelitySummary(
         group=group,
         runs=len(runs),
@@ -113,6 +148,18 @@ def _summary(group: str, runs: list[FidelityRun]) -> FidelitySummary:
             statistics.median(abs(e) for e in layers) if layers else None
         ),
         measured_layers_worst_error=_worst(layers) if layers else None,
+        memory_runs=len(memory),
+        memory_median_abs_error=statistics.median(abs(e) for e in memory) if memory else None,
+        memory_worst_error=_worst(memory) if memory else None,
+    )
+
+
+def predicted_peak_bytes(cost: PlanCost) -> tuple[float, float]:
+    """(without, with the reserve): the largest over a plan's GPUs of the bytes the model
+    counts on one GPU, and of those plus its type's reserve."""
+    return (
+        max(m.total_bytes for m in cost.memory),
+        max(m.total_bytes + m.reserved_bytes for m in cost.memory),
     )
 
 
@@ -182,6 +229,8 @@ def fidelity_report(
             measured = attach(profile, rows[run.model], str(layer_times))
             _, with_layers = cost_run(run, CostModel(measured, cluster, specs).with_engine(engine))
         measured_s = run.measured_iteration_s
+        peak, with_reserve = predicted_peak_bytes(catalog)
+        measured_gib = run.measured_max_memory_gib
         out.append(
             FidelityRun(
                 run=run.name,
@@ -198,6 +247,10 @@ def fidelity_report(
                 ),
                 reference_simulator_s=run.reference_simulator_s,
                 fits=catalog.feasible,
+                measured_memory_gib=measured_gib,
+                predicted_memory_gib=peak / _GIB,
+                predicted_memory_with_reserve_gib=with_reserve / _GIB,
+                memory_error=(None if not measured_gib else with_reserve / _GIB / measured_gib - 1),
             )
         )
     if not out:

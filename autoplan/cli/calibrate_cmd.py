@@ -17,6 +17,7 @@ from autoplan.errors import InputError
 from autoplan.files import read_json_model
 
 if TYPE_CHECKING:
+    from autoplan.calibrate.fidelity import FidelityReport
     from autoplan.profile.schema import Profile
 
 __all__ = ["RunEngine", "calibrate_command", "fidelity_command"]
@@ -118,6 +119,29 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
+def _memory_table(report: FidelityReport) -> Table | None:
+    """Peak memory per GPU, measured against predicted, for the runs that record it (None
+    when none does)."""
+    rows = [r for r in report.runs if r.measured_memory_gib is not None]
+    if not rows:
+        return None
+    table = Table(
+        title="peak memory per GPU, measured vs predicted (error: with reserve / measured - 1)"
+    )
+    for column in ("run", "plan", "measured GiB", "model GiB", "+ reserve GiB", "error"):
+        table.add_column(column, justify="left" if column in ("run", "plan") else "right")
+    for run in rows:
+        table.add_row(
+            run.run,
+            run.stages,
+            f"{run.measured_memory_gib:.2f}",
+            f"{run.predicted_memory_gib:.2f}",
+            f"{run.predicted_memory_with_reserve_gib:.2f}",
+            _percent(run.memory_error),
+        )
+    return table
+
+
 @command("fidelity")
 def fidelity_command(
     runs: Annotated[Path, typer.Argument(help="Measured runs (CSV: run, cluster_file, stages…).")],
@@ -183,11 +207,15 @@ def fidelity_command(
                 _percent(run.measured_layers_error),
             ]
         table.add_row(*cells)
+    memory = _memory_table(report)
     summary = Table(title="median |error| and worst error")
-    for column in ("group", "runs", "catalog median", "worst", "with layers median", "worst"):
+    columns = ["group", "runs", "catalog median", "worst", "with layers median", "worst"]
+    if memory is not None:
+        columns += ["memory median", "worst"]
+    for column in columns:
         summary.add_column(column, justify="left" if column == "group" else "right")
     for s in report.summaries:
-        summary.add_row(
+        cells = [
             s.group,
             str(s.runs),
             f"{s.catalog_median_abs_error:.1%}",
@@ -196,9 +224,17 @@ def fidelity_command(
             if s.measured_layers_median_abs_error is None
             else f"{s.measured_layers_median_abs_error:.1%}",
             _percent(s.measured_layers_worst_error),
-        )
+        ]
+        if memory is not None:
+            cells += [
+                "-" if s.memory_median_abs_error is None else f"{s.memory_median_abs_error:.1%}",
+                _percent(s.memory_worst_error),
+            ]
+        summary.add_row(*cells)
     console = _console()
     console.print(table)
+    if memory is not None:
+        console.print(memory)
     console.print(summary)
     if output is not None:
         console.print(f"wrote {output}")
