@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from autoplan.api import cost_plan
 from autoplan.calibrate.fidelity import fidelity_report, shipped_profile
 from autoplan.calibrate.measured_runs import read_measured_runs
-from autoplan.errors import InputError
+from autoplan.errors import InputError, PlanInvalidError
 from autoplan.files import read_json_model
 from autoplan.profile.schema import Profile
+from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
 CLUSTER = """schema_version: 1
 name: one-a100-node
@@ -57,3 +59,26 @@ def test_an_unknown_model_without_a_profile_is_a_one_line_error(tmp_path: Path) 
     table = _runs(tmp_path, 'x,site-a,Bloom-7B,"{}",a100.yaml,16,2,A100-40:L0-33:tp8:dp1,5.0,,,')
     with pytest.raises(InputError, match="give its profile as --profile Bloom-7B=PATH"):
         fidelity_report(read_measured_runs(table), {})
+
+
+def _profile_of(tp_divides: int | None) -> Profile:
+    layers = [
+        layer(i, flops=10**12, params=10**7, saved=10**8, output=10**6, tp_divides=tp_divides)
+        for i in range(4)
+    ]
+    return make_profile(layers)
+
+
+def test_tp_on_a_profile_without_a_tensor_parallel_split_is_refused() -> None:
+    """A factory model profiled without --tp-divisor has no split: every tp rank would run its
+    layers whole, so a plan with tp > 1 is invalid rather than priced as if sharded."""
+    cluster = make_cluster([("a", gpu("G", 100.0, 80.0), 4, 1)])
+    stages = "G:L0-3:tp2:dp2"
+    with pytest.raises(PlanInvalidError, match="no tensor-parallel split"):
+        cost_plan(_profile_of(None), cluster, stages=stages, global_batch=8)
+    # With the split the same configuration passes this rule (a synthetic model is not one
+    # the runtime can build, which the validator says apart).
+    with pytest.raises(PlanInvalidError) as refused:
+        cost_plan(_profile_of(4), cluster, stages=stages, global_batch=8)
+    assert "unknown model 'synthetic'" in str(refused.value)
+    assert "tensor-parallel split" not in str(refused.value)

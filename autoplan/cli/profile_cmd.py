@@ -203,6 +203,16 @@ def profile(
             "ModuleList of one module type.",
         ),
     ] = None,
+    tp_divisor: Annotated[
+        int | None,
+        typer.Option(
+            "--tp-divisor",
+            help="A factory model's tensor-parallel limit: what every tp degree must divide "
+            "(the gcd of its heads, kv heads and MLP size). Without it a factory model is "
+            "profiled without a tensor-parallel split (tp 1 only); zoo and hf: models know "
+            "their own.",
+        ),
+    ] = None,
 ) -> None:
     """Profile a model per layer (FLOPs, bytes, parameters, activations) without allocating it.
 
@@ -212,6 +222,7 @@ def profile(
         {
             "--seq": (seq, 1, limits.MAX_SEQ_LEN),
             "--micro-batch": (micro_batch, 1, limits.MAX_MICRO_BATCH_SIZE),
+            "--tp-divisor": (tp_divisor, 1, 1 << 20),
         }
     )
     check_outputs({"--output": output})
@@ -235,6 +246,7 @@ def profile(
         attention=kernel,
         granularity=grain,
         layer_modules=_module_paths(layer_modules),
+        tensor_parallel_divisor=tp_divisor,
     )
     if table is not None and not measure:
         raise InputError("--table writes measured times: add --measure")

@@ -528,7 +528,16 @@ def _check_against_profile(plan: Plan, profile: Profile, problems: list[str]) ->
         )
     if profile.seq_len != plan.inputs.seq_len:
         problems.append(f"plan seq_len {plan.inputs.seq_len} != profile seq_len {profile.seq_len}")
+    splittable = any(layer.tensor_parallel is not None for layer in profile.layers)
     for stage in plan.stages:
+        tps = sorted({r.tensor_parallel_degree for r in stage.replicas} - {1})
+        if tps and not splittable:
+            # Without the split every tp rank would run its layers whole: not tensor parallelism.
+            problems.append(
+                f"stage {stage.index} runs tp {tps[0]} but the profile has no tensor-parallel "
+                "split (profile a factory model with --tp-divisor)"
+            )
+            continue
         for tp in sorted({r.tensor_parallel_degree for r in stage.replicas} - {1}):
             failing = [
                 (layer.index, layer.name, layer.tensor_parallel.degree_must_divide)
