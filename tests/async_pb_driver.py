@@ -9,7 +9,7 @@ losses and the peak number of micro-batches it held to ``OUT/<case>/losses.pt``.
 
 Then, in the same launch, every plan case of ``OUT/plan_cases.json`` (name -> zero_delay,
 steps): the plan ``OUT/plans/<name>.json`` (world size 4: stages of several replicas or of tp)
-trained by the plan executor (``autoplan.runtime.async_engine.AsyncEngine``) on the cycle of
+trained by the plan executor (``autoplan.runtime.async_executor.AsyncExecutor``) on the cycle of
 batches of ``tests/async_pb_plans.py``; every rank saves its stage's parameters (full tensors)
 and the per-step losses to ``OUT/<name>/rank<r>.pt``. Cases named ``train_*`` run through
 ``autoplan.runtime.trainer.train`` instead (its own data and learning rate), and rank 0 saves
@@ -28,11 +28,11 @@ from torch.distributed.tensor import DTensor
 
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
-from autoplan.runtime.async_engine import AsyncEngine
+from autoplan.runtime.async_executor import AsyncExecutor
 from autoplan.runtime.async_pb import run_distributed
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
-from autoplan.runtime.mesh import exit_process
 from autoplan.runtime.trainer import train
+from autoplan.runtime.world import exit_process
 from tests import async_pb_plans as plans
 from tests import async_pb_task as task
 
@@ -90,7 +90,7 @@ def _plan_cases(out_dir: Path, rank: int) -> None:
             dist.barrier()
             continue
         entry = check_launch(plan, LaunchEnv.from_environ().in_plan(plan))
-        engine = AsyncEngine(
+        engine = AsyncExecutor(
             plan, entry, torch.device("cpu"), 0, plans.LR, zero_delay=case["zero_delay"]
         )
         records = engine.train(plans.batches(plan, case["steps"]))

@@ -20,9 +20,9 @@ import torch.distributed as dist
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.checkpoint import CheckpointConfig
-from autoplan.runtime.mesh import exit_process
 from autoplan.runtime.token_data import TokenSource
 from autoplan.runtime.trainer import train
+from autoplan.runtime.world import exit_process
 
 
 def run_chain(chain_path: Path, out_dir: Path, rank: int) -> None:

@@ -26,7 +26,7 @@ from autoplan.runtime.context_parallel import (
     reduce_gradients,
     shard_sequence,
 )
-from autoplan.runtime.mesh import exit_process
+from autoplan.runtime.world import exit_process
 from autoplan.zoo import get_model_spec
 
 BATCH, SEQ = 2, 16

@@ -36,13 +36,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
-from autoplan.runtime import mesh_engine, tensor_parallel
+from autoplan.runtime import mesh_executor, tensor_parallel
 from autoplan.runtime.data import training_batches
 from autoplan.runtime.data_parallel import make_optimizer
 from autoplan.runtime.loss import loss_context, loss_function
-from autoplan.runtime.mesh import exit_process
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.trainer import train
+from autoplan.runtime.world import exit_process
 from tests.split_backward_memory import recording_split_backward_memory
 
 STEPS = 2
@@ -143,7 +143,7 @@ def main(plans_dir: Path, out_dir: Path) -> None:
             torch.save(gradients, target / f"rank{rank}_step{step}.pt")
 
         batches = _data_loader(plan) if path.stem.endswith("_dataloader") else None
-        mesh_engine.make_optimizer = (  # type: ignore[assignment]
+        mesh_executor.make_optimizer = (  # type: ignore[assignment]
             _master_weight_optimizer if path.stem.endswith("_masterweights") else make_optimizer
         )
         tensor_parallel.apply_tensor_parallel = _recording_tensor_parallel(

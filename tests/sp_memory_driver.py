@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from autoplan.profile.live_memory import bytes_held_after
-from autoplan.runtime.mesh import exit_process
 from autoplan.runtime.tensor_parallel import apply_tensor_parallel
+from autoplan.runtime.world import exit_process
 from autoplan.zoo import get_model_spec
 
 

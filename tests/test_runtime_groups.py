@@ -9,13 +9,14 @@ import torch
 
 from autoplan.errors import InputError, LaunchMismatchError
 from autoplan.plan.schema import Plan
-from autoplan.runtime.check import check_runnable, meta_model
+from autoplan.runtime.check import check_runnable
 from autoplan.runtime.data import replica_rows, sample_rows
 from autoplan.runtime.device_check import check_device_identity
 from autoplan.runtime.grad_sync import parameter_families, plan_reductions
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
+from autoplan.runtime.model_stage import meta_model
+from autoplan.runtime.placement import Route, boundary_routes, rank_place
 from autoplan.runtime.report import predicted_memory_of_rank
-from autoplan.runtime.stage_groups import Route, boundary_routes, rank_place
 from autoplan.runtime.transfers import boundary_shapes, send_sequence
 from autoplan.schedule import schedule_order
 from autoplan.zoo.dtypes import torch_dtype

@@ -17,7 +17,7 @@ micro-batch's forward to its backward, which under 1F1B is always: they count wi
 transients (they are not a model state; after the step only the shards remain).
 
 Levels 2 and 3 are FSDP2 ``fully_shard`` per layer and per stage over the stage's replicas.
-The runtime (``autoplan.runtime.zero``) reduce-scatters the gradients in every micro-batch's
+The runtime (``autoplan.runtime.fsdp``) reduce-scatters the gradients in every micro-batch's
 backward and reshards the parameters after it: torch's pipelining would otherwise defer the
 reduce-scatter to the last micro-batch and keep every gradient and parameter unsharded for
 the whole step, which shards nothing at the peak. So, per micro-batch:

@@ -20,7 +20,7 @@ with ``"always"`` (gathered again for the backward). torchtitan has no ZeRO-1 al
 plan is written as ZeRO-2 is, which shards the optimizer states as ZeRO-1 does and gradients
 and weights too (no more memory than the plan's; a note says so). With pp > 1, torch's
 pipeline stage defers FSDP's reduce-scatter to the last micro-batch (the plan's runtime does
-it per micro-batch, ``autoplan.runtime.zero``): a note says gradients and weights stay
+it per micro-batch, ``autoplan.runtime.fsdp``): a note says gradients and weights stay
 unsharded through the step there. Recompute: ``none`` and ``full`` are
 torchtitan's; the plan's ``selective`` (matmul outputs kept, attention recomputed) is closest
 to torchtitan's per-op selective checkpointing, which also recomputes every second matmul (a

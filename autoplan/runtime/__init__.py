@@ -2,9 +2,9 @@
 
 The only part of autoplan that imports ``torch.distributed``. Public API: :func:`train` (one
 rank's training, with an optional data source and gradient hook) and :class:`RunReport`.
-Uniform plans (one (dp, tp) for every stage) run on PyTorch's own engine (``mesh_engine``:
+Uniform plans (one (dp, tp) for every stage) run on PyTorch's own engine (``mesh_executor``:
 DeviceMesh, pipelining schedules, DDP/FSDP2, DTensor); any other version-2 plan on per-stage
-process groups with the runtime's own stage transfers (``groups_engine``), driven by the same
+process groups with the runtime's own stage transfers (``groups_executor``), driven by the same
 per-rank action lists as the simulator (``autoplan.schedule``).
 ``train`` is imported on first use, so reading a report (``autoplan.runtime.report``) or
 checking a launch (``autoplan.runtime.launch_check``) does not load torch.

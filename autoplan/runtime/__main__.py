@@ -176,7 +176,7 @@ if __name__ == "__main__":
     exit_code = main()
     if "torch.distributed" in sys.modules:
         # Training ran: end without the interpreter's teardown (mesh.exit_process says why).
-        from autoplan.runtime.mesh import exit_process
+        from autoplan.runtime.world import exit_process
 
         exit_process(exit_code)
     sys.exit(exit_code)

@@ -24,10 +24,11 @@ order makes deadlock-free. ``run_local`` plays the same orders in one process (a
 boundary) for tests and for the convergence study.
 
 Replicas and tensor parallelism: ``reduce_gradients`` (given by the plan engine,
-``autoplan.runtime.async_engine``) sums a micro-batch's gradient over the stage's replicas
+``autoplan.runtime.async_executor``) sums a micro-batch's gradient over the stage's replicas
 before the step, so every replica of a stage takes the same step; ``run_local`` and
-``run_distributed`` here play one rank per stage. ``check_async_plan`` refuses, in one line,
-what the async executor cannot run (ZeRO, recompute, offload, weights tied across stages).
+``run_distributed`` here play one rank per stage. ``check.check_async_plan`` refuses, in one
+line, what the async executor cannot run (ZeRO, recompute, offload, weights tied across
+stages).
 """
 
 from __future__ import annotations
@@ -39,15 +40,12 @@ import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
-from autoplan.errors import InputError
-from autoplan.plan.schema import Plan
 from autoplan.runtime.async_pb_optim import PipelinedMomentumSGD
 from autoplan.schedule.async_pb import async_pb_order
 
 __all__ = [
     "AsyncStageWorker",
     "async_pb_order",
-    "check_async_plan",
     "run_distributed",
     "run_local",
     "stage_delay",
@@ -227,41 +225,3 @@ def run_distributed(
                 pending.append(dist.isend(grad_in, dst=rank_of_stage(s - 1), group=group))
     for work in pending:
         work.wait()
-
-
-def check_async_plan(plan: Plan) -> None:
-    """Refuse, in one line, async_pb plans the async executor cannot run.
-
-    Any (dp, tp) per stage runs, unequal shares included. Refused: more than one stage per
-    rank; ZeRO (the stage's momentum-SGD state is not sharded); recompute and activation
-    offload (a recomputed forward would run at the current weights, not the version the
-    forward used, and give wrong gradients); weights tied across stages (their copies would
-    need a gradient sum between stages that step at different times).
-    """
-    if plan.parallelism.virtual_stages_per_rank != 1:
-        raise InputError("schedule async_pb runs one stage per pipeline rank")
-    for stage in plan.stages:
-        if stage.zero_stage > 0:
-            raise InputError(
-                f"schedule async_pb steps momentum SGD per replica; stage {stage.index} asks "
-                f"for ZeRO-{stage.zero_stage} (use zero_stage 0)"
-            )
-        for replica in stage.replicas:
-            if replica.recompute != "none" or replica.offload:
-                raise InputError(
-                    f"schedule async_pb keeps the weights each forward used; stage "
-                    f"{stage.index} asks for recompute {replica.recompute!r} / offload "
-                    f"{replica.offload}, which would recompute at other weights (use none)"
-                )
-    from autoplan.runtime.check import meta_model
-    from autoplan.runtime.model_stage import find_tied_weights, pipeline_layers
-
-    model = meta_model(plan)
-    if plan.stages[-1].layer_end != len(pipeline_layers(model)):
-        return  # stages that miss layers: check_runnable says so
-    tied = find_tied_weights(model, plan)
-    if tied:
-        raise InputError(
-            f"schedule async_pb cannot run weights tied across stages ({', '.join(tied[0].names)} "
-            f"on stages {list(tied[0].stages)}): each stage steps at its own time"
-        )

@@ -10,33 +10,20 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from torch import nn
 
 from autoplan.errors import InputError
 from autoplan.names import is_hf_name
 from autoplan.plan.schema import Plan, Replica, Stage
-from autoplan.runtime.model_stage import pipeline_layers
+from autoplan.runtime.model_stage import find_tied_weights, meta_model, pipeline_layers
 from autoplan.runtime.tensor_parallel import vocabulary_shard_rows, vocabulary_sizes
 from autoplan.schedule.zero_bubble import zero_bubble_problem
 from autoplan.zoo import get_model_spec
-from autoplan.zoo.decoder import LayerChain
 from autoplan.zoo.moe import MoE
-from autoplan.zoo.sub_blocks import set_granularity
 
-__all__ = ["check_runnable", "meta_model"]
+__all__ = ["check_async_plan", "check_runnable"]
 
 logger = logging.getLogger(__name__)
-
-
-def meta_model(plan: Plan) -> nn.Module:
-    """The plan's whole model on the meta device: shapes only, nothing allocated."""
-    with torch.device("meta"):
-        model = get_model_spec(plan.inputs.model.name).build()
-    model = set_granularity(model, plan.inputs.model.granularity)
-    # A decoder-shaped factory model is run as the layer modules its profile recorded.
-    layer_modules = plan.inputs.model.layer_modules
-    return LayerChain(model, layer_modules) if layer_modules is not None else model
 
 
 def _placement(replica: Replica) -> tuple[str, str, int, tuple[int, ...], int]:
@@ -249,6 +236,39 @@ def check_runnable(plan: Plan) -> None:
         _check_zero1(stage)
     _check_schedule(plan)
     if plan.parallelism.schedule == "async_pb":
-        from autoplan.runtime.async_pb import check_async_plan
-
         check_async_plan(plan)
+
+
+def check_async_plan(plan: Plan) -> None:
+    """Refuse, in one line, async_pb plans the async executor cannot run.
+
+    Any (dp, tp) per stage runs, unequal shares included. Refused: more than one stage per
+    rank; ZeRO (the stage's momentum-SGD state is not sharded); recompute and activation
+    offload (a recomputed forward would run at the current weights, not the version the
+    forward used, and give wrong gradients); weights tied across stages (their copies would
+    need a gradient sum between stages that step at different times).
+    """
+    if plan.parallelism.virtual_stages_per_rank != 1:
+        raise InputError("schedule async_pb runs one stage per pipeline rank")
+    for stage in plan.stages:
+        if stage.zero_stage > 0:
+            raise InputError(
+                f"schedule async_pb steps momentum SGD per replica; stage {stage.index} asks "
+                f"for ZeRO-{stage.zero_stage} (use zero_stage 0)"
+            )
+        for replica in stage.replicas:
+            if replica.recompute != "none" or replica.offload:
+                raise InputError(
+                    f"schedule async_pb keeps the weights each forward used; stage "
+                    f"{stage.index} asks for recompute {replica.recompute!r} / offload "
+                    f"{replica.offload}, which would recompute at other weights (use none)"
+                )
+    model = meta_model(plan)
+    if plan.stages[-1].layer_end != len(pipeline_layers(model)):
+        return  # stages that miss layers: check_runnable says so
+    tied = find_tied_weights(model, plan)
+    if tied:
+        raise InputError(
+            f"schedule async_pb cannot run weights tied across stages ({', '.join(tied[0].names)} "
+            f"on stages {list(tied[0].stages)}): each stage steps at its own time"
+        )

@@ -48,7 +48,7 @@ from autoplan.errors import InputError
 from autoplan.files import read_json_model, write_json_model
 from autoplan.names import printable
 from autoplan.plan.schema import Plan
-from autoplan.runtime.engine import Engine, Optimizer
+from autoplan.runtime.executor_protocol import Executor, Optimizer
 from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
 from autoplan.zoo.moe import GroupedExperts
 
@@ -243,7 +243,7 @@ def _put(
         state[f"{key}.expert{first + row}"] = tensor[row] if for_loading else tensor[row].clone()
 
 
-def training_state(engine: Engine, *, for_loading: bool = False) -> dict[str, torch.Tensor]:
+def training_state(engine: Executor, *, for_loading: bool = False) -> dict[str, torch.Tensor]:
     """This rank's model and optimizer tensors by checkpoint key (module docstring); with
     ``for_loading`` a fresh optimizer's states are created first, to be loaded into."""
     if len(engine.optimizers) != len(engine.models):
@@ -288,7 +288,7 @@ def _scale_state(loss_scale: DynamicLossScale | None) -> dict[str, torch.Tensor]
 def save_checkpoint(
     config: CheckpointConfig,
     step: int,
-    engine: Engine,
+    engine: Executor,
     info: CheckpointInfo,
     loss_scale: DynamicLossScale | None = None,
 ) -> Path:
@@ -319,7 +319,9 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(path: Path, engine: Engine, loss_scale: DynamicLossScale | None = None) -> None:
+def load_checkpoint(
+    path: Path, engine: Executor, loss_scale: DynamicLossScale | None = None
+) -> None:
     """Load ``path`` into this rank's modules and optimizers (collective), resharded to this
     rank's plan, and an fp16 run's loss scale."""
     scale = _scale_state(loss_scale)

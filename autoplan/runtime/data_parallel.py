@@ -29,9 +29,9 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from autoplan.runtime.fsdp import PerMicroBatchSync
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.model_stage import pipeline_layers
-from autoplan.runtime.zero import PerMicroBatchSync
 
 __all__ = ["make_optimizer", "wrap_data_parallel"]
 
@@ -47,7 +47,7 @@ def wrap_data_parallel(
 ) -> nn.Module:
     """The module to hand to the pipeline stage: ``model`` replicated over ``dp_mesh``
     (DDP), or sharded over it (FSDP2) when ``shard`` or ZeRO-2/3; ``pipelined`` when the plan
-    has several stages. ZeRO-2/3 reduce-scatter per micro-batch (``autoplan.runtime.zero``)."""
+    has several stages. ZeRO-2/3 reduce-scatter per micro-batch (``autoplan.runtime.fsdp``)."""
     if dp_mesh.size() == 1:
         return model
     if shard or zero_stage >= 2:

@@ -13,7 +13,7 @@ reverse all-to-all), on the group of the expert group's ranks at this rank's tp 
 ranks of an expert group run the same action list, so their all-to-alls meet in order.
 
 Gradients: an expert's gradient on its rank already sums every token of the expert group that
-reached it (each replica's loss is weighted by its share of the batch: ``executor``), so it is
+reached it (each replica's loss is weighted by its share of the batch: ``action_list``), so it is
 summed only over the replicas holding the same experts in the stage's other expert groups
 (``expert_reductions``); the gradient sync of every other parameter leaves experts out.
 Routing is computed from each replica's own tokens: with a capacity that drops picks, which
@@ -32,7 +32,7 @@ from torch import nn
 
 from autoplan.plan.schema import Plan, Stage
 from autoplan.runtime.grad_sync import ParameterFamily
-from autoplan.runtime.stage_groups import ProcessGroups
+from autoplan.runtime.process_groups import ProcessGroups
 from autoplan.zoo.moe import GroupedExperts, MoE
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Gradient sync of the groups executor: sum each parameter's gradient over every replica that
 holds it, replicas of different tp degrees and weights tied across stages included.
 
-Each replica's loss is weighted by its share of the global batch (see ``executor``), so the
+Each replica's loss is weighted by its share of the global batch (see ``action_list``), so the
 global-batch mean gradient is the plain *sum* of the replicas' gradients. With equal tp that
 is DDP's all-reduce per tp index; with replicas of different tp degrees in one stage (one of
 tp 1, one of tp 2), the same rows of a weight live on different ranks in pieces of different
@@ -42,7 +42,7 @@ from torch.distributed.tensor import DTensor
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, Replica
 from autoplan.runtime.model_stage import pipeline_layers
-from autoplan.runtime.stage_groups import ProcessGroups
+from autoplan.runtime.process_groups import ProcessGroups
 from autoplan.runtime.tensor_parallel import parameter_shard_dims, vocabulary_shard_rows
 
 __all__ = [

@@ -35,6 +35,7 @@ __all__ = [
     "build_stage_models",
     "find_tied_weights",
     "keep_stage_layers",
+    "meta_model",
     "pipeline_layers",
 ]
 
@@ -148,3 +149,13 @@ def build_stage_models(
         source = full if position == len(stages) - 1 else copy.deepcopy(full)
         models.append(keep_stage_layers(source, stage.layer_start, stage.layer_end))
     return models, tied
+
+
+def meta_model(plan: Plan) -> nn.Module:
+    """The plan's whole model on the meta device: shapes only, nothing allocated."""
+    with torch.device("meta"):
+        model = get_model_spec(plan.inputs.model.name).build()
+    model = set_granularity(model, plan.inputs.model.granularity)
+    # A decoder-shaped factory model is run as the layer modules its profile recorded.
+    layer_modules = plan.inputs.model.layer_modules
+    return LayerChain(model, layer_modules) if layer_modules is not None else model

@@ -35,7 +35,7 @@ from autoplan.errors import InputError
 from autoplan.names import printable
 from autoplan.plan.schema import Plan
 from autoplan.runtime.data import Batch, sample_rows
-from autoplan.runtime.stage_groups import rank_place, share_ranges
+from autoplan.runtime.placement import rank_place, share_ranges
 
 __all__ = [
     "TOKEN_DTYPES",

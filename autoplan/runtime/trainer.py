@@ -5,8 +5,8 @@ The public entry point is :func:`train`. Per rank it
 1. checks the launch against the plan and the plan itself (``check_runnable``), and on CUDA
    that this rank's GPU is the plan's type for it (``device_check``), before any process group;
 2. joins the default group (NCCL on CUDA, gloo on CPU);
-3. sets up an executor: ``mesh_engine`` for a uniform plan (one (pp, dp, tp) DeviceMesh,
-   torch's pipelining, DDP/FSDP2, DTensor), ``groups_engine`` for any other (per-stage
+3. sets up an executor: ``mesh_executor`` for a uniform plan (one (pp, dp, tp) DeviceMesh,
+   torch's pipelining, DDP/FSDP2, DTensor), ``groups_executor`` for any other (per-stage
    process groups and the runtime's own stage transfers, driven by the same per-rank action
    lists the simulator plays);
 4. runs each step (forward, backward and gradient sync, then the optimizers), and logs and
@@ -41,13 +41,13 @@ from autoplan.runtime.checkpoint import (
 )
 from autoplan.runtime.data import Batch, training_batches
 from autoplan.runtime.device_check import check_device
-from autoplan.runtime.engine import Engine
+from autoplan.runtime.executor_protocol import Executor
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.memory import model_state_bytes, peak_memory_bytes
-from autoplan.runtime.mesh import init_distributed, local_device
 from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
 from autoplan.runtime.report import RunReport, StepRecord, predicted_memory_of_rank
 from autoplan.runtime.token_data import TokenSource, open_token_batches
+from autoplan.runtime.world import init_distributed, local_device
 from autoplan.zoo.dtypes import set_matmul_precision
 
 __all__ = [
@@ -126,7 +126,7 @@ def _engine(
     learning_rate: float,
     choice: ExecutorChoice,
     loss_scale: DynamicLossScale | None,
-) -> Engine:
+) -> Executor:
     entry = check_launch(plan, env)
     check_runnable(plan)
     asynchronous = plan.parallelism.schedule == "async_pb"
@@ -140,19 +140,19 @@ def _engine(
                 "async_pb steps momentum SGD per micro-batch and has no loss scaling: "
                 "train it in bf16 or fp32, not fp16"
             )
-        from autoplan.runtime.async_engine import AsyncEngine
+        from autoplan.runtime.async_executor import AsyncExecutor
 
-        return AsyncEngine(plan, entry, device, seed, learning_rate)  # type: ignore[return-value]
+        return AsyncExecutor(plan, entry, device, seed, learning_rate)  # type: ignore[return-value]
     if kind == "mesh":
-        from autoplan.runtime.mesh_engine import MeshEngine
+        from autoplan.runtime.mesh_executor import MeshExecutor
 
-        return MeshEngine(plan, entry, device, seed, learning_rate, loss_scale)
-    from autoplan.runtime.groups_engine import GroupsEngine
+        return MeshExecutor(plan, entry, device, seed, learning_rate, loss_scale)
+    from autoplan.runtime.groups_executor import GroupsExecutor
 
-    return GroupsEngine(plan, entry, device, seed, learning_rate, loss_scale)
+    return GroupsExecutor(plan, entry, device, seed, learning_rate, loss_scale)
 
 
-def _scaled_step(engine: Engine, loss_scale: DynamicLossScale, share: float, step: int) -> float:
+def _scaled_step(engine: Executor, loss_scale: DynamicLossScale, share: float, step: int) -> float:
     """The optimizers' step of an fp16 plan: skipped on every rank when a gradient of any rank
     is not finite, else with the gradients divided by the loss scale in fp32; the scale then
     moves. Returns this rank's loss part without the scale."""
@@ -362,12 +362,12 @@ def _checkpoint_info(plan: Plan, step: int, seed: int) -> CheckpointInfo:
 
 def _train_async(
     plan: Plan,
-    engine: Engine,
+    engine: Executor,
     steps: int,
     source: Iterator[object],
     on_gradients: GradientHook | None,
 ) -> RunReport:
-    """The async_pb plan's steps as one stream without a flush (``async_engine``)."""
+    """The async_pb plan's steps as one stream without a flush (``async_executor``)."""
     if on_gradients is not None:
         raise InputError("schedule async_pb steps per micro-batch: it has no step gradients")
     global_batch = plan.inputs.global_batch_size
@@ -382,7 +382,7 @@ def _train_async(
 
 
 def _report(
-    plan: Plan, engine: Engine, records: list[StepRecord], model_states_bytes: int
+    plan: Plan, engine: Executor, records: list[StepRecord], model_states_bytes: int
 ) -> RunReport:
     device = engine.device
     mine = torch.tensor(

@@ -38,9 +38,9 @@ import torch.distributed as dist
 
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan
-from autoplan.runtime.check import meta_model
-from autoplan.runtime.model_stage import pipeline_layers
-from autoplan.runtime.stage_groups import ProcessGroups, Route, boundary_routes, share_ranges
+from autoplan.runtime.model_stage import meta_model, pipeline_layers
+from autoplan.runtime.placement import Route, boundary_routes, share_ranges
+from autoplan.runtime.process_groups import ProcessGroups
 from autoplan.schedule import PipelineOrder
 from autoplan.zoo.dtypes import torch_dtype
 

@@ -4,7 +4,7 @@ synchronous plan, never chosen silently: it changes the optimisation (stale weig
 momentum-SGD step per micro-batch), not only the speed.
 
 Candidates are the configurations the synchronous search kept (best first); each with one
-stage per rank is re-costed as the async executor (``autoplan.runtime.async_engine``) runs it
+stage per rank is re-costed as the async executor (``autoplan.runtime.async_executor``) runs it
 (``as_async``: any (dp, tp) and shares per stage, as searched; no ZeRO, recompute or offload,
 which it does not run) and the fastest feasible one is returned. Data parallelism pays one
 gradient all-reduce per micro-batch (``autoplan.cost.async_pb``).

@@ -1,4 +1,5 @@
-"""Process groups: the backend (NCCL on CUDA, gloo on CPU) and a uniform plan's DeviceMesh."""
+"""A training process's life in the world: its device, joining the default process group
+(NCCL on CUDA, gloo on CPU), and leaving it (``exit_process``)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,13 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from autoplan.errors import InputError, LaunchMismatchError
-from autoplan.plan.schema import Plan, RankEntry
+from autoplan.errors import LaunchMismatchError
 from autoplan.runtime.launch_check import LaunchEnv
 
-__all__ = ["MESH_DIMS", "build_mesh", "exit_process", "init_distributed", "local_device"]
+__all__ = ["exit_process", "init_distributed", "local_device"]
 
 logger = logging.getLogger(__name__)
-
-MESH_DIMS = ("pp", "dp", "tp")
-# With context parallelism the cp groups sit between the replicas and their tp groups.
-CP_MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
 def local_device(env: LaunchEnv) -> torch.device:
@@ -75,34 +70,6 @@ def _launched_by_torchrun() -> bool:
     return "MASTER_ADDR" in os.environ
 
 
-def build_mesh(plan: Plan, device: torch.device, entry: RankEntry) -> DeviceMesh:
-    """The (pp, dp, tp) DeviceMesh of a uniform plan, (pp, dp, cp, tp) with context
-    parallelism; checks this rank sits where the rank map says."""
-    uniform = plan.mesh_shape()
-    if uniform is None:
-        raise InputError(
-            "the plan's stages differ in replicas, tp or shares: one DeviceMesh cannot hold "
-            "it (run it with the groups executor)"
-        )
-    dp, cp, tp = uniform
-    pp = plan.parallelism.pipeline_degree
-    if cp > 1:
-        shape: tuple[int, ...] = (pp, dp, cp, tp)
-        mesh = init_device_mesh(device.type, shape, mesh_dim_names=CP_MESH_DIMS)
-        expected = [entry.pipeline_rank, entry.dp_index, entry.cp_index, entry.tp_index]
-    else:
-        shape = (pp, dp, tp)
-        mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
-        expected = [entry.pipeline_rank, entry.dp_index, entry.tp_index]
-    coordinate = mesh.get_coordinate()
-    if coordinate is None or list(coordinate) != expected:
-        raise LaunchMismatchError(
-            f"rank {entry.rank} is at (pp, dp, tp) = {coordinate} of the row-major mesh "
-            f"{shape}, but the plan's rank map says {tuple(expected)}"
-        )
-    return mesh
-
-
 def exit_process(code: int) -> NoReturn:
     """End a training process: destroy its process groups, flush, and exit with ``code``
     without the interpreter's teardown (every rank's entry point ends here).
@@ -122,8 +89,6 @@ def exit_process(code: int) -> NoReturn:
     nothing to race: the process ends with every file it wrote closed, and no peer waits on
     it (a destroyed gloo group needs no goodbye).
     """
-    import torch.distributed as dist
-
     try:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,22 +1,30 @@
-"""ZeRO-2 and ZeRO-3 in the groups executor: FSDP2 ``fully_shard`` over one stage's replicas.
+"""ZeRO-2 and ZeRO-3: FSDP2 ``fully_shard`` of one stage over its replicas, in both executors.
 
-The plan space gives a ZeRO-2/3 stage replicas of one tp degree (``validate``), so tp rank t
-of every replica forms the stage's data-parallel group (``zero1_ranks``; the same group
-ZeRO-1 uses). Its DeviceMesh is built from the process groups the executor already has
-(``DeviceMesh.from_group``, no collective): 1-D ``("dp",)`` without tp, and with tp a 2-D
-``("dp", "tp")`` mesh of the stage's ranks (one row per replica), whose "tp" sub-mesh carries
-DTensor tensor parallelism and whose "dp" sub-mesh FSDP2. FSDP2 needs both to come from one
-parent mesh (it concatenates them into its 2-D sharding spec; two separate 1-D meshes are
-refused), which is why the tp mesh of such a stage is this mesh's child rather than
-``stage_groups.tp_mesh``.
+Sharding is per layer and then per stage, with ``reshard_after_forward`` off at level 2 (a
+micro-batch's parameters stay gathered from its forward to its backward) and on at level 3
+(gathered again for the backward). Gradients are reduce-scattered in every micro-batch's
+backward and accumulated into the shards: what ``autoplan.cost.sharding`` costs.
 
-Sharding is per layer and then per stage, with ``reshard_after_forward`` off at level 2 and on
-at level 3, as the mesh executor does (``data_parallel.wrap_data_parallel``); the executor
-calls each stage's forward and backward itself (no ``PipelineStage``), so FSDP2's hooks run as
-in ordinary training: parameters gathered per micro-batch, gradients reduce-scattered in every
-backward and accumulated into the shards (what ``autoplan.cost.sharding`` costs).
+**Mesh executor.** torch's ``PipelineStage`` treats an ``FSDPModule`` specially: it switches
+gradient sync and resharding after backward off for every micro-batch and reduce-scatters once
+after the last, so every gradient and parameter stays unsharded for the whole step and nothing
+is sharded at the peak (torch 2.13, ``_PipelineStageBase.backward_maybe_with_nosync``). The
+stage is therefore handed to the pipeline inside ``PerMicroBatchSync``, a plain module that
+PipelineStage does not recognise: FSDP2's own hooks then run as in ordinary training, one
+reduce-scatter per micro-batch, parameters resharded after each backward.
 
-Each replica's loss is weighted by its share of the global batch (``executor.loss_weight``),
+**Groups executor.** The plan space gives a ZeRO-2/3 stage replicas of one tp degree
+(``validate``), so tp rank t of every replica forms the stage's data-parallel group
+(``zero1_ranks``; the same group ZeRO-1 uses). Its DeviceMesh is built from the process groups
+the executor already has (``DeviceMesh.from_group``, no collective): 1-D ``("dp",)`` without
+tp, and with tp a 2-D ``("dp", "tp")`` mesh of the stage's ranks (one row per replica), whose
+"tp" sub-mesh carries DTensor tensor parallelism and whose "dp" sub-mesh FSDP2. FSDP2 needs both
+to come from one parent mesh (it concatenates them into its 2-D sharding spec; two separate 1-D
+meshes are refused), which is why the tp mesh of such a stage is this mesh's child rather than
+``process_groups.tp_mesh``. The executor calls each stage's forward and backward itself (no
+``PipelineStage``), so FSDP2's hooks run as in ordinary training.
+
+Each replica's loss is weighted by its share of the global batch (``action_list.loss_weight``),
 so the gradient is the *sum* over replicas, not FSDP2's default mean: the reduce-scatter is
 set to a plain sum (divide factor 1, sum-only collectives, which gloo supports).
 
@@ -37,9 +45,16 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from autoplan.plan.schema import Plan, Stage
 from autoplan.runtime.grad_sync import ParameterFamily
 from autoplan.runtime.model_stage import pipeline_layers
-from autoplan.runtime.stage_groups import ProcessGroups
+from autoplan.runtime.process_groups import ProcessGroups
 
-__all__ = ["fsdp_families", "is_sharded", "shard_stage", "stage_rank_grid", "zero_mesh"]
+__all__ = [
+    "PerMicroBatchSync",
+    "fsdp_families",
+    "is_sharded",
+    "shard_stage",
+    "stage_rank_grid",
+    "zero_mesh",
+]
 
 
 def is_sharded(stage: Stage) -> bool:
@@ -108,3 +123,15 @@ def shard_stage(
     )
     _sum_gradients(root)
     return model
+
+
+class PerMicroBatchSync(nn.Module):
+    """``inner`` (an FSDP2 module) as a plain module, so that the pipeline stage leaves
+    FSDP2's per-backward gradient reduce-scatter on (module docstring)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)

@@ -25,11 +25,11 @@ from torch.distributed.tensor import DTensor
 from autoplan.plan.schema import Plan
 from autoplan.runtime.data import sample_rows
 from autoplan.runtime.loss import LossFunction
-from autoplan.runtime.stage_groups import RankPlace, share_ranges
+from autoplan.runtime.placement import RankPlace, share_ranges
 from autoplan.runtime.transfers import Mailbox
 from autoplan.schedule import Action
 
-__all__ = ["ActionListExecutor", "loss_weight"]
+__all__ = ["ActionListRunner", "loss_weight"]
 
 
 def loss_weight(plan: Plan, share: int) -> float:
@@ -37,7 +37,7 @@ def loss_weight(plan: Plan, share: int) -> float:
     return share / plan.inputs.global_batch_size
 
 
-class ActionListExecutor:
+class ActionListRunner:
     """Runs one step's actions of this rank (``actions``) on its stage modules."""
 
     def __init__(

@@ -1,8 +1,10 @@
 """What the trainer asks of an executor: one step's forward, backward and gradient sync.
 
-Two executors implement it: ``mesh_engine`` (uniform plans, PyTorch's pipelining on one
-(pp, dp, tp) DeviceMesh) and ``groups_engine`` (any plan: per-stage process groups, the
-runtime's own stage transfers). The trainer times them, calls the optimizers and reports.
+Three executors implement it: ``mesh_executor`` (uniform plans, PyTorch's pipelining on one
+(pp, dp, tp) DeviceMesh), ``groups_executor`` (any plan: per-stage process groups, the
+runtime's own stage transfers, its action lists run by ``action_list``) and
+``async_executor`` (async_pb plans: a stream of steps without a flush). The trainer times them,
+calls the optimizers and reports.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from torch import nn
 
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 
-__all__ = ["Engine", "Optimizer"]
+__all__ = ["Executor", "Optimizer"]
 
 Optimizer = torch.optim.Optimizer | MasterWeightAdamW
 
 
-class Engine(Protocol):
+class Executor(Protocol):
     """One rank's part of a plan, set up and ready to train."""
 
     name: str

@@ -43,20 +43,20 @@ from autoplan.plan.schema import Plan, RankEntry
 from autoplan.runtime import tensor_parallel
 from autoplan.runtime.async_pb import AsyncStageWorker
 from autoplan.runtime.async_pb_optim import PipelinedMomentumSGD
-from autoplan.runtime.check import meta_model
 from autoplan.runtime.data import Batch, sample_rows
 from autoplan.runtime.grad_sync import GradientSync, parameter_families
-from autoplan.runtime.groups_engine import group_rank_sets
+from autoplan.runtime.groups_executor import group_rank_sets
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.memory import peak_memory_bytes
-from autoplan.runtime.model_stage import build_stage_models
+from autoplan.runtime.model_stage import build_stage_models, meta_model
+from autoplan.runtime.placement import rank_place, share_ranges
+from autoplan.runtime.process_groups import ProcessGroups, tp_mesh
 from autoplan.runtime.report import StepRecord
-from autoplan.runtime.stage_groups import ProcessGroups, rank_place, share_ranges, tp_mesh
 from autoplan.runtime.transfers import Mailbox, boundary_shapes
 from autoplan.schedule.async_pb import async_stream_order
 from autoplan.zoo import get_model_spec
 
-__all__ = ["AsyncEngine"]
+__all__ = ["AsyncExecutor"]
 
 
 class _TimedSGD(PipelinedMomentumSGD):
@@ -70,7 +70,7 @@ class _TimedSGD(PipelinedMomentumSGD):
         self.seconds += time.perf_counter() - started
 
 
-class AsyncEngine:
+class AsyncExecutor:
     """One rank of an async_pb plan (see the module docstring)."""
 
     name = "async"

@@ -2,17 +2,17 @@
 
 Per rank it
 
-1. creates every process group any rank needs (``stage_groups.ProcessGroups``: each
+1. creates every process group any rank needs (``process_groups.ProcessGroups``: each
    replica's tp group, the gradient sync's groups, ZeRO-1's), the same on every rank;
 2. builds the model from a fixed seed and keeps this rank's stage(s)' layers;
 3. applies tensor parallelism on its replica's tp DeviceMesh (DTensor, as the mesh executor
    does), and its replica's recompute;
-4. runs its pipeline rank's action list (``executor``) with the runtime's own stage transfers
+4. runs its pipeline rank's action list (``action_list``) with the runtime's own stage transfers
    (``transfers``), then sums gradients over each parameter's replicas (``grad_sync``);
 5. steps one optimizer per stage: AdamW, or ``MasterWeightAdamW`` for 16-bit weights and for
    ZeRO-1, sharded over the stage's replicas at this rank's tp index.
 
-ZeRO-2/3 stages are FSDP2 ``fully_shard`` over the stage's replicas (``stage_zero``): their
+ZeRO-2/3 stages are FSDP2 ``fully_shard`` over the stage's replicas (``fsdp``): their
 gradients are reduce-scattered in each backward, not in step 4, and AdamW steps the shards.
 
 Uniform plans run here too when asked (``train(..., executor="groups")``); their numerics equal
@@ -27,9 +27,8 @@ from torch import nn
 
 from autoplan.plan.schema import Plan, RankEntry, Stage
 from autoplan.runtime import tensor_parallel
-from autoplan.runtime.check import meta_model
-from autoplan.runtime.engine import Optimizer
-from autoplan.runtime.executor import ActionListExecutor, loss_weight
+from autoplan.runtime.action_list import ActionListRunner, loss_weight
+from autoplan.runtime.executor_protocol import Optimizer
 from autoplan.runtime.expert_parallel import (
     apply_expert_parallel,
     expert_families,
@@ -38,19 +37,20 @@ from autoplan.runtime.expert_parallel import (
     expert_reductions,
     reduce_expert_gradients,
 )
+from autoplan.runtime.fsdp import fsdp_families, is_sharded, shard_stage, zero_mesh
 from autoplan.runtime.grad_sync import GradientSync, parameter_families
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
-from autoplan.runtime.model_stage import build_stage_models
+from autoplan.runtime.model_stage import build_stage_models, meta_model
 from autoplan.runtime.offload import apply_offload
+from autoplan.runtime.placement import rank_place
+from autoplan.runtime.process_groups import ProcessGroups, tp_mesh
 from autoplan.runtime.recompute import apply_recompute
-from autoplan.runtime.stage_groups import ProcessGroups, rank_place, tp_mesh
-from autoplan.runtime.stage_zero import fsdp_families, is_sharded, shard_stage, zero_mesh
 from autoplan.runtime.transfers import Mailbox, boundary_shapes
 from autoplan.schedule import schedule_order
 from autoplan.zoo import get_model_spec
 
-__all__ = ["GroupsEngine", "group_rank_sets", "zero1_ranks"]
+__all__ = ["GroupsExecutor", "group_rank_sets", "zero1_ranks"]
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
@@ -76,7 +76,7 @@ def group_rank_sets(plan: Plan, sync: GradientSync) -> list[tuple[int, ...]]:
     return sets + sync.rank_sets() + expert_rank_sets(plan)
 
 
-class GroupsEngine:
+class GroupsExecutor:
     """One rank of any plan, on per-stage process groups (see the module docstring)."""
 
     name = "groups"
@@ -97,7 +97,7 @@ class GroupsEngine:
         self.place_rank = entry.rank
         whole = meta_model(plan)
         families = parameter_families(plan, whole)
-        # FSDP2 sums the gradients of a ZeRO-2/3 stage's own parameters (stage_zero), and
+        # FSDP2 sums the gradients of a ZeRO-2/3 stage's own parameters (fsdp), and
         # expert parallelism those of its split experts (expert_parallel).
         by_fsdp = fsdp_families(plan, families) | expert_families(plan, families, whole)
         synced = [family for index, family in enumerate(families) if index not in by_fsdp]
@@ -117,7 +117,7 @@ class GroupsEngine:
             if is_sharded(stage):
                 stage_mesh = zero_mesh(self.groups, stage, place.tp_index, place.replica, device)
             if replica.tensor_parallel_degree > 1:
-                # FSDP2 with tp needs both meshes from one parent (stage_zero).
+                # FSDP2 with tp needs both meshes from one parent (fsdp).
                 if stage_mesh is not None:
                     mesh = stage_mesh["tp"]
                 else:
@@ -166,7 +166,7 @@ class GroupsEngine:
         last = plan.stages[-1]
         self.is_last = last.index in place.stages
         share = last.shares[place.replica] if self.is_last else 1
-        self.executor = ActionListExecutor(
+        self.executor = ActionListRunner(
             plan,
             place,
             self.modules,

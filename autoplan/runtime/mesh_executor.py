@@ -34,17 +34,17 @@ from autoplan.runtime import tensor_parallel
 from autoplan.runtime.context_parallel import apply_context_parallel, shard_sequence
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
-from autoplan.runtime.engine import Optimizer
+from autoplan.runtime.executor_protocol import Optimizer
 from autoplan.runtime.loss import loss_context, loss_function
-from autoplan.runtime.mesh import build_mesh
 from autoplan.runtime.mixed_precision import DynamicLossScale
 from autoplan.runtime.model_stage import build_stage_models
 from autoplan.runtime.offload import apply_offload
+from autoplan.runtime.process_groups import build_mesh
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.tied_weights import TiedGradientSync
 from autoplan.zoo import get_model_spec
 
-__all__ = ["SCHEDULE_CLASSES", "MeshEngine"]
+__all__ = ["SCHEDULE_CLASSES", "MeshExecutor"]
 
 SCHEDULE_CLASSES = {
     "gpipe": "GPipe",
@@ -57,7 +57,7 @@ SCHEDULE_CLASSES = {
 }
 
 
-class MeshEngine:
+class MeshExecutor:
     """One rank of a uniform plan on a (pp, dp, tp) DeviceMesh (see the module docstring)."""
 
     name = "mesh"
