@@ -44,9 +44,9 @@ from autoplan.cluster.schema import Cluster
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, file_sha256, read_json_model, write_json_model
 from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
-from autoplan.plan.pricing import Priced, price_configuration
 from autoplan.plan.schema import Plan
 from autoplan.plan.stage_spec import StageSpec
+from autoplan.price.configuration import Priced, price_configuration
 from autoplan.profile.schema import DType, Profile
 from autoplan.simulate import SimulationResult, simulate_plan
 from autoplan.solve import SolveOptions

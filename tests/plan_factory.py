@@ -23,12 +23,12 @@ from autoplan.plan.schema import (
     RankEntry,
     Recompute,
     Replica,
-    ScheduleName,
     Stage,
     StageTiming,
     TimeBreakdown,
 )
 from autoplan.profile.schema import ModelRef
+from autoplan.schedule.names import ScheduleName
 
 __all__ = ["CPU_GPU", "ReplicaSpec", "local_cluster", "make_plan", "make_stages_plan"]
 

@@ -15,13 +15,13 @@ from autoplan.cost.model import CostModel
 from autoplan.errors import InputError
 from autoplan.export import NotExpressibleError, export_plan, layer_kinds
 from autoplan.files import read_json_model
-from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.plan.validate import plan_problems
 from autoplan.profile.schema import Profile
 from autoplan.runtime.check import check_runnable
 from autoplan.runtime.trainer import select_executor
 from autoplan.simulate import simulate_plan
+from autoplan.solve.emit import emit_plan
 from autoplan.view.plan_tables import replicas_text
 from tests.synthetic_profiles import gpu, make_cluster
 from tests.test_export import TORCHTITAN_FIELDS, _megatron_parser, _sourced_argv

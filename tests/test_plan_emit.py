@@ -4,9 +4,9 @@ figures the validator accepts however small they are."""
 import pytest
 
 from autoplan.cost.model import RankMemory
-from autoplan.plan.emit import _memory_estimate
 from autoplan.plan.validate import plan_problems
 from autoplan.solve import SolveOptions, solve
+from autoplan.solve.emit import _memory_estimate
 from tests.synthetic_profiles import gpu, make_cluster, transformer_profile
 
 

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from autoplan.cluster.schema import Cluster, NodeGroup
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
-from autoplan.plan.ranks import build_rank_map, place
+from autoplan.plan.ranks import build_rank_map
 from autoplan.solve import SolveOptions, cost_model
+from autoplan.solve.placement import place
 from tests.synthetic_profiles import layer, make_profile
 
 

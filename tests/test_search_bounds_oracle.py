@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoplan.plan.validate import validate_plan
-from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
+from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from tests.synthetic_profiles import gpu, make_cluster, transformer_profile
 

@@ -20,7 +20,7 @@ from autoplan.errors import InputError
 from autoplan.files import write_json_model
 from autoplan.plan.schema import Plan, StageTiming
 from autoplan.schedule import schedule_order
-from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
+from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.simulate import pipeline_lower_bound_ms, simulate_order, simulate_plan
 from autoplan.simulate.chrome_trace import chrome_trace
 from autoplan.simulate.gantt import write_gantt_png

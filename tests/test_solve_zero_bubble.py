@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 from autoplan.errors import InfeasibleError
 from autoplan.plan.validate import validate_plan
-from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
+from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
 from autoplan.solve import solve as _solve
 from autoplan.solve.search import search

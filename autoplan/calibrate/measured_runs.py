@@ -8,7 +8,7 @@ type or ``A+B`` (replicas of several types in one stage) and the layer range is 
 the cost model, so that predicted and measured iteration times can be set side by side (the
 fidelity report: ``autoplan calibrate check``, ``make bench``).
 
-How a row becomes a configuration (``autoplan.plan.pricing.config_from_specs``, what
+How a row becomes a configuration (``autoplan.price.configuration.config_from_specs``, what
 ``autoplan cost --stages`` runs):
 
 - replicas of a multi-type stage are split among its types to fit the cluster (the row does
@@ -34,8 +34,8 @@ from autoplan.cluster.schema import Cluster
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel, PlanCost
 from autoplan.errors import InputError
-from autoplan.plan.pricing import config_from_specs
 from autoplan.plan.stage_spec import parse_stages
+from autoplan.price.configuration import config_from_specs
 
 __all__ = [
     "MEASURED_GPU_NAMES",

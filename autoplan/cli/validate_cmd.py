@@ -34,7 +34,7 @@ def validate(
 ) -> None:
     """Check a plan independently of the solver: stages, replicas, ranks, nodes, batch, memory."""
     # Pricing the plan again needs the cost model (NumPy): imported only here.
-    from autoplan.plan.repricing import timing_mismatch
+    from autoplan.price.staleness import timing_mismatch
 
     plan = read_json_model(plan_path, Plan)
     profile = read_profile(profile_path) if profile_path is not None else None

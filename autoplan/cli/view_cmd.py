@@ -149,7 +149,7 @@ def simulate(
     if profile_path is not None:
         # Pricing imports the cost model and solvers: only when asked.
         from autoplan.cli.inputs import read_profile
-        from autoplan.plan.repricing import timing_mismatch
+        from autoplan.price.staleness import timing_mismatch
 
         mismatch = timing_mismatch(plan, read_profile(profile_path))
         if mismatch is not None:

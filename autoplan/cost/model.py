@@ -86,9 +86,8 @@ from autoplan.cost.offload import (
 from autoplan.cost.schedule import blocking_stage_times, in_flight_chunks, pipeline_time_ms
 from autoplan.cost.sequence_parallel import ring_collective_ms, sequence_runs
 from autoplan.cost.zero_bubble import zero_bubble_pipeline
-from autoplan.plan.schema import V_SCHEDULES
 from autoplan.profile.schema import LayerProfile, Profile
-from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
+from autoplan.schedule.names import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, stage_rank
 
 __all__ = [
     "CostModel",
@@ -814,8 +813,8 @@ class CostModel:
         stages = config.stages
         v_shape = config.schedule in V_SCHEDULES
 
-        def rank_of(index: int) -> int:  # s % pp, or the V: stages r and 2pp-1-r on rank r
-            return 2 * pp - 1 - index if v_shape and index >= pp else index % pp
+        def rank_of(index: int) -> int:
+            return stage_rank(index, pp, v_shape=v_shape)
 
         for index, stage in enumerate(stages):
             if stage.groups != stages[rank_of(index)].groups:

@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autoplan.errors import AutoplanError, InfeasibleError
 from autoplan.export import EXPORTERS, NotExpressibleError, export_plan
-from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.profile.schema import Profile
 from autoplan.solve import cost_model
+from autoplan.solve.emit import emit_plan
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.uniform import uniform_search
 

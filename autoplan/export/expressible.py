@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autoplan.checks import ZOO_MODEL_NAMES
 from autoplan.errors import InputError
-from autoplan.plan.schema import Plan, Recompute, ScheduleName
+from autoplan.plan.schema import Plan, Recompute
 from autoplan.profile.schema import LayerKind, Profile
+from autoplan.schedule.names import ScheduleName
 
 __all__ = [
     "ExportResult",

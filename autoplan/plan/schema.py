@@ -38,11 +38,15 @@ from autoplan import limits
 from autoplan.cluster.schema import Cluster
 from autoplan.plan.upgrade import upgrade_plan_data
 from autoplan.profile.schema import ModelRef
+from autoplan.schedule.names import (
+    MULTI_STAGE_SCHEDULES,
+    V_SCHEDULES,
+    ScheduleName,
+    stage_rank,
+)
 
 __all__ = [
-    "MULTI_STAGE_SCHEDULES",
     "PLAN_SCHEMA_VERSION",
-    "V_SCHEDULES",
     "Alternative",
     "AsyncPB",
     "IdleGpus",
@@ -56,7 +60,6 @@ __all__ = [
     "Recompute",
     "Replica",
     "ReplicaTiming",
-    "ScheduleName",
     "SearchRecord",
     "Stage",
     "StageTiming",
@@ -66,15 +69,8 @@ __all__ = [
 
 PLAN_SCHEMA_VERSION = 3
 
-ScheduleName = Literal[
-    "gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev", "async_pb"
-]
 Recompute = Literal["none", "selective", "full"]
 ZeroStage = Literal[0, 1, 2, 3]
-# Schedules that run more than one stage per pipeline rank (``virtual_stages_per_rank``).
-MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "interleaved_zero_bubble", "zbv", "dualpipev")
-# Schedules whose ranks hold two stages in a V: rank r runs stages r and 2·pp − 1 − r.
-V_SCHEDULES = ("zbv", "dualpipev")
 
 
 class _Strict(BaseModel):
@@ -171,10 +167,7 @@ class Parallelism(_Strict):
     def rank_of_stage(self, stage_index: int) -> int:
         """The pipeline rank that runs stage ``stage_index``: ``s % pp``, or the V of
         ``V_SCHEDULES`` (stage s < pp on rank s, stage s >= pp on rank 2·pp − 1 − s)."""
-        pp = self.pipeline_degree
-        if self.schedule in V_SCHEDULES:
-            return stage_index if stage_index < pp else 2 * pp - 1 - stage_index
-        return stage_index % pp
+        return stage_rank(stage_index, self.pipeline_degree, v_shape=self.schedule in V_SCHEDULES)
 
     @property
     def num_stages(self) -> int:

@@ -24,7 +24,8 @@ What a type says in parentheses is its replicas' own, over the stage's: the repl
 stage may differ in tp, share and recompute, as ``solve``'s plans do
 (``A100*1(tp4,mb4)+V100*4(tp1,mb1):L0-11``); the alternatives of a plan are written so.
 
-Parsing only: no cluster or profile is read here (``autoplan.plan.pricing`` resolves the names).
+Parsing only: no cluster or profile is read here (``autoplan.price.configuration`` resolves
+the names).
 """
 
 from __future__ import annotations

@@ -45,15 +45,9 @@ from collections import Counter, defaultdict
 from autoplan.cluster.catalog import gpu_specs
 from autoplan.cluster.schema import GpuSpec, Node
 from autoplan.errors import PlanInvalidError
-from autoplan.plan.schema import (
-    MULTI_STAGE_SCHEDULES,
-    V_SCHEDULES,
-    MemoryEstimate,
-    Plan,
-    Replica,
-    Stage,
-)
+from autoplan.plan.schema import MemoryEstimate, Plan, Replica, Stage
 from autoplan.profile.schema import Profile
+from autoplan.schedule.names import MULTI_STAGE_SCHEDULES, V_SCHEDULES
 from autoplan.schedule.zero_bubble import zero_bubble_problem
 
 __all__ = ["plan_problems", "validate_plan"]

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
-from autoplan.plan.schema import MULTI_STAGE_SCHEDULES, Plan, RankEntry
+from autoplan.plan.schema import Plan, RankEntry
 from autoplan.runtime import tensor_parallel
 from autoplan.runtime.context_parallel import apply_context_parallel, shard_sequence
 from autoplan.runtime.data import replica_rows
@@ -42,6 +42,7 @@ from autoplan.runtime.offload import apply_offload
 from autoplan.runtime.process_groups import build_mesh
 from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.tied_weights import TiedGradientSync
+from autoplan.schedule.names import MULTI_STAGE_SCHEDULES
 from autoplan.zoo import get_model_spec
 
 __all__ = ["SCHEDULE_CLASSES", "MeshExecutor"]

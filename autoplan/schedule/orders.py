@@ -12,8 +12,8 @@ draw them as a grid; here the simulator finds the idle time from real durations 
 from __future__ import annotations
 
 from autoplan.errors import InputError
-from autoplan.plan.schema import ScheduleName
 from autoplan.schedule.actions import Action, PipelineOrder
+from autoplan.schedule.names import ScheduleName
 from autoplan.schedule.zero_bubble import (
     dualpipev_order,
     interleaved_zero_bubble_order,

@@ -17,6 +17,7 @@ from itertools import zip_longest
 
 from autoplan.errors import InputError
 from autoplan.schedule.actions import Action, PipelineOrder
+from autoplan.schedule.names import stage_rank
 
 __all__ = [
     "InvalidScheduleError",
@@ -65,13 +66,6 @@ def _fail(message: str, grid: Grid, step: int | None) -> InvalidScheduleError:
     return InvalidScheduleError(f"{message}\n\nFull pipeline schedule:\n{format_grid(grid, step)}")
 
 
-def _stage_rank(stage: int, pipeline_degree: int, v_shape: bool) -> int:
-    """The rank that holds ``stage``: ``stage % pp``, or in a V rank r holds r and 2pp-1-r."""
-    if v_shape and stage >= pipeline_degree:
-        return 2 * pipeline_degree - 1 - stage
-    return stage % pipeline_degree
-
-
 def _check_actions(
     order: PipelineOrder,
     pipeline_degree: int,
@@ -95,7 +89,7 @@ def _check_actions(
                     grid,
                     step,
                 )
-            holder = _stage_rank(action.stage, pipeline_degree, v_shape)
+            holder = stage_rank(action.stage, pipeline_degree, v_shape=v_shape)
             if holder != rank:
                 rule = "the V placement" if v_shape else "stage % pp"
                 raise _fail(

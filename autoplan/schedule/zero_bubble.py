@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from autoplan.errors import InputError
 from autoplan.schedule.actions import Action, ActionKind, PipelineOrder
+from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 
 __all__ = [
-    "ZERO_BUBBLE_SCHEDULES",
     "dualpipev_order",
     "interleaved_zero_bubble_order",
     "zbv_order",
@@ -224,9 +224,6 @@ def dualpipev_order(pipeline_degree: int, num_micro_batches: int) -> PipelineOrd
             add_pending_weight()
         order.append(ranked.actions)
     return order
-
-
-ZERO_BUBBLE_SCHEDULES = ("interleaved_zero_bubble", "zbv", "dualpipev")
 
 
 def zero_bubble_problem(

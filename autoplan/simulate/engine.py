@@ -54,7 +54,7 @@ import logging
 from collections import deque
 
 from autoplan.errors import InputError
-from autoplan.plan.schema import V_SCHEDULES, MemoryEstimate, Plan, Replica, StageTiming
+from autoplan.plan.schema import MemoryEstimate, Plan, Replica, StageTiming
 from autoplan.schedule import (
     Action,
     InvalidScheduleError,
@@ -63,6 +63,7 @@ from autoplan.schedule import (
     validate_order,
 )
 from autoplan.schedule.async_pb import async_stream_order
+from autoplan.schedule.names import V_SCHEDULES
 from autoplan.simulate.async_pb import ASYNC_ITERATIONS, ASYNC_NOTE, steady_iteration_ms
 from autoplan.simulate.memory import activation_bytes_per_replica, memory_curve
 from autoplan.simulate.regroup import regroup_pairs

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoplan.plan.schema import ScheduleName
+from autoplan.schedule.names import ScheduleName
 
 __all__ = [
     "PASS_CATEGORIES",

@@ -16,7 +16,6 @@ from autoplan.cluster.catalog import gpu_specs
 from autoplan.cluster.schema import Cluster
 from autoplan.cost.model import CostModel
 from autoplan.errors import InfeasibleError, InputError
-from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.profile.schema import Profile
 from autoplan.solve.async_pb import async_alternative, best_async
@@ -29,6 +28,7 @@ from autoplan.solve.diagnose import (
     diagnose_infeasible,
     diagnose_megatron_infeasible,
 )
+from autoplan.solve.emit import emit_plan
 from autoplan.solve.expert_parallel import search_with_expert_parallel
 from autoplan.solve.granularity import block_seed_profile, seeded_search
 from autoplan.solve.host_memory import host_memory_diagnosis

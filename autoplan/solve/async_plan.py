@@ -22,9 +22,9 @@ from __future__ import annotations
 import dataclasses
 
 from autoplan.cost.model import CostModel
-from autoplan.plan.emit import emit_plan
 from autoplan.plan.schema import AsyncPB, Plan, PlanInputs, TimeBreakdown
 from autoplan.solve.async_pb import AsyncChoice
+from autoplan.solve.emit import emit_plan
 
 __all__ = ["emit_async_plan"]
 

@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from autoplan.plan.schema import Recompute, ScheduleName
+from autoplan.plan.schema import Recompute
+from autoplan.schedule.names import ScheduleName
 
 __all__ = ["SolveOptions", "Space", "Strategy"]
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from autoplan.cost.model import CostModel
-from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
+from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve.certificate import Floors, work_bound_ms
 from autoplan.solve.hetero import hetero_candidates
 from autoplan.solve.options import SolveOptions

@@ -23,12 +23,13 @@ from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, PlanCost
 from autoplan.errors import InputError
 from autoplan.names import shown
-from autoplan.plan.emit import emit_plan
-from autoplan.plan.ranks import place
-from autoplan.plan.schema import MULTI_STAGE_SCHEDULES, V_SCHEDULES, Plan, PlanInputs
+from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.plan.stage_spec import StageSpec, TypeShare, format_stage_specs, parse_stages
 from autoplan.profile.schema import Profile
+from autoplan.schedule.names import MULTI_STAGE_SCHEDULES, V_SCHEDULES, stage_rank
 from autoplan.solve import SolveOptions, cost_model
+from autoplan.solve.emit import emit_plan
+from autoplan.solve.placement import place
 
 __all__ = [
     "Priced",
@@ -87,10 +88,6 @@ def _samples(spec: StageSpec, default_mbs: int) -> int:
         return spec.data_parallel_degree * stage_mbs
     # The parser asks for every type's replicas when one has its own share.
     return sum((t.replicas or 0) * (t.micro_batch_size or stage_mbs) for t in spec.types)
-
-
-def _rank_of(schedule: str, pp: int, index: int) -> int:
-    return 2 * pp - 1 - index if schedule in V_SCHEDULES and index >= pp else index % pp
 
 
 def _even_first(total: int, parts: int) -> list[tuple[int, ...]]:
@@ -223,14 +220,16 @@ def config_from_specs(
             f"{len(specs)} stages on {pp} pipeline ranks need a multi-stage schedule "
             f"({', '.join(MULTI_STAGE_SCHEDULES)}), not {schedule}"
         )
+    v_shape = schedule in V_SCHEDULES
     for s, spec in enumerate(specs):
-        owner = specs[_rank_of(schedule, pp, s)]
+        rank = stage_rank(s, pp, v_shape=v_shape)
+        owner = specs[rank]
         same = ("types", "tensor_parallel_degree", "data_parallel_degree", "micro_batch_size")
         same += ("context_parallel_degree",)
         if any(getattr(spec, f) != getattr(owner, f) for f in same):
             raise InputError(
-                f"--stages stage {s} runs on the GPUs of stage {_rank_of(schedule, pp, s)} "
-                f"(pipeline rank {_rank_of(schedule, pp, s)}): give it the same types, tp, dp "
+                f"--stages stage {s} runs on the GPUs of stage {rank} "
+                f"(pipeline rank {rank}): give it the same types, tp, dp "
                 "and micro-batch size"
             )
     samples = [_samples(spec, micro_batch_size) for spec in specs]
@@ -260,7 +259,7 @@ def config_from_specs(
             StageChoice(
                 spec.first_layer,
                 spec.last_layer + 1,
-                groups[_rank_of(schedule, pp, s)],
+                groups[stage_rank(s, pp, v_shape=v_shape)],
                 zero_stage if spec.zero_stage is None else spec.zero_stage,
                 spec.expert_parallel_degree or 1,
             )

@@ -8,8 +8,8 @@ trusting its old figures would mislead.
 
 from __future__ import annotations
 
-from autoplan.plan.pricing import price_configuration
 from autoplan.plan.schema import Plan
+from autoplan.price.configuration import price_configuration
 from autoplan.profile.schema import Profile
 
 __all__ = ["timing_mismatch"]

@@ -8,7 +8,7 @@ from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel, PlanCost, RankMemory
 from autoplan.cost.zero_bubble import group_weight_gradient_ms
 from autoplan.plan.fingerprint import costed_sha256
-from autoplan.plan.ranks import build_rank_map, place
+from autoplan.plan.ranks import build_rank_map
 from autoplan.plan.schema import (
     Alternative,
     IdleGpus,
@@ -24,7 +24,8 @@ from autoplan.plan.schema import (
     TimeBreakdown,
 )
 from autoplan.plan.stage_spec import StageSpec, format_stage_specs, written_stage
-from autoplan.schedule.zero_bubble import ZERO_BUBBLE_SCHEDULES
+from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
+from autoplan.solve.placement import place
 
 __all__ = [
     "config_stage_specs",
