@@ -3,6 +3,12 @@
 DESIGN.md's rule: ``solvers`` knows nothing of torch or of autoplan's CLI; the solve path
 (autoplan.cluster, autoplan.cost, autoplan.solve, autoplan.plan, solvers, and ``autoplan solve``)
 imports without torch; ``autoplan.runtime`` is the only part that imports torch.distributed.
+
+The path a plan travels is profile → solve → plan → run, with cost and schedule beneath: the
+plan package is the contract alone, so nothing under ``autoplan.plan`` imports the cost model,
+the search or the pricing that read it (``autoplan.cost``, ``autoplan.solve``,
+``autoplan.price``); ``autoplan.schedule`` (schedules as data) imports nothing of autoplan but
+itself and the error family.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ TORCH_FREE_PACKAGES = [
     "autoplan.cost",
     "autoplan.solve",
     "autoplan.plan",
+    "autoplan.price",
+    "autoplan.schedule",
     "autoplan.export",
     "autoplan.sweep",
 ]
@@ -89,14 +97,29 @@ def test_solve_path_imports_with_torch_blocked() -> None:
     assert any(name.startswith("autoplan.cost.") for name in imported)
 
 
-def _imported_modules(path: Path) -> list[tuple[int, str]]:
-    """(line, module) for every import in a source file, ``from a import b`` as ``a.b``."""
+def _module_name(path: Path) -> str:
+    """The dotted name a source file under REPO imports as (a package's ``__init__`` as the
+    package)."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, name: str | None = None) -> list[tuple[int, str]]:
+    """(line, module) for every import in a source file, those inside functions included,
+    ``from a import b`` as ``a.b`` and relative imports resolved against the file's package
+    (the file imports as ``name``, by default its place under REPO, else its stem)."""
     found: list[tuple[int, str]] = []
+    name = name or (_module_name(path) if REPO in path.parents else path.stem)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            found.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
     return found
 
 
@@ -142,3 +165,46 @@ def test_the_scan_sees_imports_in_every_form(tmp_path: Path) -> None:
     modules = [module for _, module in _imported_modules(source)]
     assert all(_is_under(module, "torch.distributed") for module in modules)
     assert len(modules) == 4
+
+
+def test_the_scan_resolves_relative_imports(tmp_path: Path) -> None:
+    # A file of the plan package: ``from ..cost import model`` is autoplan.cost.model.
+    source = tmp_path / "sample.py"
+    source.write_text("from ..cost import model\ndef late():\n    from .schema import Plan\n")
+    modules = [module for _, module in _imported_modules(source, "autoplan.plan.sample")]
+    assert modules == ["autoplan.cost.model", "autoplan.plan.schema.Plan"]
+
+
+def _autoplan_imports(folder: str) -> list[tuple[str, str]]:
+    """("file:line", module) for every autoplan module a folder's sources import."""
+    return [
+        (f"{path.relative_to(REPO)}:{line}", module)
+        for path in _sources(folder)
+        for line, module in _imported_modules(path)
+        if _is_under(module, "autoplan")
+    ]
+
+
+def test_plan_imports_neither_cost_nor_solve() -> None:
+    above = ("autoplan.cost", "autoplan.solve", "autoplan.price")
+    imports = _autoplan_imports("autoplan/plan")
+    offenders = [
+        f"{where} imports {module}"
+        for where, module in imports
+        if any(_is_under(module, package) for package in above)
+    ]
+    assert offenders == []
+    # The scan saw the plan package's own imports (its schema reads the schedule names).
+    assert any(_is_under(module, "autoplan.schedule.names") for _, module in imports)
+
+
+def test_schedule_imports_nothing_above_it() -> None:
+    allowed = ("autoplan.schedule", "autoplan.errors")
+    imports = _autoplan_imports("autoplan/schedule")
+    offenders = [
+        f"{where} imports {module}"
+        for where, module in imports
+        if not any(_is_under(module, package) for package in allowed)
+    ]
+    assert offenders == []
+    assert any(_is_under(module, "autoplan.errors") for _, module in imports)
