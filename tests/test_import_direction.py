@@ -208,3 +208,84 @@ def test_schedule_imports_nothing_above_it() -> None:
     ]
     assert offenders == []
     assert any(_is_under(module, "autoplan.errors") for _, module in imports)
+
+
+def _type_checking_imports(tree: ast.Module) -> set[int]:
+    """Lines of imports under ``if TYPE_CHECKING:``: annotations only (every module has
+    ``from __future__ import annotations``), never run, so no edge of the import graph."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        ):
+            for inner in node.body:
+                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    return lines
+
+
+def import_graph(folders: tuple[str, ...] = ("autoplan", "solvers")) -> dict[str, set[str]]:
+    """Each module's imports of the other modules of ``folders``, wherever in its file the
+    import sits; ``from package import name`` is the submodule when ``name`` is one, else the
+    package's ``__init__``."""
+    paths = {_module_name(path): path for path in _sources(*folders)}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        skipped = _type_checking_imports(ast.parse(path.read_text()))
+        targets: set[str] = set()
+        for line, module in _imported_modules(path):
+            while module and module not in paths:
+                module = module.rpartition(".")[0]
+            if module and module != name and line not in skipped:
+                targets.add(module)
+        graph[name] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = stack[stack.index(node) :]
+            del stack[stack.index(node) :]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    assert import_cycles(graph) == []
+    # The graph holds the function-level edges too: the CLI imports commands' modules late.
+    assert "autoplan.price.staleness" in graph["autoplan.cli.validate_cmd"]
+
+
+def test_the_cycle_finder_sees_a_function_level_cycle() -> None:
+    graph = import_graph()
+    # The cost model importing the emitter in a function would close emit -> cost -> emit.
+    graph["autoplan.cost.model"] = graph["autoplan.cost.model"] | {"autoplan.solve.emit"}
+    cycles = import_cycles(graph)
+    assert len(cycles) == 1
+    assert {"autoplan.solve.emit", "autoplan.cost.model"} <= set(cycles[0])
+
+
+def test_type_checking_imports_are_no_edge() -> None:
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from a import b\nimport c\n"
+    assert _type_checking_imports(ast.parse(source)) == {3}
