@@ -280,10 +280,21 @@ class HeteroSource:
                     best, best_ms = mode, work
         return best
 
+    @functools.cache  # noqa: B019 (one source per search)
+    def _edges(self, k: int, t: int, x: int, i: int, j: int) -> float:
+        """One pass's sequence-parallel all-gathers at the ends of [i, j)'s runs of blocks
+        (``CostModel.sequence_edges_ms``; zero without SP or tp): evaluate adds them to the
+        forward and to the backward, so the DP's stage time must too (else its objective is
+        below the plan's time and a search run to its end proves nothing)."""
+        if not self.model.sequence_parallel or t <= 1:
+            return 0.0
+        group = ReplicaGroup(k, t, 1, x, "none")
+        return self.model.sequence_edges_ms(StageChoice(i, j, (group,)), group, None)
+
     def _work(self, kind: Kind, x: int, mode: str, i: int, j: int) -> float:
         k, t = kind
         work = self.model.tables(k, t, x).span_work(mode, i, j)
-        return work + 2 * self.model.pass_overhead_ms(k)
+        return work + 2 * self.model.pass_overhead_ms(k) + 2 * self._edges(k, t, x, i, j)
 
     @functools.cache  # noqa: B019 (one source per search)
     def _split(self, kind: Kind, replicas: int, samples: int, i, j, flight, per_param, zero):
@@ -400,8 +411,9 @@ class HeteroSource:
             tables = model.tables(g.device_class, g.tp, g.micro_batch_size)
             overhead = model.pass_overhead_ms(g.device_class)
             mode = mode_key(g.recompute, g.offload)
-            total = tables.span_work(mode, i, j) + 2 * overhead
-            backward = tables.span_backward(mode, i, j)
+            edges = self._edges(g.device_class, g.tp, g.micro_batch_size, i, j)
+            total = tables.span_work(mode, i, j) + 2 * overhead + 2 * edges
+            backward = tables.span_backward(mode, i, j) + edges
             passes.append((total - backward - overhead, backward + overhead))
             params.append(tables.params[j] - tables.params[i])
         collective = model.zero_collective_ms(groups, tuple(params))
@@ -424,7 +436,9 @@ class HeteroSource:
                 params.append(p)
                 mode = mode_key(g.recompute, g.offload)
                 backward.append(
-                    tables.span_backward(mode, i, j) + model.pass_overhead_ms(g.device_class)
+                    tables.span_backward(mode, i, j)
+                    + model.pass_overhead_ms(g.device_class)
+                    + self._edges(g.device_class, g.tp, g.micro_batch_size, i, j)
                 )
                 steps.append(
                     model.optimizer_ms(p, g.device_class, replicas, zero1)

@@ -136,6 +136,7 @@ class _StageCoster:
                 self.sends.append([0.0] * (model.num_layers + 1))
         self._transient: dict[tuple[int, str], list[list[float]]] = {}
         self._suffix: dict[int, tuple[list[float], int]] = {}
+        self._edge_cache: dict[tuple[int, int, int], float] = {}
 
     def _range_max(self, s: int, mode: str, i: int, j: int) -> float:
         key = (self.p.classes[s], mode)
@@ -173,11 +174,25 @@ class _StageCoster:
                     best, best_ms = mode, work
         return best
 
+    def _edges(self, s: int, i: int, j: int) -> float:
+        """Stage s's sequence-parallel all-gathers per pass on [i, j) (zero without SP or tp):
+        ``CostModel.evaluate`` adds them to the forward and to the backward."""
+        if not self.model.sequence_parallel or self.p.tp <= 1:
+            return 0.0
+        key = (s, i, j)
+        found = self._edge_cache.get(key)
+        if found is None:
+            group = group_of(self.p.classes[s], self.p.tp, 1, self.p.mbs, "none")
+            found = self.model.sequence_edges_ms(StageChoice(i, j, (group,)), group, None)
+            self._edge_cache[key] = found
+        return found
+
     def _work(self, s: int, i: int, j: int, mode: str, level: int) -> tuple[float, float]:
         """(work, backward) of stage s with ZeRO-2/3's exposed collectives."""
         t = self.tables[s]
-        work = t.span_work(mode, i, j) + self.overhead[s]
-        backward = t.span_backward(mode, i, j) + self.backward_overhead[s]
+        edges = self._edges(s, i, j)
+        work = t.span_work(mode, i, j) + self.overhead[s] + 2 * edges
+        backward = t.span_backward(mode, i, j) + self.backward_overhead[s] + edges
         if level <= 1 or self.p.dp <= 1:
             return work, backward
         params = t.params[j] - t.params[i]
