@@ -72,3 +72,109 @@ def test_the_report_sets_every_measured_peak_beside_the_model() -> None:
     assert overall.memory_runs == len(runs)
     errors = [r.memory_error for r in report.runs]
     assert overall.memory_worst_error == max(errors, key=lambda e: abs(e or 0))
+
+
+def _head_model(engine: str):
+    # A block, then a head whose forward ends in the per-token loss (10^3 bytes out) and
+    # saves its input (10^6 bytes) and the logits' fp32 softmax (10^8 bytes) per sample.
+    block = layer(0, flops=10**12, params=10**6, saved=10**7, output=10**6, tp_divides=None)
+    head = layer(1, flops=10**12, params=10**6, saved=10**8 + 10**6, output=10**3, kind="head")
+    head = head.model_copy(
+        update={"input_activation_bytes": 10**6, "tensor_parallel": None}, deep=True
+    )
+    cluster = make_cluster([("a", _typed("A", 1.0), 1, 1)])
+    return cost_model(make_profile([block, head]), cluster, SolveOptions()).with_engine(engine)
+
+
+@pytest.mark.parametrize(
+    ("engine", "samples", "copies"),
+    [
+        # F.cross_entropy's backward: nll_loss's and log_softmax's gradients at once.
+        ("autoplan", 1, 2),
+        ("autoplan", 2, 2),
+        # Megatron's cross-entropy: the max-shifted copy; with 2 samples, also the
+        # contiguous [samples, sequence, vocabulary] copy of its [s, b, v] logits.
+        ("megatron-deepspeed", 1, 1),
+        ("megatron-deepspeed", 2, 2),
+    ],
+)
+def test_the_loss_temporaries_by_engine_by_hand(engine: str, samples: int, copies: int) -> None:
+    model = _head_model(engine)
+    block, head = model.tables(0, 1, samples).layers
+    assert head.logits_bytes == pytest.approx(samples * 10**8)
+    assert block.logits_bytes == 0
+    assert model.transient_bytes(head, "none") == pytest.approx(copies * samples * 10**8)
+    # Under full recompute a layer's transient is at least all it saves (the head is not
+    # recomputed: its softmax and input, 10^8 + 10^6 bytes per sample).
+    full = max(copies * 10**8, 10**8 + 10**6)
+    assert model.transient_bytes(head, "full") == pytest.approx(samples * full)
+    # Other layers keep twice their output (the gradients in and out of their backward).
+    assert model.transient_bytes(block, "none") == pytest.approx(2 * samples * 10**6)
+    # The one stage holds both layers: its largest transient is the loss's.
+    stage = StageChoice(0, 2, (ReplicaGroup(0, 1, 1, samples, "none"),))
+    memory = model.evaluate(PlanConfig(2, "1f1b", 1, (stage,))).memory[0]
+    assert memory.transient_bytes == pytest.approx(copies * samples * 10**8)
+
+
+def _fidelity():
+    from autoplan.calibrate.fidelity import fidelity_report
+    from autoplan.calibrate.measured_runs import read_measured_runs
+    from autoplan.files import read_json_model
+    from autoplan.profile.schema import Profile
+
+    runs = read_measured_runs(CALIBRATION / "measured_runs.csv")
+    return runs, fidelity_report(runs, {"OPT-350": read_json_model(OPT_350, Profile)})
+
+
+@needs_calibration
+def test_every_gh200_run_fits_what_the_model_predicts_within_five_percent() -> None:
+    """Predicted peak per GPU with the reserve against measured_max_memory_gib, as
+    Megatron-DeepSpeed ran them: on the 15 GH200 runs never below measured − 5% and never
+    above measured + 10% (today: −3.4% to +4.2%). The mixed RTX runs are not bounded here:
+    runs 27 and 28 took less than their activations alone without recompute (next test), and
+    on runs 30, 31 and 34 (tp 8 over 8-GPU PCIe nodes) the model is 22-26% under the
+    measurement, which no term of it explains yet."""
+    _, report = _fidelity()
+    assert report.engine == "megatron-deepspeed"
+    gh200 = [r for r in report.runs if r.site == "clariden"]
+    assert len(gh200) == 15
+    for r in gh200:
+        assert r.memory_error is not None
+        assert -0.05 <= r.memory_error <= 0.10, (r.run, r.memory_error)
+
+
+@needs_calibration
+def test_runs_27_and_28_held_less_than_their_activations_without_recompute() -> None:
+    """The two 4-GPU RTX runs (tp 2) measured 3.85 and 5.54 GiB, less than the activations
+    their plans keep in flight without recompute alone (8.95 and 10.17 GiB: 2 samples of 11
+    to 26 fp32 layers at tp 2): they must have checkpointed activations, which the table does
+    not record. Costed with full recompute, the model gives them above the measurement and
+    within 15% (with reserve; today +11% and +6.5%: the head, which checkpointing leaves
+    alone, holds its logits and the loss's two copies of them)."""
+    import dataclasses
+
+    from autoplan.calibrate.measured_runs import pinned_config, run_cluster
+    from autoplan.cluster.catalog import gpu_specs
+    from autoplan.cost.model import CostModel
+    from autoplan.files import read_json_model
+    from autoplan.profile.schema import Profile
+
+    profile = read_json_model(OPT_350, Profile)
+    runs, _ = _fidelity()
+    for run in (r for r in runs if r.name in ("run-27", "run-28")):
+        cluster = run_cluster(run)
+        model = CostModel(profile, cluster, gpu_specs(cluster)).with_engine("megatron-deepspeed")
+        config = pinned_config(run, model)
+        measured = run.measured_max_memory_gib
+        assert measured is not None
+        plain = model.evaluate(config)
+        assert max(m.activations_bytes for m in plain.memory) / GIB > measured
+        stages = tuple(
+            dataclasses.replace(
+                s, groups=tuple(dataclasses.replace(g, recompute="full") for g in s.groups)
+            )
+            for s in config.stages
+        )
+        full = model.evaluate(dataclasses.replace(config, stages=stages))
+        _, with_reserve = predicted_peak_bytes(full)
+        assert -0.05 <= with_reserve / GIB / measured - 1 <= 0.15, (run.name, with_reserve / GIB)

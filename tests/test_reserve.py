@@ -15,12 +15,18 @@ from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 GIB = 1024**3
 
 
+# Reserves measured on real runs instead of the rule (profiles/gpus.yaml says how).
+MEASURED_RESERVES_GIB = {"GH200": 4.25}
+
+
 def test_every_catalog_type_reserves_what_the_catalog_rule_gives() -> None:
     # profiles/gpus.yaml: 0.75 GiB (CUDA context, NCCL buffers) + 2% of the device's memory,
-    # to the nearest 0.25 GiB: 1 GiB on 8-16 GiB cards, 4.5 GiB on the 192 GiB MI300X.
+    # to the nearest 0.25 GiB: 1 GiB on 8-16 GiB cards, 4.5 GiB on the 192 GiB MI300X; or
+    # what real runs measured, never less than the rule.
     for name, spec in load_catalog().items():
-        assert spec.memory_reserve_gib == round((0.75 + 0.02 * spec.memory_gib) * 4) / 4, name
-        assert 1.0 <= spec.memory_reserve_gib < 0.15 * spec.memory_gib, name
+        rule = round((0.75 + 0.02 * spec.memory_gib) * 4) / 4
+        assert spec.memory_reserve_gib == MEASURED_RESERVES_GIB.get(name, rule), name
+        assert rule <= spec.memory_reserve_gib < 0.15 * spec.memory_gib, name
 
 
 def _model(reserve_gib: float, memory_gib: float = 10.0, **options: object):

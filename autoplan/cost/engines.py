@@ -11,6 +11,19 @@ schedule of forward and backward passes, but not every term the same way:
   ``BackwardPass`` (and its plain engine all-reduces on the accumulation boundary after the
   backward, at ZeRO stage 0 and 1 without ``overlap_comm``): nothing hides it.
 
+- The loss's temporaries (``CostModel.transient_bytes``), counted in fp32 logits-sized
+  copies beside the one the profile saves (the log-softmax, or softmax). autoplan's runtime
+  takes ``F.cross_entropy`` of the logits (upcast to fp32 when 16-bit,
+  ``autoplan.runtime.loss``): its backward holds two fp32 logits-sized gradients at once
+  (nll_loss's, then log_softmax's). Megatron-DeepSpeed's pipeline keeps the last stage's
+  output, the logits, in its buffers until the backward, and its loss takes
+  ``output.contiguous().float()`` of their [samples, sequence, vocabulary] view of Megatron's
+  [sequence, samples, vocabulary] tensor, a copy unless the micro-batch is one sample; the
+  vocab-parallel cross-entropy then subtracts the row maximum into a new tensor, which it
+  exponentiates, normalises and saves in place (the saved copy) and reuses in place as the
+  gradient. So one copy beside the saved one, two when a replica's micro-batch has several
+  samples.
+
 Everything else (blocking pipeline transfers, the 1F1B order, tp collectives, the optimizer
 step) is costed the same for both; ``autoplan.cost.model`` says where its forms are
 conservative for autoplan's runtime.
@@ -31,9 +44,22 @@ class EngineTraits:
     """What one engine does differently in a cost term (module docstring)."""
 
     overlaps_grad_reduce: bool  # the all-reduce hides behind the last backward
+    # fp32 logits-sized tensors the loss holds at once beside its saved one; and whether a
+    # micro-batch of several samples adds a contiguous copy of transposed logits.
+    loss_temporaries: int
+    copies_transposed_logits: bool
+
+    def loss_copies(self, one_sample: bool) -> int:
+        """Logits-sized fp32 temporaries of the loss, for a micro-batch of one sample or more
+        (module docstring)."""
+        return self.loss_temporaries + (self.copies_transposed_logits and not one_sample)
 
 
 ENGINES: dict[str, EngineTraits] = {
-    "autoplan": EngineTraits(overlaps_grad_reduce=True),
-    "megatron-deepspeed": EngineTraits(overlaps_grad_reduce=False),
+    "autoplan": EngineTraits(
+        overlaps_grad_reduce=True, loss_temporaries=2, copies_transposed_logits=False
+    ),
+    "megatron-deepspeed": EngineTraits(
+        overlaps_grad_reduce=False, loss_temporaries=1, copies_transposed_logits=True
+    ),
 }

@@ -88,6 +88,12 @@ class LayerCost:
     loss_saved_bytes: float = 0.0
     # Context parallelism: the K, V chunk the ring holds in flight (a transient).
     ring_buffer_bytes: float = 0.0
+    # A head's logits (its vocabulary shard), in bytes of the loss's fp32: what the loss's
+    # temporaries are the size of (``CostModel.transient_bytes``); 0 for other layers.
+    logits_bytes: float = 0.0
+    # A head's logits are [sequence, samples, vocabulary] in Megatron's layout: their
+    # [samples, sequence, vocabulary] view is contiguous only for one sample (else a copy).
+    logits_one_sample: bool = True
 
     def forward_ms(self) -> float:
         return self.forward_compute_ms + self.forward_tp_comm_ms
@@ -234,6 +240,9 @@ def layer_cost(
         )
         fwd_comm += ring.forward_ms
         bwd_comm += ring.backward_ms
+    # What a head saves beyond its input is its logits' shard (the log-softmax or the
+    # softmax the loss keeps, in fp32): the size of the loss's temporaries.
+    logits = max(0.0, saved_none - layer.input_activation_bytes) if layer.kind == "head" else 0.0
     if layer.kind in NOT_RECOMPUTED:
         # The runtime checkpoints blocks only (``autoplan.runtime.recompute``): under full
         # recompute the embedding and the head keep what they keep without it.
@@ -256,6 +265,8 @@ def layer_cost(
         regather_ms=regather,
         loss_saved_bytes=loss_saved * scale,
         ring_buffer_bytes=ring.buffer_bytes,
+        logits_bytes=logits * scale,
+        logits_one_sample=micro_batch_size <= 1,
     )
 
 

@@ -548,13 +548,19 @@ class CostModel:
 
     def transient_bytes(self, layer: LayerCost, recompute: str) -> float:
         """Largest temporary while one layer runs its backward; ``recompute`` is a mode
-        (``autoplan.cost.offload``): an offloading one adds the layers in transit."""
+        (``autoplan.cost.offload``): an offloading one adds the layers in transit. A head's
+        is at least its loss's temporaries: ``EngineTraits.loss_copies`` copies of its
+        logits (``LayerCost.logits_bytes``), which the backward's two output-sized gradients
+        do not cover where the profiled head ends in the per-token loss."""
         base, _ = split_mode(recompute)
         extra = transit_bytes(layer, recompute)
         extra += layer.ring_buffer_bytes  # cp: the K, V chunk in flight
+        # A head's loss: the engine's logits-sized fp32 temporaries (``cost.engines``).
+        copies = ENGINES[self.engine].loss_copies(layer.logits_one_sample)
+        loss = copies * layer.logits_bytes
         if base == "none":
-            return 2 * layer.output_bytes + extra
-        return layer.full_activation_bytes + extra
+            return max(2 * layer.output_bytes, loss) + extra
+        return max(layer.full_activation_bytes, loss) + extra
 
     def pass_overhead_ms(self, device_class: int) -> float:
         """Fixed time of one forward or backward pass of a stage on this class."""
