@@ -37,9 +37,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from autoplan.checks import check_plan, model_name_syntax_problem, simulation_size_problem
-from autoplan.cluster.catalog import example_cluster_path, load_overlay, with_overlay
-from autoplan.cluster.catalog import load_cluster as _read_cluster
+from autoplan import inputs
+from autoplan.checks import simulation_size_problem
 from autoplan.cluster.schema import Cluster
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, file_sha256, read_json_model, write_json_model
@@ -75,7 +74,7 @@ __all__ = [
     "sweep",
 ]
 
-PathLike = str | Path
+PathLike = inputs.PathLike
 
 # A sweep solves many configurations: a shorter default limit per solve than solve's 60 s.
 _SWEEP_TIME_LIMIT_S = 20.0
@@ -111,32 +110,12 @@ def profile(
     )
 
 
-def load_profile(path: PathLike) -> Profile:
-    """The profile JSON at ``path`` (written by ``autoplan profile`` or ``save``), checked."""
-    result = read_json_model(path, Profile)
-    problem = model_name_syntax_problem(result.model.name)
-    if problem is not None:
-        raise InputError(f"{path}: {problem}")
-    return result
-
-
-def load_cluster(cluster: Cluster | PathLike) -> Cluster:
-    """A cluster: returned as it is, read from a YAML path, or a shipped example by name (a
-    string without '/' or a YAML suffix that is not an existing file)."""
-    if isinstance(cluster, Cluster):
-        return cluster
-    path = Path(cluster)
-    if not (path.exists() or path.suffix in (".yaml", ".yml") or "/" in str(cluster)):
-        path = example_cluster_path(str(cluster))
-    return _read_cluster(path)
-
-
-def load_plan(path: PathLike) -> Plan:
-    """The plan JSON at ``path``, checked as every command checks it (PlanInvalidError lists
-    its problems)."""
-    plan = read_json_model(path, Plan)
-    check_plan(plan)
-    return plan
+# The CLI's input layer, under the API's names: a profile JSON (its model name checked); a
+# cluster as it is, read from a YAML path or a shipped example by name; a plan JSON checked as
+# every command checks it (PlanInvalidError lists its problems).
+load_profile = inputs.read_profile
+load_cluster = inputs.read_cluster
+load_plan = inputs.read_plan
 
 
 def _profile_and_hash(value: Profile | PathLike) -> tuple[Profile, str]:
@@ -155,12 +134,6 @@ def _options(options: dict[str, Any], defaults: dict[str, Any] | None = None) ->
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "options"
         raise InputError(f"solve option {where}: {first['msg']}") from None
-
-
-def _with_catalogs(cluster: Cluster, catalogs: Sequence[PathLike]) -> Cluster:
-    for overlay in catalogs:
-        cluster = with_overlay(cluster, load_overlay(overlay))
-    return cluster
 
 
 def solve(
@@ -185,7 +158,7 @@ def solve(
     files from ``autoplan calibrate``. ``progress(done, total)`` is called as the search goes.
     Raises InfeasibleError naming the binding constraint when no plan exists."""
     loaded, sha256 = _profile_and_hash(profile)
-    hardware = _with_catalogs(load_cluster(cluster), catalog)
+    hardware = load_cluster(cluster, catalog)
     return _solve(
         loaded,
         hardware,
@@ -223,7 +196,7 @@ def price(
         if hardware is None and given is not None:
             hardware = given.inputs.cluster
         if hardware is not None:
-            hardware = _with_catalogs(hardware, catalog)
+            hardware = load_cluster(hardware, catalog)
     return price_configuration(
         loaded,
         hardware,
@@ -263,8 +236,7 @@ def cost_plan(
 def simulate(plan: Plan | PathLike) -> SimulationResult:
     """Play ``plan``'s schedule replica by replica, as ``autoplan simulate`` does: per-replica
     timelines with memory curves, the simulated iteration time beside the plan's prediction."""
-    loaded = plan if isinstance(plan, Plan) else read_json_model(plan, Plan)
-    check_plan(loaded)
+    loaded = inputs.checked_plan(plan) if isinstance(plan, Plan) else load_plan(plan)
     if edited_since_costed(loaded):
         raise InputError(stale_timings_message(str(plan) if not isinstance(plan, Plan) else "plan"))
     too_big = simulation_size_problem(loaded)
@@ -296,7 +268,7 @@ def sweep(
     ``solve``, applied to every configuration; ``time_limit_s`` defaults to 20 s per solve.
     ``progress(done, total, label)`` is called before each configuration."""
     loaded, sha256 = _profile_and_hash(profile)
-    hardware = _with_catalogs(load_cluster(cluster), catalog)
+    hardware = load_cluster(cluster, catalog)
     batches = [global_batch] if isinstance(global_batch, int) else global_batch
     return run_sweep(
         loaded,

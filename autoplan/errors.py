@@ -31,9 +31,17 @@ class LaunchMismatchError(AutoplanError):
 
 
 class PlanInvalidError(AutoplanError):
-    """A plan breaks rules that every executable plan obeys; ``problems`` lists each one."""
+    """A plan breaks rules that every executable plan obeys; ``problems`` lists each one.
 
-    def __init__(self, problems: list[str]) -> None:
+    With ``source`` (the file it was read from) the message is that file's first problem and
+    how many more there are, the line a command prints; without, every problem numbered."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
         self.problems = list(problems)
-        numbered = "; ".join(f"({i}) {p}" for i, p in enumerate(self.problems, start=1))
-        super().__init__(f"plan is invalid, {len(self.problems)} problem(s): {numbered}")
+        if source is None:
+            numbered = "; ".join(f"({i}) {p}" for i, p in enumerate(self.problems, start=1))
+            super().__init__(f"plan is invalid, {len(self.problems)} problem(s): {numbered}")
+            return
+        more = len(self.problems) - 1
+        tail = f" (and {more} more: autoplan validate lists them)" if more else ""
+        super().__init__(f"{source}: invalid plan: {self.problems[0]}{tail}")

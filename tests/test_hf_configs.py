@@ -17,9 +17,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from autoplan.checks import is_factory_name, model_name_problem
+from autoplan.checks import check_factory_trust, is_factory_name, model_name_problem
 from autoplan.cli import app
-from autoplan.cli.inputs import check_factory_trust
 from autoplan.cli.launch_cmd import runtime_args
 from autoplan.errors import InputError
 from autoplan.files import read_json_model, write_json_model

@@ -39,6 +39,7 @@ TORCH_FREE_PACKAGES = [
 TORCH_FREE_MODULES = [
     "autoplan.errors",
     "autoplan.files",
+    "autoplan.inputs",
     "autoplan.profile.schema",
     "autoplan.cli.solve_cmd",
     "autoplan.cli.export_cmd",

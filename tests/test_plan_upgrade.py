@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from autoplan.cli import app
-from autoplan.cli.inputs import read_plan
 from autoplan.files import read_json_model
+from autoplan.inputs import read_plan
 from autoplan.plan.validate import plan_problems
 from autoplan.profile.schema import Profile
 

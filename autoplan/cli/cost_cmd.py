@@ -11,13 +11,11 @@ from rich.console import Console
 
 from autoplan import limits
 from autoplan.cli.app import command
-from autoplan.cli.inputs import catalog_path, check_bounds, cluster_path
-from autoplan.cluster.catalog import load_cluster
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, read_json_model, write_json_model
+from autoplan.inputs import catalog_path, check_bounds, cluster_path, read_cluster, read_profile
 from autoplan.plan.schema import Plan
 from autoplan.plan.stage_spec import megatron_stage_specs
-from autoplan.profile.schema import Profile
 from autoplan.view import print_document, solve_summary
 from autoplan.view.plan_tables import plan_precision_warnings
 from autoplan.view.units import duration_text
@@ -159,16 +157,16 @@ def cost(
             raise InputError("a plan file gives its own batch and pipeline: drop those flags")
         priced = price(
             profile_path,
-            None if cluster_file is None else load_cluster(cluster_file),
+            None if cluster_file is None else read_cluster(cluster_file),
             plan=read_json_model(plan_path, Plan),
             catalog=catalog or [],
         )
     else:
         if cluster_file is None:
             raise InputError("--cluster is needed to price --stages or --tp/--pp/--dp")
-        hardware = load_cluster(cluster_file)
+        hardware = read_cluster(cluster_file)
         if stages is None:
-            profile = read_json_model(profile_path, Profile)
+            profile = read_profile(profile_path)
             types = sorted({group.gpu for group in hardware.node_groups})
             if gpu_type is None and len(types) > 1:
                 raise InputError(
@@ -213,7 +211,7 @@ def cost(
     if plan.inputs.dtype == "bf16" and plan_precision_warnings(plan):
         # What the warning costs, for this very plan: the same layers' FLOPs and bytes in
         # fp16, which these GPUs run on tensor cores (the runtime scales the loss).
-        half = read_json_model(profile_path, Profile).model_copy(update={"dtype": "fp16"})
+        half = read_profile(profile_path).model_copy(update={"dtype": "fp16"})
         fp16 = price(half, plan.inputs.cluster, plan=plan).plan.prediction.iteration_time_ms
         bf16 = plan.prediction.iteration_time_ms
         console.print(

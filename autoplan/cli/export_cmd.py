@@ -15,9 +15,9 @@ import typer
 
 from autoplan import limits
 from autoplan.cli.app import command
-from autoplan.cli.inputs import check_bounds, read_plan, read_profile
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model, write_text_atomic
+from autoplan.inputs import check_bounds, read_plan, read_profile
 from autoplan.names import printable
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import Profile

@@ -16,11 +16,11 @@ from typing import Annotated
 import typer
 
 from autoplan import limits
-from autoplan.checks import is_factory_name
+from autoplan.checks import check_factory_trust, is_factory_name
 from autoplan.cli.app import command
-from autoplan.cli.inputs import check_factory_trust, read_plan, safe_host
 from autoplan.errors import InputError
 from autoplan.files import check_output_path, write_text_atomic
+from autoplan.inputs import read_plan, safe_host
 from autoplan.launch.slurm import slurm_script
 from autoplan.launch.torchrun import (
     DEFAULT_MASTER_PORT,

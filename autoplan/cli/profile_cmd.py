@@ -14,9 +14,9 @@ from typer.core import TyperCommand
 
 from autoplan import limits
 from autoplan.cli.app import EXIT_BAD_INPUT, command
-from autoplan.cli.inputs import check_bounds
 from autoplan.errors import AutoplanError, InputError
 from autoplan.files import check_outputs, read_json_model, write_json_model
+from autoplan.inputs import check_bounds
 from autoplan.profile.schema import DType, Granularity, Profile
 
 __all__ = ["models", "profile", "profile_import"]

@@ -26,11 +26,12 @@ from rich.console import Console
 from rich.table import Table
 
 from autoplan import limits
+from autoplan.checks import check_factory_trust
 from autoplan.cli.app import command
-from autoplan.cli.inputs import check_factory_trust, read_plan
 from autoplan.cli.launch_cmd import runtime_args
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, read_json_model
+from autoplan.inputs import read_plan
 from autoplan.launch import node_launches
 from autoplan.launch.local import agent_log_args, environment_for_local_run, run_agents
 from autoplan.names import printable

@@ -20,15 +20,9 @@ from rich.text import Text
 
 from autoplan import limits
 from autoplan.cli.app import command, exit_fast_when_done
-from autoplan.cli.inputs import catalog_path, check_bounds, read_profile
-from autoplan.cluster.catalog import (
-    example_cluster_path,
-    load_cluster,
-    load_overlay,
-    with_overlay,
-)
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model
+from autoplan.inputs import catalog_path, check_bounds, cluster_path, read_cluster, read_profile
 from autoplan.view import print_document, solve_summary
 from autoplan.view.units import duration_text
 
@@ -58,13 +52,6 @@ class _SearchColumn(ProgressColumn):
         if state.gap is not None:
             parts.append(f"gap {state.gap:.1%}")
         return Text("  ".join(parts))
-
-
-def _cluster_path(value: str) -> Path:
-    path = Path(value)
-    if path.is_file() or path.suffix in (".yaml", ".yml") or "/" in value:
-        return path
-    return example_cluster_path(value)
 
 
 def _layer_split(value: str | None) -> list[int] | None:
@@ -272,15 +259,13 @@ def solve_command(
     _check_sizes(global_batch, tp, pp, dp, micro_batch_size, num_micro_batches, top_k, time_limit)
     if not 0 <= gap < 1:
         raise InputError(f"--gap must be in [0, 1) (a fraction: 0.01 is 1%); got {gap:g}")
-    cluster_file = _cluster_path(cluster)
+    cluster_file = cluster_path(cluster)
     inputs = [profile_path, cluster_file, catalog_path(), *(catalog or [])]
     if async_output is not None and not allow_async:
         raise InputError("--async-output needs --allow-async")
     check_outputs({"--output": output, "--async-output": async_output}, inputs)
     profile = read_profile(profile_path)
-    cluster_model = load_cluster(cluster_file)
-    for overlay in catalog or []:
-        cluster_model = with_overlay(cluster_model, load_overlay(overlay))
+    cluster_model = read_cluster(cluster_file, catalog or [])
     options = SolveOptions(
         tp=tp,
         pp=pp,

@@ -20,11 +20,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autoplan import limits
 from autoplan.cli.app import command, exit_fast_when_done
-from autoplan.cli.inputs import catalog_path, check_bounds, cluster_path, read_profile
 from autoplan.cli.view_cmd import Format, FormatOption
-from autoplan.cluster.catalog import load_cluster
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, check_outputs, file_sha256
+from autoplan.inputs import catalog_path, check_bounds, cluster_path, read_cluster, read_profile
 from autoplan.names import shown
 
 __all__ = ["sweep"]
@@ -182,7 +181,7 @@ def sweep(
     cluster_file = cluster_path(cluster)
     check_outputs({"--csv": csv, "--png": png}, [profile_path, cluster_file, catalog_path()])
     profile = read_profile(profile_path)
-    base = load_cluster(cluster_file)
+    base = read_cluster(cluster_file)
     options = SolveOptions(
         strategy=strategy,  # type: ignore[arg-type]  # checked by SolveOptions
         space=space,  # type: ignore[arg-type]

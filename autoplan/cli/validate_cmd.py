@@ -9,9 +9,9 @@ import typer
 
 from autoplan.checks import check_plan
 from autoplan.cli.app import command
-from autoplan.cli.inputs import read_profile
 from autoplan.errors import InputError
 from autoplan.files import read_json_model
+from autoplan.inputs import read_profile
 from autoplan.names import printable
 from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
 from autoplan.plan.schema import Plan

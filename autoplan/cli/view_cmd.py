@@ -11,9 +11,9 @@ from rich.console import Console
 
 from autoplan.checks import simulation_size_problem
 from autoplan.cli.app import command
-from autoplan.cli.inputs import read_plan
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, check_outputs, write_json_model
+from autoplan.inputs import read_plan
 from autoplan.names import printable
 from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
 from autoplan.plan.schema import Plan
@@ -148,7 +148,7 @@ def simulate(
         raise InputError(stale_timings_message(str(plan_path)))
     if profile_path is not None:
         # Pricing imports the cost model and solvers: only when asked.
-        from autoplan.cli.inputs import read_profile
+        from autoplan.inputs import read_profile
         from autoplan.price.staleness import timing_mismatch
 
         mismatch = timing_mismatch(plan, read_profile(profile_path))
