@@ -28,10 +28,27 @@ of class k; weak duality of the fractional assignment of layers to GPUs):
 It ignores the bubble and every communication, so it is loose; the exact families are what
 close the gap. λ_k ∝ 1 / Ω_k (Ω_k = Σ_l ω_k(l)) is exact when every layer is the same factor
 faster on one class than on another.
+
+The zero-bubble bound (``zero_bubble_bound_ms``), valid for every zero-bubble plan whatever
+its partition: torch runs those schedules at dp 1 only, so each pipeline rank is one tp group
+of t GPUs of one class k taking every sample of its layers, and it plays all its passes one
+after another: T ≥ m Σ_{l ∈ rank} w_{k,t}(l) + 2 m ovh + step, w_{k,t}(l) = time_{k,t}(l, b)
+(no recompute; sequence parallelism either way). Whole layers, not fractions, go to a rank,
+and its weights, gradients and optimizer states must fit its memory. So if every rank's
+work is at most X, a rank of kind (k, t) holds at most n_{k,t}(X) layers: the most layers
+whose c least works add up to at most X and whose c least parameter memories fit (any c
+layers cost at least the c least). With r_{k,t} ranks of each kind, Σ_t t r_{k,t} ≤ N_k, the
+layers covered are Σ r_{k,t} n_{k,t}(X) ≤ Σ_k N_k max_t n_{k,t}(X) / t; a plan needs all L, so
+its X is at least the least X where that reaches L (a threshold among the prefix sums of the
+sorted works). It is the work bound's integrality gap: at a few layers per GPU one layer more
+on the slowest rank is most of the iteration. m × time(B / m) does not fall as m grows
+(per-sample time does not grow with the share), so the least m of the space bounds every m.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -40,7 +57,7 @@ from autoplan.plan.schema import SearchRecord
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import class_tp_choices, divisors
 
-__all__ = ["Floors", "search_record", "work_bound_ms"]
+__all__ = ["Floors", "search_record", "work_bound_ms", "zero_bubble_bound_ms"]
 
 PROVEN_TOLERANCE = 1e-9
 """Relative gap below which the plan is proven optimal (floating-point noise of the costs)."""
@@ -180,6 +197,104 @@ def work_bound_ms(
         return math.inf
     # ω scales as m × time(B / m) = B × per-sample time: the spread holds at any m >= least.
     return spread + step + min(counts) * passes
+
+
+def _zero_bubble_works(
+    model: CostModel, batch: int, m: int, tp: int | None, sequence_parallel: bool | None
+) -> list[tuple[int, int, list[float], list[float]]]:
+    """Per rank kind (class k, tp t): (k, t, each layer's iteration work m · w_{k,t}(l), each
+    layer's least parameter bytes per GPU); the zero-bubble bound's ingredients (module
+    docstring)."""
+    b = batch // m
+    pinned = SolveOptions(tp=tp)
+    # The least bytes a parameter can take on a dp-1 rank: of the ZeRO levels, the most sharded
+    # (over a view's cp ranks); the rank's activations and transients only add.
+    per_param = min(model.static_bytes_per_param(1, level) for level in range(4))
+    out = []
+    for c in model.classes:
+        for t in class_tp_choices(model, c.index, pinned):
+            if t > c.total_gpus:
+                continue
+            settings = [False] if t == 1 or sequence_parallel is False else [False, True]
+            works: list[float] | None = None
+            params: list[float] = []
+            for sp in settings:
+                layers = model.tables(c.index, t, b, sp).layers
+                values = [m * (x.forward_ms() + x.backward_ms("none")) for x in layers]
+                works = values if works is None else list(map(min, works, values))
+                params = [x.params_per_gpu * per_param for x in layers]
+            assert works is not None
+            out.append((c.index, t, works, params))
+    return out
+
+
+def _cover_threshold(
+    model: CostModel, kinds: list[tuple[int, int, list[float], list[float]]], heavy: list[int]
+) -> float:
+    """The least X at which ranks of work at most X can hold the layers ``heavy`` (module
+    docstring), inf when their parameters never fit."""
+    total = {c.index: c.total_gpus for c in model.classes}
+    limits = []
+    for k, t, works, params in kinds:
+        memory = list(itertools.accumulate(sorted(params[l] for l in heavy)))  # noqa: E741
+        fit = bisect.bisect_right(memory, model.usable_bytes(k))
+        prefix = [0.0, *itertools.accumulate(sorted(works[l] for l in heavy))]  # noqa: E741
+        limits.append((k, t, prefix, fit))
+
+    def covered(limit: float) -> float:
+        """An upper bound on the layers of ``heavy`` ranks of work <= ``limit`` can hold."""
+        best: dict[int, float] = {}
+        for k, t, prefix, fit in limits:
+            n = min(bisect.bisect_right(prefix, limit) - 1, fit)
+            best[k] = max(best.get(k, 0.0), n / t)
+        return sum(total[k] * value for k, value in best.items())
+
+    # covered() only changes at the prefix sums: the least one that covers, by bisection.
+    thresholds = sorted({value for _, _, prefix, _ in limits for value in prefix})
+    low, high = 0, len(thresholds)
+    while low < high:
+        middle = (low + high) // 2
+        if covered(thresholds[middle]) >= len(heavy):
+            high = middle
+        else:
+            low = middle + 1
+    return thresholds[low] if low < len(thresholds) else math.inf
+
+
+def zero_bubble_bound_ms(model: CostModel, batch: int, options: SolveOptions) -> float:
+    """The zero-bubble bound of the module docstring: no zero-bubble plan of the space (dp 1)
+    is faster; inf when none can exist (no count, or the layers never fit).
+
+    Cheap layers (an embedding, a final norm) would let every rank claim them: the bound is
+    taken over the h heaviest layers for every h (any set of layers must be covered too) and
+    the largest kept."""
+    counts = divisors(batch)
+    if options.num_micro_batches is not None:
+        counts = [m for m in counts if m == options.num_micro_batches]
+    if not counts:
+        return math.inf
+    m = min(counts)
+    sequence_parallel = False if options.sequence_parallel is False else None
+    cache = _cache_of(model)
+    key = ("zero_bubble", _view_key(model), batch, m, options.tp, sequence_parallel)
+    found = cache.get(key)
+    if found is not None:
+        return found
+    kinds = _zero_bubble_works(model, batch, m, options.tp, sequence_parallel)
+    if not kinds:
+        found = math.inf
+    else:
+        # Heaviest first by the layers' least work over the kinds (a fixed order: any prefix
+        # of it is a set of layers every plan covers).
+        least = [min(works[l] for _, _, works, _ in kinds) for l in range(model.num_layers)]  # noqa: E741
+        order = sorted(range(model.num_layers), key=lambda l: (-least[l], l))  # noqa: E741
+        work = max(_cover_threshold(model, kinds, order[:h]) for h in range(1, len(order) + 1))
+        usable = sorted({k for k, _, _, _ in kinds})
+        passes = min(2 * model.pass_overhead_ms(k) for k in usable)
+        step = min(model.step_overhead_ms(k) for k in usable)
+        found = work + m * passes + step
+    cache[key] = found
+    return found
 
 
 def search_record(

@@ -11,7 +11,8 @@ the alternatives are the best other configurations the search costed. Each famil
 reports its floor (``autoplan.solve.certificate``): the result's ``lower_bound_ms`` is the
 least of them and of the plans found, a proven lower bound on the space's best plan. The
 zero-bubble schedules are tried only at the partitions found best (``solve.zero_bubble``), so
-where they are in the space its bound is the work bound, which holds for every schedule.
+where they are in the space the bound also holds the zero-bubble plans elsewhere under the work
+and zero-bubble bounds (``certificate``), which hold for every dp-1 plan of every schedule.
 Every candidate is costed again by ``CostModel.evaluate`` (layer by layer), the figure the
 plan reports.
 Deterministic: families and candidates are visited in a fixed order, and ties go to the
@@ -27,7 +28,7 @@ from collections.abc import Callable
 
 from autoplan.cost.model import CostModel
 from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
-from autoplan.solve.certificate import Floors, work_bound_ms
+from autoplan.solve.certificate import Floors, work_bound_ms, zero_bubble_bound_ms
 from autoplan.solve.hetero import hetero_candidates
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.progress import report_found
@@ -38,6 +39,11 @@ from autoplan.solve.zero_bubble import zero_bubble_variants
 __all__ = ["Candidate", "SearchResult", "search"]
 
 logger = logging.getLogger(__name__)
+
+
+def _zero_bubble_floor(model: CostModel, batch: int, options: SolveOptions) -> float:
+    """No zero-bubble plan of the space is faster (``autoplan.solve.certificate``)."""
+    return max(work_bound_ms(model, batch, options), zero_bubble_bound_ms(model, batch, options))
 
 
 def search(
@@ -108,11 +114,12 @@ def search(
     zero_bubble = options.zero_bubble or options.schedule in ZERO_BUBBLE_SCHEDULES
     if zero_bubble and options.dp in (None, 1):
         # Torch runs them at dp 1 only. Tried at the best partitions only: the zero-bubble
-        # plans elsewhere are bounded by the work bound alone (it holds for every schedule).
-        floors.add(work_bound_ms(model, batch, options))
+        # plans elsewhere are bounded by the bounds that hold for every dp-1 plan of every
+        # schedule (``certificate``: the work bound and the zero-bubble bound).
+        floors.add(_zero_bubble_floor(model, batch, options))
     if options.schedule in ZERO_BUBBLE_SCHEDULES:  # the 1F1B-family bases were only a means
         candidates = [c for c in candidates if c.config.schedule == options.schedule]
-        floors = Floors(work_bound_ms(model, batch, options))
+        floors = Floors(_zero_bubble_floor(model, batch, options))
     unique: dict[tuple, Candidate] = {}
     for candidate in candidates:
         unique.setdefault(config_key(candidate.config), candidate)
