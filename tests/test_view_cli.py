@@ -104,6 +104,24 @@ def test_show_prints_stages_memory_breakdown_and_alternatives(plan_file: Path) -
     assert "every GPU of the cluster is used" in result.output
 
 
+def test_show_never_calls_a_searched_plan_optimal_by_its_strategy(tmp_path: Path) -> None:
+    """The search's plans record strategy 'optimal' (the schema's name for the search); shown,
+    the strategy says whose search it was, and only a certificate may say optimal."""
+    plan = _demo_plan()
+    searched = plan.model_copy(
+        update={"inputs": plan.inputs.model_copy(update={"strategy": "optimal"})}
+    )
+    path = tmp_path / "searched.json"
+    write_json_model(path, searched)
+    result = runner.invoke(app, ["show", str(path)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    strategy = next(line for line in lines if "strategy" in line)
+    assert "autoplan's search" in strategy and "optimal" not in strategy
+    search = next(line for line in lines if line.lstrip("│ ").startswith("search "))
+    assert "no bound recorded" in search
+
+
 def test_simulate_writes_trace_and_png_and_prints_both_times(
     plan_file: Path, tmp_path: Path
 ) -> None:

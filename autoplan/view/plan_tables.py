@@ -37,6 +37,7 @@ __all__ = [
     "plan_precision_warnings",
     "replicas_text",
     "stages_section",
+    "strategy_text",
 ]
 
 
@@ -55,6 +56,12 @@ LEGACY_LEGEND = (
 )
 # The summary notation of plans written before the stage-spec one: 'mbs=16' and '0-12: '.
 _LEGACY_SUMMARY = re.compile(r"\bmbs=\d+|\b\d+-\d+: ")
+
+
+def strategy_text(strategy: str) -> str:
+    """The plan's strategy in words: the search's own plans are not called "optimal" here;
+    whether they are proven is the certificate's to say (``search``)."""
+    return "autoplan's search" if strategy == "optimal" else strategy
 
 
 def _ms(milliseconds: float) -> Figure:
@@ -137,7 +144,7 @@ def overview_section(plan: Plan) -> Section:
         f"{inputs.cluster.name}: GPUs used {gpus_text(plan)} on {counted(len(plan.nodes), 'node')} "
         f"({node_ranges(node.name for node in plan.nodes)})",
     )
-    section.add("strategy", inputs.strategy)
+    section.add("strategy", strategy_text(inputs.strategy))
     if plan.search is not None:  # the certificate: never "optimal" unless proven
         found = plan.search
         section.add(
