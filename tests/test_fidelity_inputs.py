@@ -82,3 +82,29 @@ def test_tp_on_a_profile_without_a_tensor_parallel_split_is_refused() -> None:
         cost_plan(_profile_of(4), cluster, stages=stages, global_batch=8)
     assert "unknown model 'synthetic'" in str(refused.value)
     assert "tensor-parallel split" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ('a,s,OPT-350,"{}",a100.yaml,8,1,A100-40:L0-25:tp1:dp8,-1,,,', "must be positive"),
+        ('a,s,OPT-350,"{}",a100.yaml,8,1,A100-40:L0-25:tp1:dp8,nan,,,', "must be positive"),
+        ('a,s,OPT-350,"{}",a100.yaml,0,1,A100-40:L0-25:tp1:dp8,1,,,', "global_batch must be"),
+        ('a,s,OPT-350,"{}",a100.yaml,8,1,A100-40:L0-25:tp1:dp8,1,,-3,', "not negative"),
+        ('a,s,OPT-350,"{}",a100.yaml,8,x,A100-40:L0-25:tp1:dp8,1,,,', "must be a number"),
+    ],
+)
+def test_a_bad_row_is_a_one_line_error_naming_it(tmp_path: Path, row: str, message: str) -> None:
+    with pytest.raises(InputError, match=f"run a: .*{message}"):
+        read_measured_runs(_runs(tmp_path, row))
+
+
+def test_a_table_that_is_not_one_says_so(tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("x,y\n1,2\n")
+    with pytest.raises(InputError, match="missing column"):
+        read_measured_runs(wrong)
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(InputError, match="not a UTF-8 CSV"):
+        read_measured_runs(binary)

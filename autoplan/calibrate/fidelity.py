@@ -35,6 +35,7 @@ from autoplan.calibrate.measured_runs import (
     run_cluster,
 )
 from autoplan.cluster.catalog import gpu_specs, profiles_dir
+from autoplan.cost.config import PlanConfig
 from autoplan.cost.engines import Engine
 from autoplan.cost.model import CostModel, PlanCost
 from autoplan.errors import InputError
@@ -196,9 +197,30 @@ def _profile_for(run: MeasuredRun, profiles: dict[str, Profile]) -> Profile:
         return profiles[run.model]
     known = ", ".join(sorted(p for p in profiles if p)) or "none"
     raise InputError(
-        f"run {run.name} trains {run.model}: give its profile as --profile {run.model}=PATH "
+        f"it trains {run.model}: give its profile as --profile {run.model}=PATH "
         f"(profiles given for: {known}; shipped for: OPT-350, OPT-30, GPT-Neo-2.7B)"
     )
+
+
+def _cost_both(
+    run: MeasuredRun,
+    profiles: dict[str, Profile],
+    rows: dict[str, list[TableRow]],
+    layer_times: str | Path | None,
+    engine: Engine,
+) -> tuple[PlanConfig, PlanCost, PlanCost | None]:
+    """One run costed from the catalog and, with ``layer_times``, with its measured rows."""
+    profile = _profile_for(run, profiles)
+    cluster = run_cluster(run)
+    specs = gpu_specs(cluster)
+    config, catalog = cost_run(run, CostModel(profile, cluster, specs).with_engine(engine))
+    with_layers = None
+    if layer_times is not None:
+        if run.model not in rows:
+            rows[run.model] = read_table(layer_times, model=run.model, gpu_names=MEASURED_GPU_NAMES)
+        measured = attach(profile, rows[run.model], str(layer_times))
+        _, with_layers = cost_run(run, CostModel(measured, cluster, specs).with_engine(engine))
+    return config, catalog, with_layers
 
 
 def fidelity_report(
@@ -216,18 +238,11 @@ def fidelity_report(
     rows: dict[str, list[TableRow]] = {}
     out = []
     for run in runs:
-        profile = _profile_for(run, profiles)
-        cluster = run_cluster(run)
-        specs = gpu_specs(cluster)
-        config, catalog = cost_run(run, CostModel(profile, cluster, specs).with_engine(engine))
-        with_layers = None
-        if layer_times is not None:
-            if run.model not in rows:
-                rows[run.model] = read_table(
-                    layer_times, model=run.model, gpu_names=MEASURED_GPU_NAMES
-                )
-            measured = attach(profile, rows[run.model], str(layer_times))
-            _, with_layers = cost_run(run, CostModel(measured, cluster, specs).with_engine(engine))
+        try:
+            costed = _cost_both(run, profiles, rows, layer_times, engine)
+        except InputError as error:
+            raise InputError(f"run {run.name}: {error}") from None
+        config, catalog, with_layers = costed
         measured_s = run.measured_iteration_s
         peak, with_reserve = predicted_peak_bytes(catalog)
         measured_gib = run.measured_max_memory_gib

@@ -26,6 +26,7 @@ calibration data's spelling) or taken as catalog names.
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,21 +94,60 @@ _GPU_TOKEN = re.compile(
 
 
 def _optional_float(text: str | None) -> float | None:
-    return float(text) if text not in (None, "") else None
+    """An optional measurement: empty, or a finite number not below 0."""
+    if text in (None, ""):
+        return None
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"measurements must be finite and not negative, got {text!r}")
+    return value
+
+
+_REQUIRED_COLUMNS = (
+    "run",
+    "model",
+    "cluster_file",
+    "global_batch",
+    "micro_batch_per_replica",
+    "stages",
+    "measured_iteration_s",
+)
+
+
+def _positive(row: dict[str, str], column: str, kind: type[int] | type[float]) -> float:
+    """A column's value, a positive finite number of ``kind`` (ValueError naming it)."""
+    text = row.get(column) or ""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{column} must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{column} must be positive, got {text!r}")
+    return value
 
 
 def read_measured_runs(path: str | Path) -> list[MeasuredRun]:
     """Every row of a measured-runs CSV; cluster files are resolved next to the CSV."""
     path = Path(path)
     try:
-        with path.open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            rows = list(reader)
+            columns = reader.fieldnames or []
     except OSError as error:
         raise InputError(f"cannot read measured runs {path}: {error.strerror}") from None
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise InputError(f"{path}: not a UTF-8 CSV table of runs ({error})") from None
+    missing = [c for c in _REQUIRED_COLUMNS if c not in columns]
+    if rows and missing:
+        raise InputError(
+            f"{path}: missing column(s) {', '.join(missing)} "
+            f"(a measured-runs table has {', '.join(_REQUIRED_COLUMNS)})"
+        )
     runs = []
     for row in rows:
         try:
-            stages = _catalog_names(row["stages"])
+            stages = _catalog_names(row["stages"] or "")
             parse_stages(stages)  # a bad row fails here, naming itself
             runs.append(
                 MeasuredRun(
@@ -115,17 +155,17 @@ def read_measured_runs(path: str | Path) -> list[MeasuredRun]:
                     site=row.get("site") or "",
                     model=row["model"],
                     cluster_file=path.parent / row["cluster_file"],
-                    global_batch=int(row["global_batch"]),
-                    micro_batch_per_replica=int(row["micro_batch_per_replica"]),
+                    global_batch=int(_positive(row, "global_batch", int)),
+                    micro_batch_per_replica=int(_positive(row, "micro_batch_per_replica", int)),
                     stages=stages,
-                    measured_iteration_s=float(row["measured_iteration_s"]),
+                    measured_iteration_s=_positive(row, "measured_iteration_s", float),
                     measured_grad_allreduce_s=_optional_float(row.get("measured_grad_allreduce_s")),
                     measured_max_memory_gib=_optional_float(row.get("measured_max_memory_gib")),
                     reference_simulator_s=_optional_float(row.get("sailor_simulator_s")),
                 )
             )
         except (KeyError, ValueError, InputError) as error:
-            raise InputError(f"{path}: run {row.get('run', '?')}: {error}") from None
+            raise InputError(f"{path}: run {row.get('run') or '?'}: {error}") from None
     return runs
 
 
