@@ -13,6 +13,7 @@ from __future__ import annotations
 __all__ = [
     "DEFAULT_HOST_LINK_GB_PER_S",
     "DEFAULT_HOST_MEMORY_GIB_PER_GPU",
+    "GIB",
     "MAX_BANDWIDTH_GB_PER_S",
     "MAX_CLUSTER_GPUS",
     "MAX_CLUSTER_NODES",
@@ -50,6 +51,9 @@ __all__ = [
     "MIN_MEMORY_GIB",
     "MIN_PEAK_TFLOPS",
 ]
+
+# Bytes in a GiB: the unit of every *_gib field and limit (memory sizes as GPU vendors quote them).
+GIB = 1024**3
 
 # --- Files -----------------------------------------------------------------------------------
 

@@ -51,18 +51,14 @@ from typing import Protocol
 
 import numpy as np
 
+from solvers.partition_dp import pipeline_objective
+
 __all__ = [
     "PipelineLabel",
     "StageCostResult",
     "StageSource",
     "best_pipelines",
-    "pipeline_objective",
 ]
-
-
-def pipeline_objective(max_stage: float, sum_stage: float, max_tail: float, m: int) -> float:
-    """F = (m - 1) · max + sum + tail (module docstring)."""
-    return (m - 1) * max_stage + sum_stage + max_tail
 
 
 @dataclass(frozen=True)

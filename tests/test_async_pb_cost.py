@@ -19,7 +19,7 @@ from autoplan.plan.validate import plan_problems
 from autoplan.runtime.async_pb import async_pb_order
 from autoplan.runtime.check import check_async_plan
 from autoplan.solve import SolveOptions, cost_model, solve
-from autoplan.solve.async_pb import ASYNC_MARK, as_async, async_line, runnable_async
+from autoplan.solve.async_pb import ASYNC_MARK, as_async, async_line
 from autoplan.view.plan_tables import overview_section
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
@@ -150,6 +150,15 @@ def test_runtime_runs_any_dp_tp_and_refuses_what_it_cannot_in_one_line() -> None
         check_async_plan(_as_async(make_plan([3, 3], offload=True)))
 
 
+def _runnable_async(config: PlanConfig) -> bool:
+    """Whether the async executor runs ``config`` as it is: one stage per rank, no ZeRO,
+    recompute or activation offload."""
+    return config.chunks == 1 and all(
+        s.zero_stage == 0 and all(g.recompute == "none" and not g.offload for g in s.groups)
+        for s in config.stages
+    )
+
+
 def test_async_alternative_is_costed_as_the_executor_runs_it() -> None:
     _, _, model, stages = _setup()
     heavy = tuple(
@@ -161,9 +170,9 @@ def test_async_alternative_is_costed_as_the_executor_runs_it() -> None:
         for s in stages
     )
     config = PlanConfig(8, "1f1b", 1, heavy)
-    assert not runnable_async(config)
+    assert not _runnable_async(config)
     plain = as_async(config)
-    assert runnable_async(plain)
+    assert _runnable_async(plain)
     assert all(s.zero_stage == 0 and s.groups[0].recompute == "none" for s in plain.stages)
     assert [g.replicas for s in plain.stages for g in s.groups] == [2, 2, 2]  # dp kept
     assert async_pb_cost(model, plain).iteration_ms > 0

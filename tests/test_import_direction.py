@@ -1,6 +1,6 @@
 """Import direction: the solve path never needs torch; only the runtime talks torch.distributed.
 
-DESIGN.md's rule: ``solvers`` knows nothing of torch or of autoplan's CLI; the solve path
+The rule of the README's Layout section: ``solvers`` knows nothing of torch or of autoplan's CLI; the solve path
 (autoplan.cluster, autoplan.cost, autoplan.solve, autoplan.plan, solvers, and ``autoplan solve``)
 imports without torch; ``autoplan.runtime`` is the only part that imports torch.distributed.
 

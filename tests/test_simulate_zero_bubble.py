@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from autoplan.cli import app
 from autoplan.cost.schedule import blocking_stage_times, pipeline_time_ms
-from autoplan.cost.zero_bubble import peak_in_flight, play_ms, zb_h1_time_ms
+from autoplan.cost.zero_bubble import peak_in_flight, play_ms
 from autoplan.errors import InputError
 from autoplan.files import write_json_model
 from autoplan.plan.schema import Plan, StageTiming
@@ -27,6 +27,7 @@ from autoplan.simulate.gantt import write_gantt_png
 from autoplan.solve import SolveOptions
 from tests.plan_factory import make_plan
 from tests.test_solve_zero_bubble import solve
+from tests.zero_bubble_reference import zb_h1_time_ms
 
 # (schedule, v) pairs the schema allows: the V schedules hold two stages per rank.
 SHAPES = [("interleaved_zero_bubble", 1), ("interleaved_zero_bubble", 2), ("zbv", 2)]

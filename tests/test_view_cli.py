@@ -292,11 +292,11 @@ def test_simulate_grid_prints_the_schedule_like_pytorch(tmp_path: Path) -> None:
 
 
 def test_micro_batch_sizes_collapse_runs() -> None:
-    from autoplan.view.plan_tables import micro_batch_sizes_text
+    from autoplan.view.units import runs_text
 
-    assert micro_batch_sizes_text([1] * 16) == "1 × 16"
-    assert micro_batch_sizes_text([11, 11, 5, 5]) == "11 × 2, 5 × 2"
-    assert micro_batch_sizes_text([3, 1, 3]) == "3, 1, 3"
+    assert runs_text([1] * 16) == "1 × 16"
+    assert runs_text([11, 11, 5, 5]) == "11 × 2, 5 × 2"
+    assert runs_text([3, 1, 3]) == "3, 1, 3"
 
 
 # ---- heterogeneous plans -----------------------------------------------------------------------

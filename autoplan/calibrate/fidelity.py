@@ -40,6 +40,7 @@ from autoplan.cost.engines import Engine
 from autoplan.cost.model import CostModel, PlanCost
 from autoplan.errors import InputError
 from autoplan.files import read_json_model
+from autoplan.limits import GIB
 from autoplan.profile.measured_table import TableRow, attach, read_table
 from autoplan.profile.schema import Profile
 
@@ -54,8 +55,6 @@ __all__ = [
 ]
 
 FIDELITY_SCHEMA_VERSION = 3  # 2: the engine; 3: memory columns
-
-_GIB = 1024**3
 
 
 class FidelityRun(BaseModel):
@@ -263,9 +262,9 @@ def fidelity_report(
                 reference_simulator_s=run.reference_simulator_s,
                 fits=catalog.feasible,
                 measured_memory_gib=measured_gib,
-                predicted_memory_gib=peak / _GIB,
-                predicted_memory_with_reserve_gib=with_reserve / _GIB,
-                memory_error=(None if not measured_gib else with_reserve / _GIB / measured_gib - 1),
+                predicted_memory_gib=peak / GIB,
+                predicted_memory_with_reserve_gib=with_reserve / GIB,
+                memory_error=(None if not measured_gib else with_reserve / GIB / measured_gib - 1),
             )
         )
     if not out:

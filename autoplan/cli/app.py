@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
+from rich.console import Console
 from typer import _click
 from typer.core import TyperGroup
 
@@ -29,11 +30,19 @@ __all__ = [
     "command",
     "exit_fast_when_done",
     "one_line",
+    "output_console",
     "package_version",
 ]
 
 EXIT_BAD_INPUT = 2
 _MAX_LINE = 1000
+
+
+def output_console(*, stderr: bool = False, width: int = 140) -> Console:
+    """A rich console on stdout (or stderr): the terminal's width on a terminal, else
+    ``width`` columns, so that tables piped to a file or a test are not cut at 80."""
+    terminal = Console(stderr=stderr)
+    return terminal if terminal.is_terminal else Console(stderr=stderr, width=width)
 
 
 class _OneLineErrors(TyperGroup):

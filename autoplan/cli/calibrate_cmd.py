@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 import yaml
-from rich.console import Console
 from rich.table import Table
 
-from autoplan.cli.app import command
+from autoplan.cli.app import command, output_console
 from autoplan.errors import InputError
 from autoplan.files import read_json_model
 
@@ -28,11 +27,6 @@ class RunEngine(StrEnum):
 
     autoplan = "autoplan"
     megatron_deepspeed = "megatron-deepspeed"
-
-
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=140)
 
 
 @command("calibrate")
@@ -88,7 +82,7 @@ def calibrate_command(
             f"{c.measured_optimizer_ms:.2f}",
             f"{c.predicted_optimizer_ms:.2f}",
         )
-    console = _console()
+    console = output_console()
     console.print(table)
     for spec in result.gpu_types:
         console.print(
@@ -231,7 +225,7 @@ def fidelity_command(
                 _percent(s.memory_worst_error),
             ]
         summary.add_row(*cells)
-    console = _console()
+    console = output_console()
     console.print(table)
     if memory is not None:
         console.print(memory)

@@ -5,21 +5,15 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from autoplan.cli.app import command
+from autoplan.cli.app import command, output_console
 from autoplan.cluster.catalog import gpu_specs, load_catalog, load_cluster, profiles_dir
 
 __all__ = ["clusters", "gpus"]
 
 # fp8 is shown where the datasheet gives it; no training dtype uses it yet.
 _DTYPES = ("fp8", "bf16", "fp16", "tf32", "fp32", "fp64")
-
-
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
 
 
 @command("gpus")
@@ -43,7 +37,7 @@ def gpus(
         row = [gpu.name, f"{gpu.memory_gib:g}", f"{gpu.memory_bandwidth_gb_per_s:g}", *peaks]
         row += [f"{gpu.efficiency:g}", measured]
         table.add_row(*row, *([gpu.datasheet_url] if urls else []))
-    _console().print(table)
+    output_console(width=160).print(table)
 
 
 @command("clusters")
@@ -62,4 +56,4 @@ def clusters() -> None:
             for g in cluster.node_groups
         )
         table.add_row(path.name, str(cluster.total_gpus()), str(len(cluster.nodes())), groups)
-    _console().print(table)
+    output_console(width=160).print(table)

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from autoplan import limits
-from autoplan.cli.app import command
+from autoplan.cli.app import command, output_console
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, read_json_model, write_json_model
 from autoplan.inputs import catalog_path, check_bounds, cluster_path, read_cluster, read_profile
@@ -22,8 +21,6 @@ from autoplan.view.units import duration_text
 
 __all__ = ["cost"]
 
-_GIB = 1024**3
-
 
 def _split(value: str | None) -> list[int] | None:
     if value is None:
@@ -32,11 +29,6 @@ def _split(value: str | None) -> list[int] | None:
         return [int(part) for part in value.split(",")]
     except ValueError:
         raise InputError(f"--layer-split must be comma-separated integers; got {value!r}") from None
-
-
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=140)
 
 
 @command("cost")
@@ -199,7 +191,7 @@ def cost(
             catalog=catalog or [],
         )
     plan = priced.plan
-    console = _console()
+    console = output_console()
     print_document(console, solve_summary(plan))
     for violation in priced.violations:
         console.print(f"[bold red]does not fit:[/] {violation}")

@@ -8,27 +8,20 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 from typer.core import TyperCommand
 
 from autoplan import limits
-from autoplan.cli.app import EXIT_BAD_INPUT, command
+from autoplan.cli.app import EXIT_BAD_INPUT, command, output_console
 from autoplan.errors import AutoplanError, InputError
 from autoplan.files import check_outputs, read_json_model, write_json_model
 from autoplan.inputs import check_bounds
+from autoplan.limits import GIB
 from autoplan.profile.schema import DType, Granularity, Profile
 
 __all__ = ["models", "profile", "profile_import"]
 
-_GIB = 1024**3
 _DEFAULT_OUTPUT = Path("profile.json")
-
-
-def _console() -> Console:
-    """A console that is wide enough for the tables when output is not a terminal."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
 
 
 def _summary_table(result: Profile) -> Table:
@@ -130,7 +123,7 @@ def profile_import(
         summary.add_column(column, justify="left" if column == "gpu" else "right")
     for (gpu, tp, micro_batch), layers in sorted(layers_of.items()):
         summary.add_row(gpu, str(tp), str(micro_batch), f"{len(layers)}/{len(result.layers)}")
-    console = _console()
+    console = output_console(width=160)
     console.print(summary)
     console.print(
         f"wrote {output}: {len(rows)} measured layer times attached to {result.model.name}; "
@@ -251,7 +244,7 @@ def profile(
     if table is not None and not measure:
         raise InputError("--table writes measured times: add --measure")
     write_json_model(output, result)
-    console = _console()
+    console = output_console(width=160)
     console.print(_summary_table(result))
     if table is not None:
         from autoplan.profile.measured_table import table_rows, write_table
@@ -267,7 +260,7 @@ def profile(
         f"traced), {totals.param_count:,} parameters"
         f"{'' if active is None else f' ({active:,} active per token)'}, "
         f"{(totals.forward_flops + totals.backward_flops) / 1e12:,.2f} TFLOP per micro-batch, "
-        f"{totals.saved_activation_bytes / _GIB:,.2f} GiB saved for backward"
+        f"{totals.saved_activation_bytes / GIB:,.2f} GiB saved for backward"
     )
 
 
@@ -282,4 +275,4 @@ def models() -> None:
         table.add_column(column, justify="left" if column in ("name", "family") else "right")
     for row in zoo_rows():
         table.add_row(*row)
-    _console().print(table)
+    output_console(width=160).print(table)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     Progress,
@@ -19,21 +18,15 @@ from rich.progress import (
 from rich.text import Text
 
 from autoplan import limits
-from autoplan.cli.app import command, exit_fast_when_done
+from autoplan.cli.app import command, exit_fast_when_done, output_console
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model
 from autoplan.inputs import catalog_path, check_bounds, cluster_path, read_cluster, read_profile
+from autoplan.limits import GIB
 from autoplan.view import print_document, solve_summary
 from autoplan.view.units import duration_text
 
 __all__ = ["solve_command"]
-
-_GIB = 1024**3
-
-
-def _console(stderr: bool = False) -> Console:
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=140)
 
 
 class _SearchColumn(ProgressColumn):
@@ -187,7 +180,7 @@ def solve_command(
         typer.Option(
             "--space",
             help="heterogeneous (each stage its own GPU types, tp, replicas and shares) or "
-            "uniform (round 1's space: one (dp, tp) for every stage).",
+            "uniform (one (dp, tp) for every stage, one GPU type per stage).",
         ),
     ] = "heterogeneous",
     top_k: Annotated[int, typer.Option("--top-k", help="Alternatives to keep.")] = 3,
@@ -291,7 +284,7 @@ def solve_command(
         reserve_gb=reserve_gb,
         allow_async=allow_async,
     )
-    errors = _console(stderr=True)
+    errors = output_console(stderr=True)
     with Progress(
         TextColumn("searching"),
         BarColumn(bar_width=20),
@@ -323,7 +316,7 @@ def solve_command(
             )
     plan = outcome.plan
     write_json_model(output, plan)
-    console = _console()
+    console = output_console()
     print_document(console, solve_summary(plan))
     over = [
         m for m in plan.prediction.memory if m.total_bytes + m.reserved_bytes > m.capacity_bytes
@@ -331,7 +324,7 @@ def solve_command(
     for mem in over:
         console.print(
             f"[bold red]warning:[/] pipeline rank {mem.pipeline_rank} needs "
-            f"{mem.total_bytes / _GIB:.1f} GiB of {mem.capacity_bytes / _GIB:.1f} GiB on "
+            f"{mem.total_bytes / GIB:.1f} GiB of {mem.capacity_bytes / GIB:.1f} GiB on "
             f"{mem.gpu_type}"
         )
     if allow_async:

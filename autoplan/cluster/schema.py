@@ -155,7 +155,7 @@ class GpuSpec(_Strict):
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.memory_gib * 1024**3)
+        return int(self.memory_gib * limits.GIB)
 
 
 class NodeGroup(_Strict):

@@ -22,7 +22,6 @@ __all__ = [
     "DeviceClass",
     "block_sizes",
     "device_classes",
-    "link_between",
     "node_flows",
 ]
 
@@ -136,20 +135,3 @@ def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceCl
             )
         )
     return classes
-
-
-def link_between(
-    cluster: Cluster, first: DeviceClass, second: DeviceClass, group_gpus: int
-) -> tuple[float, float]:
-    """(bandwidth GB/s, latency us) one GPU's send gets between consecutive pipeline ranks of
-    ``group_gpus`` GPUs each: inside one node when both are of one class and two groups fit in
-    a node (the rank convention puts consecutive pipeline ranks on consecutive GPUs), else
-    between nodes, where every GPU of the group sends its own boundary activation in the same
-    schedule slot, so the group's GPUs on one node share that node's bandwidth."""
-    if first.index == second.index and 2 * group_gpus <= first.gpus_per_node:
-        return first.intra_node_bandwidth_gb_per_s, first.intra_node_latency_us
-    bandwidth = cluster.inter_node_bandwidth(set(first.groups) | set(second.groups))
-    share = max(
-        node_flows(group_gpus, first.gpus_per_node), node_flows(group_gpus, second.gpus_per_node)
-    )
-    return bandwidth / share, cluster.inter_node_latency_us

@@ -44,9 +44,7 @@ __all__ = [
     "group_weight_gradient_ms",
     "peak_in_flight",
     "play_ms",
-    "split_backward_ms",
     "weight_gradient_share",
-    "zb_h1_time_ms",
     "zero_bubble_pipeline",
 ]
 
@@ -56,12 +54,6 @@ def weight_gradient_share(params: int, tokens: int, backward_flops: float) -> fl
     if backward_flops <= 0:
         return 0.0
     return min(1.0, 2.0 * params * tokens / backward_flops)
-
-
-def split_backward_ms(backward_ms: float, share: float) -> tuple[float, float]:
-    """(input-gradient ms, weight-gradient ms) of a backward of ``backward_ms``."""
-    weight = backward_ms * share
-    return backward_ms - weight, weight
 
 
 def play_ms(
@@ -180,17 +172,6 @@ def peak_in_flight(order: PipelineOrder) -> list[int]:
                 held -= 1
         peaks.append(peak)
     return peaks
-
-
-def zb_h1_time_ms(
-    forward_ms: float, input_ms: float, weight_ms: float, pipeline_degree: int, m: int
-) -> float:
-    """ZB-H1 on p equal stages without send time (Qi et al., ICLR'24, §3):
-    m·(F + I + W) + (p − 1)·(F + I − W), exact for PyTorch's interleaved zero bubble with one
-    stage per rank when W <= min(F, I) (the deferred Ws fill the cool-down; with a longer W
-    the played lists take longer: tests/test_simulate_zero_bubble.py)."""
-    per_micro_batch = forward_ms + input_ms + weight_ms
-    return m * per_micro_batch + (pipeline_degree - 1) * (forward_ms + input_ms - weight_ms)
 
 
 def group_weight_gradient_ms(model: CostModel, stage: StageChoice, group: int) -> float:

@@ -45,6 +45,7 @@ from collections import Counter, defaultdict
 from autoplan.cluster.catalog import gpu_specs
 from autoplan.cluster.schema import GpuSpec, Node
 from autoplan.errors import PlanInvalidError
+from autoplan.limits import GIB
 from autoplan.plan.schema import MemoryEstimate, Plan, Replica, Stage
 from autoplan.profile.schema import Profile
 from autoplan.schedule.names import MULTI_STAGE_SCHEDULES, V_SCHEDULES
@@ -57,7 +58,6 @@ _RELATIVE_TOLERANCE = 0.01
 # Bytes per element of one Adam moment, by training dtype (fp32 states unless fp64).
 _ADAM_MOMENT_BYTES = {"fp64": 8}
 _ADAM_MOMENT_BYTES_DEFAULT = 4
-_GIB = 1024**3
 # Replica kind: what one memory estimate describes (pipeline rank, GPU type, tp, share).
 _Kind = tuple[int, str, int, int]
 
@@ -620,13 +620,13 @@ def _check_estimate(
     needed = estimate.total_bytes + estimate.reserved_bytes
     if fit and needed > estimate.capacity_bytes:
         reserve = (
-            f" (of which {estimate.reserved_bytes / _GIB:.2f} GiB reserved)"
+            f" (of which {estimate.reserved_bytes / GIB:.2f} GiB reserved)"
             if estimate.reserved_bytes
             else ""
         )
         problems.append(
-            f"{what} need {needed / _GIB:.2f} GiB per GPU{reserve}; a {estimate.gpu_type} has "
-            f"{estimate.capacity_bytes / _GIB:.2f} GiB"
+            f"{what} need {needed / GIB:.2f} GiB per GPU{reserve}; a {estimate.gpu_type} has "
+            f"{estimate.capacity_bytes / GIB:.2f} GiB"
         )
     spec = specs.get(estimate.gpu_type)
     if spec is None:
@@ -656,7 +656,7 @@ def _check_memory(plan: Plan, profile: Profile | None, problems: list[str], fit:
         floor = _memory_floor_bytes(plan, profile, kind)
         spec = specs.get(kind[1])
         if fit and spec is not None:
-            usable = spec.memory_bytes - int(spec.memory_reserve_gib * _GIB)
+            usable = spec.memory_bytes - int(spec.memory_reserve_gib * GIB)
             if floor > usable:
                 reserve = (
                     f" less its {spec.memory_reserve_gib:g} GiB reserve"
@@ -664,17 +664,17 @@ def _check_memory(plan: Plan, profile: Profile | None, problems: list[str], fit:
                     else ""
                 )
                 problems.append(
-                    f"{_kind_text(kind)} need at least {floor / _GIB:.2f} GiB per GPU for "
+                    f"{_kind_text(kind)} need at least {floor / GIB:.2f} GiB per GPU for "
                     f"weights, gradients and Adam states alone; a {spec.name} has "
-                    f"{usable / _GIB:.2f} GiB{reserve}"
+                    f"{usable / GIB:.2f} GiB{reserve}"
                 )
         for estimate in estimates.get(kind, []):
             states = estimate.weights_bytes + estimate.gradients_bytes + estimate.optimizer_bytes
             if states < floor * (1 - _RELATIVE_TOLERANCE):
                 problems.append(
                     f"the estimate of weights+gradients+optimizer of {_kind_text(kind)} "
-                    f"({states / _GIB:.3f} GiB) is below the independent floor "
-                    f"({floor / _GIB:.3f} GiB)"
+                    f"({states / GIB:.3f} GiB) is below the independent floor "
+                    f"({floor / GIB:.3f} GiB)"
                 )
 
 

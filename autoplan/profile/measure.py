@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from autoplan.errors import InputError
+from autoplan.limits import GIB
 from autoplan.profile.layers import pipeline_layers
 from autoplan.profile.schema import MeasuredTimes
 from autoplan.profile.tracer import loss_of
@@ -42,7 +43,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_GIB = 1024**3
 
 UNTRUSTED_CPU_DTYPES = frozenset({torch.bfloat16, torch.float16})
 """Training dtypes whose CPU times ``--measure`` refuses (module docstring)."""
@@ -161,8 +161,8 @@ def measure_layers(
     free = free_memory_bytes(device)
     if needed_bytes > 0.9 * free:
         raise InputError(
-            f"--measure: {spec.name} needs about {needed_bytes / _GIB:.1f} GiB on {device.type} "
-            f"(weights + one layer's gradients and activations) but only {free / _GIB:.1f} GiB "
+            f"--measure: {spec.name} needs about {needed_bytes / GIB:.1f} GiB on {device.type} "
+            f"(weights + one layer's gradients and activations) but only {free / GIB:.1f} GiB "
             "is free; profile without --measure"
         )
     # Built directly on the device in the training dtype: no full-precision host copy first.

@@ -28,7 +28,6 @@ __all__ = [
     "async_alternative",
     "async_line",
     "best_async",
-    "runnable_async",
 ]
 
 
@@ -38,15 +37,6 @@ class AsyncChoice:
 
     config: PlanConfig
     cost: AsyncCost
-
-
-def runnable_async(config: PlanConfig) -> bool:
-    """Whether the async executor runs ``config`` as it is: one stage per rank, no ZeRO,
-    recompute or activation offload (any (dp, tp) per stage)."""
-    return config.chunks == 1 and all(
-        s.zero_stage == 0 and all(g.recompute == "none" and not g.offload for g in s.groups)
-        for s in config.stages
-    )
 
 
 def as_async(config: PlanConfig) -> PlanConfig:

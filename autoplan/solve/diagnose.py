@@ -14,7 +14,6 @@ __all__ = [
     "diagnose_before_search",
     "diagnose_infeasible",
     "diagnose_megatron_infeasible",
-    "explain_infeasible",
 ]
 
 
@@ -126,11 +125,6 @@ def diagnose_infeasible(model: CostModel, batch: int, options: SolveOptions) -> 
         f"states (largest layer {biggest_layer / 1e6:.0f} M parameters) plus activations",
         proven=False,
     )
-
-
-def explain_infeasible(model: CostModel, batch: int, options: SolveOptions) -> str:
-    """One line naming the constraint that leaves no plan (GPU count, divisibility, memory)."""
-    return diagnose_infeasible(model, batch, options).message
 
 
 def diagnose_megatron_infeasible(model: CostModel, batch: int, options: SolveOptions) -> Diagnosis:

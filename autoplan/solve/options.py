@@ -78,8 +78,8 @@ class SolveOptions(BaseModel):
     )
     space: Space = Field(
         default="heterogeneous",
-        description="'uniform' restricts the search to round 1's space: one (dp, tp) and "
-        "micro-batch size for every stage (one DeviceMesh).",
+        description="'uniform' restricts the search to uniform pipelines: one (dp, tp) and "
+        "micro-batch size for every stage, one GPU type per stage (one DeviceMesh).",
     )
     reserve_gb: float | None = Field(
         default=None,

@@ -1,7 +1,7 @@
 """The search: the best plan over every family of the space (``autoplan.solve.space``).
 
-1. Uniform pipelines (``autoplan.solve.uniform``, round 1's space, interleaving included):
-   exact best-first search; its best is the first bound of what follows.
+1. Uniform pipelines (``autoplan.solve.uniform``, one (dp, tp) for every stage, interleaving
+   included): exact best-first search; its best is the first bound of what follows.
 2. Shared single-stage plans (``autoplan.solve.shares``): the share ILP per (tp, classes).
 3. Heterogeneous pipelines (``autoplan.solve.hetero``): per micro-batch count, the exact
    label-setting DP of ``solvers.pipeline_dp``, pruned by the best time found so far.

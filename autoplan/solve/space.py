@@ -24,7 +24,8 @@ Heterogeneous pipelines (``hetero``, the general case), schedules 1F1B (pp <= m)
 - ZeRO-1 on every stage with more than one replica whose groups share one tp (it never costs
   time and saves memory), unless pinned off.
 
-Uniform pipelines (``uniform``, round 1's space; the baselines and interleaving live here):
+Uniform pipelines (``uniform``: one (dp, tp) for every stage; the baselines and interleaving
+live here):
 tp divides every splittable layer's ``degree_must_divide`` and is a block size of every class
 it uses; dp divides B; the micro-batch size per replica divides B / dp (at most
 ``max_micro_batch_size`` unless pinned) and fixes m; pp is in ``PIPELINE_DEGREES`` (and at
@@ -73,7 +74,6 @@ __all__ = [
     "tp_choices",
     "tp_limit",
     "unit_gpus",
-    "zero1_choices",
     "zero_levels",
 ]
 
@@ -226,14 +226,6 @@ def zero_levels(replicas: int, uniform_tp: bool, options: SolveOptions) -> tuple
     if pinned is not None:
         return (pinned,)
     return (1, 2, 3)
-
-
-def zero1_choices(dp: int, options: SolveOptions) -> list[bool]:
-    """ZeRO-1 settings allowed at this dp."""
-    found = [False, True] if dp > 1 else [False]
-    if options.zero1 is not None:
-        found = [z for z in found if z == options.zero1]
-    return found
 
 
 def interleaved_split(kinds: list[str], work_ms: list[float], ranks: int, chunks: int) -> list[int]:

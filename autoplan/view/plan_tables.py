@@ -30,7 +30,6 @@ __all__ = [
     "breakdown_section",
     "gpus_text",
     "idle_section",
-    "micro_batch_sizes_text",
     "micro_batch_text",
     "overview_section",
     "plan_document",
@@ -66,11 +65,6 @@ def strategy_text(strategy: str) -> str:
 
 def _ms(milliseconds: float) -> Figure:
     return Figure(duration_text(milliseconds), milliseconds, "ms")
-
-
-def micro_batch_sizes_text(sizes: list[int]) -> str:
-    """Per-replica micro-batch sizes, runs collapsed: [1]*16 → '1 × 16', [3, 3, 1] → '3 × 2, 1'."""
-    return runs_text(sizes)
 
 
 def replicas_text(stage: Stage) -> str:

@@ -92,11 +92,6 @@ class MoEConfig(LlamaConfig):
         return self.expert_ffn_hidden_size or self.ffn_hidden_size
 
     @property
-    def moe_layers(self) -> tuple[int, ...]:
-        """Blocks whose MLP is routed experts."""
-        return tuple(i for i in range(self.num_layers) if i not in self.dense_layers)
-
-    @property
     def tensor_parallel_ffn(self) -> int:
         """What tp must divide of the MLPs it splits: the dense and shared MLPs' widths."""
         widths = [self.shared_ffn_hidden_size or 0]

@@ -1,0 +1,1 @@
+"""Clusters and GPUs: the cluster file's schema and the GPU catalog it is checked against."""
