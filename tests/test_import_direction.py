@@ -1,8 +1,9 @@
 """Import direction: the solve path never needs torch; only the runtime talks torch.distributed.
 
-The rule of the README's Layout section: ``solvers`` knows nothing of torch or of autoplan's CLI; the solve path
-(autoplan.cluster, autoplan.cost, autoplan.solve, autoplan.plan, solvers, and ``autoplan solve``)
-imports without torch; ``autoplan.runtime`` is the only part that imports torch.distributed.
+The rule of the README's Layout section: ``solvers`` knows nothing of torch or of autoplan's
+CLI; the solve path (autoplan.cluster, autoplan.cost, autoplan.solve, autoplan.price,
+autoplan.plan, autoplan.schedule, solvers, and ``autoplan solve``) imports without torch;
+``autoplan.runtime`` is the only part that imports torch.distributed.
 
 The path a plan travels is profile → solve → plan → run, with cost and schedule beneath: the
 plan package is the contract alone, so nothing under ``autoplan.plan`` imports the cost model,
