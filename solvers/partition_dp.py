@@ -158,10 +158,10 @@ def best_partition(
         key=lambda e: pipeline_objective(e.max_stage, e.sum_stage, e.max_tail, m),
     )
     boundaries = []
-    entry: _Entry | None = best
-    while entry is not None:
-        boundaries.append(entry.end)
-        entry = entry.previous
+    step: _Entry | None = best
+    while step is not None:
+        boundaries.append(step.end)
+        step = step.previous
     return PartitionResult(
         boundaries=tuple(reversed(boundaries)),
         objective=pipeline_objective(best.max_stage, best.sum_stage, best.max_tail, m),

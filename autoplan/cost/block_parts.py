@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from autoplan.cost.layers import LayerCost
 from autoplan.profile.schema import LayerProfile, Profile, TensorParallelProfile
@@ -189,12 +189,14 @@ def whole_block_passes(
     start_backward = {mode: [0.0] * (len(alone) + 1) for mode in forward}
     # (mlp forward, mlp backward, mlp start_work, mlp start_backward) per mode, per distinct
     # (block, attn, mlp) costs: a model's repeated blocks share them.
-    done: dict[tuple[int, int, int], tuple[dict[str, tuple[float, ...]], LayerCost]] = {}
+    done: dict[
+        tuple[int, int, int], tuple[dict[str, tuple[float, float, float, float]], LayerCost]
+    ] = {}
     for p, block in blocks.items():
         attn, mlp = alone[p], alone[p + 1]
         key = (id(block), id(attn), id(mlp))
         if key not in done:
-            values = {}
+            values: dict[str, tuple[float, float, float, float]] = {}
             for mode in forward:
                 block_f, block_b = pass_ms(block, mode)
                 attn_f, attn_b = pass_ms(attn, mode)
@@ -251,7 +253,7 @@ def stage_pieces(
     ]
 
 
-def piece_spans(blocks: dict[int, object], start: int, end: int) -> list[tuple[int, int]]:
+def piece_spans(blocks: Mapping[int, object], start: int, end: int) -> list[tuple[int, int]]:
     """(position, units) of each piece of a stage on units [start, end): 2 for a block whose
     two parts are both in it (``blocks`` keyed by the attention part's position), else 1."""
     spans = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoplan.cluster.schema import Cluster, GpuSpec
+from autoplan.cluster.schema import Cluster, GpuSpec, NodeGroup
 
 __all__ = [
     "DeviceClass",
@@ -95,7 +95,7 @@ class DeviceClass:
 
 def device_classes(cluster: Cluster, specs: dict[str, GpuSpec]) -> list[DeviceClass]:
     """The cluster's device classes, in order of first appearance in the file."""
-    merged: dict[tuple[str, int, float, float, float, float], list] = {}
+    merged: dict[tuple[str, int, float, float, float, float], list[NodeGroup]] = {}
     for group in cluster.node_groups:
         host = group.host_link_bandwidth_gb_per_s
         ram_gib = group.host_memory_gib

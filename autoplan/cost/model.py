@@ -49,6 +49,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import TypedDict
 
 from autoplan.cluster.catalog import peak_tflops, spec_for_dtype
 from autoplan.cluster.schema import Cluster, GpuSpec
@@ -98,6 +99,14 @@ __all__ = [
     "RankMemory",
     "StageCost",
 ]
+
+
+class _RingLink(TypedDict):
+    """``layer_cost``'s context-parallel arguments (``CostModel._ring_link``)."""
+
+    context_parallel: int
+    cp_bandwidth_gb_per_s: float
+    cp_latency_us: float
 
 
 @dataclass(frozen=True)
@@ -407,14 +416,16 @@ class CostModel:
         layers = [costed[position] for position in self._same_as]
         host = dc.host_link_bandwidth_gb_per_s
         # Per distinct layer, then spread: a model's repeated blocks cost the same.
-        forward = {
+        distinct_forward = {
             m: {x: mode_forward_ms(c, m, host) for x, c in costed.items()} for m in ALL_MODES
         }
-        backward = {
+        distinct_backward = {
             m: {x: mode_backward_ms(c, m, host) for x, c in costed.items()} for m in ALL_MODES
         }
-        forward = {m: [values[x] for x in self._same_as] for m, values in forward.items()}
-        backward = {m: [values[x] for x in self._same_as] for m, values in backward.items()}
+        forward = {m: [values[x] for x in self._same_as] for m, values in distinct_forward.items()}
+        backward = {
+            m: [values[x] for x in self._same_as] for m, values in distinct_backward.items()
+        }
         alone, blocks, whole = layers, {}, {}
         if self._blocks:
             # A stage holding both parts of a block runs the block (block_parts).
@@ -478,7 +489,7 @@ class CostModel:
             parked={m: _prefix([parked_bytes(c, m) for c in layers]) for m in ALL_MODES},
         )
 
-    def _ring_link(self, dc: DeviceClass, tp: int, cp: int) -> dict[str, float | int]:
+    def _ring_link(self, dc: DeviceClass, tp: int, cp: int) -> _RingLink:
         """``layer_cost``'s cp arguments: the ring inside a node when a replica's tp × cp GPUs
         fit in one (the search places them so), else between nodes, each node's bandwidth
         shared by the tp rings that leave it together."""
@@ -488,11 +499,9 @@ class CostModel:
         if tp * cp > real_per_node:
             bandwidth = dc.inter_node_bandwidth_gb_per_s / min(tp, real_per_node)
             latency = dc.inter_node_latency_us
-        return {
-            "context_parallel": cp,
-            "cp_bandwidth_gb_per_s": bandwidth,
-            "cp_latency_us": latency,
-        }
+        return _RingLink(
+            context_parallel=cp, cp_bandwidth_gb_per_s=bandwidth, cp_latency_us=latency
+        )
 
     # ---- pieces shared by the search and the evaluation --------------------------------
     def static_bytes(

@@ -30,7 +30,7 @@ and its ``ranks`` list cp index by cp index, tp index within (rank ``i`` is cp i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -67,7 +67,7 @@ __all__ = [
     "ZeroStage",
 ]
 
-PLAN_SCHEMA_VERSION = 3
+PLAN_SCHEMA_VERSION: Final = 3
 
 Recompute = Literal["none", "selective", "full"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -529,7 +529,7 @@ class Plan(_Strict):
     )
 
     @classmethod
-    def upgrade_data(cls, data: dict) -> dict:
+    def upgrade_data(cls, data: dict[str, Any]) -> dict[str, Any]:
         """Parsed JSON of an older plan version as this version (see ``plan.upgrade``)."""
         return upgrade_plan_data(data)
 

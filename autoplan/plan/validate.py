@@ -46,7 +46,15 @@ from autoplan.cluster.catalog import gpu_specs
 from autoplan.cluster.schema import GpuSpec, Node
 from autoplan.errors import PlanInvalidError
 from autoplan.limits import GIB
-from autoplan.plan.schema import MemoryEstimate, Plan, Replica, Stage
+from autoplan.plan.schema import (
+    MemoryEstimate,
+    Plan,
+    RankEntry,
+    Replica,
+    ReplicaTiming,
+    Stage,
+    StageTiming,
+)
 from autoplan.profile.schema import Profile
 from autoplan.schedule.names import MULTI_STAGE_SCHEDULES, V_SCHEDULES
 from autoplan.schedule.zero_bubble import zero_bubble_problem
@@ -336,7 +344,7 @@ def _check_batch_and_schedule(plan: Plan, problems: list[str]) -> None:
 # ---- replicas and ranks -------------------------------------------------------------------
 
 
-def _gpus_and_shares(replica: Replica) -> tuple[str, str, int, tuple[int, ...], int]:
+def _gpus_and_shares(replica: Replica) -> tuple[str, str, int, int, tuple[int, ...], int]:
     """What makes two stages' replicas the same GPUs with the same samples."""
     return (
         replica.gpu_type,
@@ -359,7 +367,7 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
             f"rank_map must hold ranks 0..{world - 1} once each ({world} entries); "
             f"missing {missing[:8]}, out of range {extra[:8]}, repeated {repeated[:8]}"
         )
-    entry_of = {}
+    entry_of: dict[int, RankEntry] = {}
     for entry in plan.rank_map:
         entry_of.setdefault(entry.rank, entry)
     cluster_nodes = {node.name: node for node in plan.inputs.cluster.nodes()}
@@ -407,20 +415,20 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
                     problems.append(f"rank {rank} belongs to {owner[rank]} and to {name}")
                     continue
                 owner[rank] = name
-                entry = entry_of.get(rank)
-                if entry is None:
+                found = entry_of.get(rank)
+                if found is None:
                     problems.append(f"{name} lists rank {rank}, which rank_map lacks")
                     continue
-                says = (entry.pipeline_rank, entry.dp_index, entry.tp_index, entry.node)
+                says = (found.pipeline_rank, found.dp_index, found.tp_index, found.node)
                 should = (p, d, t, replica.node)
-                if says != should or entry.gpu_type != replica.gpu_type or entry.cp_index != c:
+                if says != should or found.gpu_type != replica.gpu_type or found.cp_index != c:
                     # The cp index is named only where cp is in play.
-                    said = f"cp {entry.cp_index}, " if cp > 1 or entry.cp_index else ""
-                    due = f"cp {c}, " if cp > 1 or entry.cp_index else ""
+                    said = f"cp {found.cp_index}, " if cp > 1 or found.cp_index else ""
+                    due = f"cp {c}, " if cp > 1 or found.cp_index else ""
                     where = f"rank {position}" if cp > 1 else f"tp index {t}"
                     problems.append(
-                        f"rank {rank} says (pipeline {entry.pipeline_rank}, dp {entry.dp_index}, "
-                        f"{said}tp {entry.tp_index}, {entry.node}, {entry.gpu_type}); as {where} "
+                        f"rank {rank} says (pipeline {found.pipeline_rank}, dp {found.dp_index}, "
+                        f"{said}tp {found.tp_index}, {found.node}, {found.gpu_type}); as {where} "
                         f"of {name} it is (pipeline {p}, dp {d}, {due}tp {t}, {replica.node}, "
                         f"{replica.gpu_type})"
                     )
@@ -470,9 +478,9 @@ def _check_nodes(plan: Plan, problems: list[str]) -> None:
     plan_node_names = [node.name for node in plan.nodes]
     if len(set(plan_node_names)) != len(plan_node_names):
         problems.append(f"plan nodes repeat a name: {plan_node_names}")
-    unlisted = sorted(set(ranks_on) - set(plan_node_names))
-    if unlisted:
-        problems.append(f"ranks run on nodes {unlisted} that the plan's node list omits")
+    unfound = sorted(set(ranks_on) - set(plan_node_names))
+    if unfound:
+        problems.append(f"ranks run on nodes {unfound} that the plan's node list omits")
     first_rank = 0
     for position, plan_node in enumerate(plan.nodes):
         if plan_node.node_rank != position:
@@ -580,7 +588,7 @@ def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
         if stage.pipeline_rank != pipeline_rank:
             continue
         layers = profile.layers[stage.layer_start : stage.layer_end]
-        params = sum(layer.param_count for layer in layers)
+        params: float = sum(layer.param_count for layer in layers)
         # Expert parallelism leaves each GPU 1/ep of the routed experts.
         ep = stage.expert_parallel_degree
         experts = sum(layer.experts.expert_param_count for layer in layers if layer.experts)
@@ -726,10 +734,9 @@ def _check_stage_timings(plan: Plan, problems: list[str]) -> None:
         return
     for stage, timing in zip(plan.stages, timings, strict=True):
         # W is part of the backward (I = backward - W): a larger W is a figure no run can have.
-        for where, figure in [
-            ("", timing),
-            *((f" replica {d}", r) for d, r in enumerate(timing.replicas)),
-        ]:
+        figures: list[tuple[str, StageTiming | ReplicaTiming]] = [("", timing)]
+        figures += [(f" replica {d}", r) for d, r in enumerate(timing.replicas)]
+        for where, figure in figures:
             weight = figure.weight_gradient_ms
             if weight is not None and weight > figure.backward_ms * (1 + 1e-9):
                 problems.append(
@@ -794,9 +801,9 @@ def _check_idle_gpus(plan: Plan, problems: list[str]) -> None:
         if not idle.reason.strip():
             problems.append(f"idle_gpus gives no reason for its {idle.count} {idle.gpu_type}")
     for gpu_type in sorted(set(in_cluster) | set(used) | set(stated)):
-        idle = in_cluster[gpu_type] - used[gpu_type]
-        if idle != stated[gpu_type]:
+        unused = in_cluster[gpu_type] - used[gpu_type]
+        if unused != stated[gpu_type]:
             problems.append(
                 f"the cluster has {in_cluster[gpu_type]} {gpu_type} GPUs and the plan uses "
-                f"{used[gpu_type]}, so {idle} are idle; idle_gpus says {stated[gpu_type]}"
+                f"{used[gpu_type]}, so {unused} are idle; idle_gpus says {stated[gpu_type]}"
             )

@@ -7,7 +7,7 @@ micro-batch size it considers and divides what tensor parallelism shards by the 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -27,7 +27,7 @@ __all__ = [
     "TensorParallelProfile",
 ]
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION: Final = 1
 
 LayerKind = Literal["embedding", "block", "head", "other"]
 # tf32: fp32 storage (4-byte weights, activations and gradients) with matmuls on TF32 tensor

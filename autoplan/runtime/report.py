@@ -7,7 +7,7 @@ measured and predicted figures rank by rank.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,7 +15,7 @@ from autoplan.plan.schema import MemoryEstimate, Plan
 
 __all__ = ["RUN_REPORT_SCHEMA_VERSION", "RunReport", "StepRecord", "predicted_memory_of_rank"]
 
-RUN_REPORT_SCHEMA_VERSION = 1
+RUN_REPORT_SCHEMA_VERSION: Final = 1
 
 
 class _Strict(BaseModel):
