@@ -9,12 +9,15 @@ compares TF/s per GPU with the published figures. Part 2 lets ``autoplan solve``
 measurement in ``../shared/calibration/layer_times.csv`` (``bench/calibration_data.py`` says
 how the data are read: precision, the models' layers, the machines' links).
 
-"Before" is the cost model, catalog and bench assumptions of commit 5331848
-(``bench/model_before.py``); "after" is today's. ``python -m bench bench_fidelity`` runs it.
+"Before" is what the cost model, catalog and bench assumptions of commit 5331848 predicted,
+replayed once and recorded in ``bench/fidelity_before.json`` (the bench reads figures; it does
+not patch the package to replay an old model); "after" is today's.
+``python -m bench bench_fidelity`` runs it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -35,7 +38,8 @@ from bench.calibration_data import (
     predict_row,
     read_rows,
 )
-from bench.model_before import catalog_before, link_before, model_before
+
+BEFORE = json.loads(Path(__file__).with_name("fidelity_before.json").read_text())
 
 __all__ = ["PassComparison", "compare_calibration", "main", "report_calibration"]
 
@@ -62,13 +66,12 @@ def _stats(errors: list[float]) -> str:
 
 def report_table1(profiles: dict[str, Profile]) -> None:
     """Predicted vs published TF/s per GPU, before and after."""
-    a100_before = catalog_before()["A100-80GB"]
     print("## 1. Megatron-LM SC'21 Table 1 (A100-80GB, seq 2048, bf16, full recompute)")
     print(
         "The paper's t/p/d, batch and full recompute; micro-batch, schedule and layer split the\n"
         "best of a small set (bench/megatron_table1.py); the dp all-reduce not overlapped, as\n"
         "Megatron-LM 2021 ran; attention profiled unfused as it ran. TF: per GPU, by the paper's\n"
-        f"FLOP count. Before: flat A100 efficiency {a100_before.efficiency} (old catalog); after:\n"
+        "FLOP count. Before: one flat A100 efficiency (the old catalog, recorded); after:\n"
         "the intensity curve, launch floor and backward factor of today's catalog.\n"
     )
     print(
@@ -78,15 +81,15 @@ def report_table1(profiles: dict[str, Profile]) -> None:
     errors: dict[str, list[float]] = {"before": [], "after": []}
     for row in megatron.MEGATRON_TABLE1:
         profile = profiles[row.model]
-        with model_before():
-            before = megatron.predict_row(row, profile, a100_before)
+        before_tflops = BEFORE["table1_tflops_per_gpu"][f"{row.model}|{row.gpus}|{row.batch}"]
+        before_error = before_tflops / row.published_tflops_per_gpu - 1
         after = megatron.predict_row(row, profile)
-        errors["before"].append(math.log(1 + before.error))
+        errors["before"].append(math.log(1 + before_error))
         errors["after"].append(math.log(1 + after.error))
         print(
             f"{row.model:<16} {row.gpus:>5} {row.batch:>5}  {after.summary:<44} "
-            f"{row.published_tflops_per_gpu:>6.0f} {before.tflops_per_gpu:>7.1f} "
-            f"{before.error:>+7.1%} {after.tflops_per_gpu:>7.1f} {after.error:>+7.1%}"
+            f"{row.published_tflops_per_gpu:>6.0f} {before_tflops:>7.1f} "
+            f"{before_error:>+7.1%} {after.tflops_per_gpu:>7.1f} {after.error:>+7.1%}"
         )
     print(f"\n{'':<8} {'median':>7} {'worst':>7} {'in 10%':>9} {'in 25%':>9}")
     for name, values in errors.items():
@@ -153,22 +156,16 @@ def compare_calibration() -> list[PassComparison]:
     """Every row's forward and backward, measured and predicted before and after."""
     rows = read_rows()
     after_profiles = calibration_profiles()
-    before_profiles = calibration_profiles(megatron=False)
-    after_specs, before_specs = load_catalog(), catalog_before()
+    after_specs = load_catalog()
+    recorded = BEFORE["per_layer_ms"]
     precision = infer_precision(rows, after_profiles, after_specs)
     out = []
     for row in rows:
         p = precision[(row.model, row.gpu)]
         link = CALIBRATION_MACHINES[row.gpu].get(row.tp) if row.tp > 1 else None
         after = predict_row(row, row.layer(after_profiles), after_specs[row.gpu], p, link)
-        with model_before():
-            before = predict_row(
-                row,
-                row.layer(before_profiles),
-                before_specs[row.gpu],
-                p,
-                link_before(row.gpu) if row.tp > 1 else None,
-            )
+        key = f"{row.model}|{row.gpu}|{row.tp}|{row.micro_batch}|{row.kind}"
+        before = (recorded[f"{key}|fwd"], recorded[f"{key}|bwd"])
         out.append(PassComparison(row, "fwd", row.forward_ms, before[0], after[0]))
         out.append(PassComparison(row, "bwd", row.backward_ms, before[1], after[1]))
     return out

@@ -167,28 +167,17 @@ CALIBRATION_MODELS = {
 _KIND_INDEX = {"embedding": 0, "transformer": 1, "head": -1}
 
 
-def calibration_profiles(*, megatron: bool = True) -> dict[str, Profile]:
-    """The profile of each calibration model in fp32 (the runs were FP32 or TF32: 4 bytes).
-    ``megatron``: as Megatron-DeepSpeed ran it (module docstring); else as the bench profiled
-    it before issue 9 (flash attention, the zoo GPT's embedding and torch's cross-entropy)."""
+def calibration_profiles() -> dict[str, Profile]:
+    """The profile of each calibration model in fp32 (the runs were FP32 or TF32: 4 bytes), as
+    Megatron-DeepSpeed ran it (module docstring)."""
     from autoplan.profile import profile_model
 
-    profiles = {}
-    for model, (factory, divisor) in CALIBRATION_MODELS.items():
-        if megatron:
-            profiles[model] = profile_model(
-                factory, SEQ_LEN, 1, "fp32", attention="math", tensor_parallel_divisor=divisor
-            )
-        else:
-            profiles[model] = profile_model(
-                factory.replace(":sailor_", ":plain_"),
-                SEQ_LEN,
-                1,
-                "fp32",
-                tensor_parallel_divisor=divisor,
-                loss="cross_entropy",
-            )
-    return profiles
+    return {
+        model: profile_model(
+            factory, SEQ_LEN, 1, "fp32", attention="math", tensor_parallel_divisor=divisor
+        )
+        for model, (factory, divisor) in CALIBRATION_MODELS.items()
+    }
 
 
 @dataclass(frozen=True)
