@@ -21,10 +21,12 @@ pipeline covering [i, L): (M, S, U) = (max a, Σ f, max t) so far, A = a of its 
 the key of its first stage. Prepending a stage with (a, f, t, e) gives (max(M, A + e, a), S +
 f + e, max(U, t)) and A = a. F is nondecreasing in M, S and U, and what the stages before i
 can add depends only on (i, q, resources used, key) (e too: it is a function of the prepended
-stage and the key); so a label b is dominated, and dropped, when another a at the same (i,
-key) has q and every resource <= b's and S_a + (m - 1) max((M_a - M_b)^+, (A_a - A_b)^+) +
-(U_a - U_b)^+ <= S_b (``_dominates``: a larger max may be paid for by a smaller sum; with M,
-A, S, U all <= it is the plain Pareto rule). Labels at i are final
+stage and the key), and no more for a key that ``key_covers`` another (a partial order of the
+source's: a cheaper link for every sender); so a label b is dominated, and dropped, when
+another a at the same i, with b's key or one covering it, has q and every resource <= b's
+and S_a + (m - 1) max((M_a - M_b)^+, (A_a - A_b)^+) + (U_a - U_b)^+ <= S_b (``_dominates``:
+a larger max may be paid for by a smaller sum; with M, A, S, U all <= it is the plain Pareto
+rule). Labels at i are final
 once every label at j > i has been extended, so positions are processed from L down to 1; the
 answer is the best F among labels at 0.
 
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -98,6 +100,12 @@ class StageSource(Protocol):
         """The stage's cost, or None when it does not fit (then None for every smaller i)."""
         ...
 
+    def key_covers(self, low: Hashable, high: Hashable) -> bool:
+        """Whether every stage placed before a label of key ``low`` costs no more (a, f, t
+        and e alike) than before one of key ``high`` (``_Fronts``); ``low == high`` at
+        least."""
+        ...
+
 
 @dataclass
 class PipelineLabel:
@@ -143,12 +151,25 @@ def _dominates(a: PipelineLabel, b: PipelineLabel, m: int) -> bool:
     return a.sum_stage + excess <= b.sum_stage
 
 
-def _insert(front: list[PipelineLabel], new: PipelineLabel, m: int) -> bool:
-    for old in front:
-        if _dominates(old, new, m):
-            return False
-    front[:] = [old for old in front if not _dominates(new, old, m)]
-    front.append(new)
+def _insert(
+    by_key: dict[Hashable, list[PipelineLabel]],
+    new: PipelineLabel,
+    m: int,
+    covers: Callable[[Hashable, Hashable], bool],
+) -> bool:
+    """Keep ``new`` at its position unless a label there dominates it; drop those it
+    dominates. Across link keys too: a label whose key ``covers`` another's (every stage in
+    front of it costs no more) dominates by the same rule, since what the stages before add
+    only grows with their costs."""
+    for key, front in by_key.items():
+        if key == new.key or covers(key, new.key):
+            for old in front:
+                if _dominates(old, new, m):
+                    return False
+    for key, front in by_key.items():
+        if key == new.key or covers(new.key, key):
+            front[:] = [old for old in front if not _dominates(new, old, m)]
+    by_key.setdefault(new.key, []).append(new)
     return True
 
 
@@ -215,6 +236,7 @@ def best_pipelines(
     prunes far more); never the final answer."""
     m = num_micro_batches
     options = source.options()
+    covers = getattr(source, "key_covers", None) or (lambda low, high: False)
     stats = _Stats()
     cap = max_stages if exact_stages is None else min(max_stages, exact_stages)
     allowed_cuts = None if splits is None else set(splits) | {0, num_layers}
@@ -308,7 +330,6 @@ def best_pipelines(
                             finals.sort(key=lambda x: (x.objective(m), x.order))
                             del finals[keep:]
                             continue
-                        front = fronts.setdefault(i, {}).setdefault(result.key, [])
-                        if _insert(front, new, m):
+                        if _insert(fronts.setdefault(i, {}), new, m, covers):
                             stats.labels += 1
     return finals, stats
