@@ -1,4 +1,4 @@
-"""Data parallelism over the mesh's "dp" dimension: DDP, or FSDP2 with tensor parallelism.
+"""The mesh executor's data parallelism over its "dp" dimension: DDP and the optimizers.
 
 Without tensor parallelism the replicas use ``DistributedDataParallel``, the data parallelism
 the plan's cost model assumes (full weights and gradients per replica, the gradient all-reduce
@@ -11,61 +11,37 @@ micro-batches (the ``params_.size() == rebuilt_param_indices_.size()`` assert in
 test). The price is one walk of the autograd graph per step.
 
 DDP cannot hold DTensor parameters, so with tensor parallelism the replicas use FSDP2
-``fully_shard`` over the "dp" sub-mesh instead, per layer and then the stage, as torchtitan
-composes them. FSDP2 shards weights, gradients and optimizer states across the replicas (less
-memory than the plan counts; no ZeRO-1 on top), and keeps the weights gathered between forward
-and backward (``reshard_after_forward=False``): each micro-batch would gather them again.
+``fully_shard`` over the "dp" sub-mesh instead (``fsdp.shard_stage``, chosen by
+``parallelize``), per layer and then the stage, as torchtitan composes them. FSDP2 shards
+weights, gradients and optimizer states across the replicas (less memory than the plan counts;
+no ZeRO-1 on top), and keeps the weights gathered between forward and backward
+(``reshard_after_forward=False``): each micro-batch would gather them again.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from autoplan.runtime.fsdp import PerMicroBatchSync
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
-from autoplan.runtime.model_stage import pipeline_layers
 
-__all__ = ["make_optimizer", "wrap_data_parallel"]
+__all__ = ["make_optimizer", "replicate"]
 
 
-def wrap_data_parallel(
-    model: nn.Module,
-    dp_mesh: DeviceMesh,
-    device: torch.device,
-    *,
-    shard: bool,
-    pipelined: bool,
-    zero_stage: int = 0,
+def replicate(
+    model: nn.Module, dp_mesh: DeviceMesh, device: torch.device, find_unused_parameters: bool
 ) -> nn.Module:
-    """The module to hand to the pipeline stage: ``model`` replicated over ``dp_mesh``
-    (DDP), or sharded over it (FSDP2) when ``shard`` or ZeRO-2/3; ``pipelined`` when the plan
-    has several stages. ZeRO-2/3 reduce-scatter per micro-batch (``autoplan.runtime.fsdp``)."""
-    if dp_mesh.size() == 1:
-        return model
-    if shard or zero_stage >= 2:
-        reshard = zero_stage == 3
-        layers = [layer for _, layer in pipeline_layers(model) if layer is not model]
-        uses = Counter(id(p) for layer in layers for p in layer.parameters())
-        for layer in layers:
-            params = list(layer.parameters())
-            # A weight two layers share (tied embeddings) is left to the stage-level group.
-            if params and all(uses[id(p)] == 1 for p in params):
-                fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
-        return PerMicroBatchSync(model) if zero_stage >= 2 else model
+    """``model`` replicated over ``dp_mesh`` by DDP (``find_unused_parameters`` under a
+    schedule of several stages: module docstring)."""
     return DistributedDataParallel(
         model,
         process_group=dp_mesh.get_group(),
         device_ids=[device.index] if device.type == "cuda" else None,
-        find_unused_parameters=pipelined,
+        find_unused_parameters=find_unused_parameters,
     )
 
 

@@ -104,24 +104,37 @@ def _sum_gradients(module: FSDPModule) -> None:
 
 
 def shard_stage(
-    model: nn.Module, dp_mesh: DeviceMesh, level: int, ignored: set[nn.Parameter]
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    reshard_after_forward: bool,
+    ignored: set[nn.Parameter],
+    sum_gradients: bool,
 ) -> nn.Module:
-    """``model`` sharded by FSDP2 over ``dp_mesh`` per layer and as a whole, at ZeRO
-    ``level`` (2: kept gathered from forward to backward, 3: resharded after forward), with
-    the parameters of ``ignored`` left whole; gradients summed over the replicas."""
-    reshard = level == 3
+    """``model`` sharded by FSDP2 over ``dp_mesh`` per layer and as a whole (ZeRO-3 with
+    ``reshard_after_forward``, else ZeRO-2), the parameters of ``ignored`` left whole; the
+    gradients summed over the replicas with ``sum_gradients``, else averaged."""
     layers = [layer for _, layer in pipeline_layers(model) if layer is not model]
     uses = Counter(id(p) for layer in layers for p in layer.parameters())
+    sharded: list[FSDPModule] = []
     for layer in layers:
         params = list(layer.parameters())
-        # A weight two layers of the stage share is left to the stage-level group, as in
-        # ``data_parallel``; one tied to another stage is left out altogether.
+        # A weight two layers of the stage share (tied embeddings on one stage) is left to
+        # the stage-level group; one tied to another stage is left out altogether.
         if params and all(uses[id(p)] == 1 and p not in ignored for p in params):
-            _sum_gradients(fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard))
-    root = fully_shard(
-        model, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored or None
+            sharded.append(
+                fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+            )
+    sharded.append(
+        fully_shard(
+            model,
+            mesh=dp_mesh,
+            reshard_after_forward=reshard_after_forward,
+            ignored_params=ignored or None,
+        )
     )
-    _sum_gradients(root)
+    if sum_gradients:
+        for module in sharded:
+            _sum_gradients(module)
     return model
 
 

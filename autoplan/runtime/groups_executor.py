@@ -4,16 +4,16 @@ Per rank it
 
 1. creates every process group any rank needs (``process_groups.ProcessGroups``: each
    replica's tp group, the gradient sync's groups, ZeRO-1's), the same on every rank;
-2. builds the model from a fixed seed and keeps this rank's stage(s)' layers;
-3. applies tensor parallelism on its replica's tp DeviceMesh (DTensor, as the mesh executor
-   does), and its replica's recompute;
-4. runs its pipeline rank's action list (``action_list``) with the runtime's own stage transfers
+2. gets its stage(s)' modules from the parallelize step (``parallelize``: the seeded model's
+   layers with tensor parallelism on its replica's tp DeviceMesh, expert parallelism, the
+   replica's recompute and offload, and FSDP2 for ZeRO-2/3 stages);
+3. runs its pipeline rank's action list (``action_list``) with the runtime's own stage transfers
    (``transfers``), then sums gradients over each parameter's replicas (``grad_sync``);
 5. steps one optimizer per stage: AdamW, or ``MasterWeightAdamW`` for 16-bit weights and for
    ZeRO-1, sharded over the stage's replicas at this rank's tp index.
 
 ZeRO-2/3 stages are FSDP2 ``fully_shard`` over the stage's replicas (``fsdp``): their
-gradients are reduce-scattered in each backward, not in step 4, and AdamW steps the shards.
+gradients are reduce-scattered in each backward, not in step 3, and AdamW steps the shards.
 
 Uniform plans run here too when asked (``train(..., executor="groups")``); their numerics equal
 the mesh executor's.
@@ -26,26 +26,22 @@ import torch.distributed as dist
 from torch import nn
 
 from autoplan.plan.schema import Plan, RankEntry, Stage
-from autoplan.runtime import tensor_parallel
 from autoplan.runtime.action_list import ActionListRunner, loss_weight
 from autoplan.runtime.executor_protocol import Optimizer
 from autoplan.runtime.expert_parallel import (
-    apply_expert_parallel,
     expert_families,
-    expert_group_ranks,
     expert_rank_sets,
     expert_reductions,
     reduce_expert_gradients,
 )
-from autoplan.runtime.fsdp import fsdp_families, is_sharded, shard_stage, zero_mesh
+from autoplan.runtime.fsdp import fsdp_families, is_sharded
 from autoplan.runtime.grad_sync import GradientSync, parameter_families
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
-from autoplan.runtime.model_stage import build_stage_models, meta_model
-from autoplan.runtime.offload import apply_offload
+from autoplan.runtime.model_stage import meta_model
+from autoplan.runtime.parallelize import parallelize
 from autoplan.runtime.placement import rank_place
-from autoplan.runtime.process_groups import ProcessGroups, tp_mesh
-from autoplan.runtime.recompute import apply_recompute
+from autoplan.runtime.process_groups import ProcessGroups
 from autoplan.runtime.transfers import Mailbox, boundary_shapes
 from autoplan.schedule import schedule_order
 from autoplan.zoo import get_model_spec
@@ -105,49 +101,13 @@ class GroupsExecutor:
         self.sync = GradientSync(plan, synced, entry.rank)
         self.groups = ProcessGroups(group_rank_sets(plan, self.sync))
 
-        my_stages = [plan.stages[index] for index in place.stages]
-        models, _ = build_stage_models(plan, my_stages, seed)
+        ranks = parallelize(plan, place, self.groups, device, seed)
+        my_stages, models = ranks.stages, ranks.models
         spec = get_model_spec(plan.inputs.model.name)
-        self.modules: dict[int, nn.Module] = {}
-        replica_of = {}
-        for stage, model in zip(my_stages, models, strict=True):
-            replica = stage.replicas[place.replica]
-            replica_of[stage.index] = replica
-            stage_mesh = None
-            if is_sharded(stage):
-                stage_mesh = zero_mesh(self.groups, stage, place.tp_index, place.replica, device)
-            if replica.tensor_parallel_degree > 1:
-                # FSDP2 with tp needs both meshes from one parent (fsdp).
-                if stage_mesh is not None:
-                    mesh = stage_mesh["tp"]
-                else:
-                    mesh = tp_mesh(self.groups, replica, device)
-                tensor_parallel.apply_tensor_parallel(
-                    model,
-                    mesh,
-                    spec.tensor_parallel_divisor,
-                    sequence_parallel=plan.parallelism.sequence_parallel,
-                    recompute=replica.recompute,
-                )
-            if stage.expert_parallel_degree > 1:
-                ep = stage.expert_parallel_degree
-                group = self.groups.get(expert_group_ranks(stage, place.replica, place.tp_index))
-                assert group is not None  # ep > 1 ranks
-                apply_expert_parallel(model, group, ep, place.replica % ep)
-            apply_recompute(model, replica.recompute)
-            apply_offload(model, replica.offload)
-            model.to(device)
-            if stage_mesh is not None:
-                tied = {
-                    model.get_parameter(name)
-                    for family in families
-                    if len(family.copies) > 1
-                    for index, name in family.copies
-                    if index == stage.index
-                }
-                dp_mesh = stage_mesh["dp"] if stage_mesh.ndim > 1 else stage_mesh
-                shard_stage(model, dp_mesh, stage.zero_stage, tied)
-            self.modules[stage.index] = model
+        self.modules: dict[int, nn.Module] = {
+            stage.index: module for stage, module in zip(my_stages, ranks.modules, strict=True)
+        }
+        replica_of = {stage.index: stage.replicas[place.replica] for stage in my_stages}
         self.sync.check_layout(self.modules, replica_of)
         self.models: list[nn.Module] = models
         replica = my_stages[0].replicas[place.replica]

@@ -3,13 +3,14 @@
 A plan whose every pipeline rank has dp replicas of tp GPUs with the same shares
 (``Plan.uniform_shape``) is one DeviceMesh of shape (pp, dp, tp). Per rank this executor
 
-1. builds the mesh,
-2. builds the model from a fixed seed in the plan's dtype and keeps its stage(s)' layers,
-3. applies tensor parallelism (DTensor, "tp" sub-mesh), its replica's activation recompute,
-   and data parallelism over the "dp" sub-mesh (DDP, with ZeRO-1 per stage when the plan says
-   so; FSDP2 with tensor parallelism: see ``data_parallel``),
-4. wraps each stage in a ``PipelineStage`` on the "pp" group and runs the plan's schedule
-   (GPipe, 1F1B, Interleaved 1F1B) with the plan's micro-batches.
+1. builds the mesh (``process_groups.build_mesh``),
+2. gets its stage(s)' modules from the parallelize step (``parallelize``: the seeded model's
+   layers with tensor parallelism on the "tp" sub-mesh, context parallelism, the replica's
+   recompute and offload, and data parallelism over the "dp" sub-mesh: DDP, or FSDP2 with
+   tensor parallelism and at ZeRO-2/3), and makes one optimizer per stage (ZeRO-1 per stage
+   when the plan says so: ``data_parallel.make_optimizer``),
+3. wraps each stage in a ``PipelineStage`` on the "pp" group and runs the plan's schedule
+   (GPipe, 1F1B, Interleaved 1F1B, zero bubble) with the plan's micro-batches.
 
 With context parallelism (cp > 1) the mesh is (pp, dp, cp, tp): each rank runs its cp
 chunk of every sample (``autoplan.runtime.context_parallel``: ring attention over the "cp"
@@ -30,17 +31,15 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
 from autoplan.plan.schema import Plan, RankEntry
-from autoplan.runtime import tensor_parallel
-from autoplan.runtime.context_parallel import apply_context_parallel, shard_sequence
+from autoplan.runtime.context_parallel import shard_sequence
 from autoplan.runtime.data import replica_rows
-from autoplan.runtime.data_parallel import make_optimizer, wrap_data_parallel
+from autoplan.runtime.data_parallel import make_optimizer
 from autoplan.runtime.executor_protocol import Optimizer
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.mixed_precision import DynamicLossScale
-from autoplan.runtime.model_stage import build_stage_models
-from autoplan.runtime.offload import apply_offload
+from autoplan.runtime.parallelize import parallelize
+from autoplan.runtime.placement import rank_place
 from autoplan.runtime.process_groups import build_mesh
-from autoplan.runtime.recompute import apply_recompute
 from autoplan.runtime.tied_weights import TiedGradientSync
 from autoplan.schedule.names import MULTI_STAGE_SCHEDULES
 from autoplan.zoo import get_model_spec
@@ -79,16 +78,13 @@ class MeshExecutor:
         self.entry = entry
         self.device = device
         par = plan.parallelism
-        mesh = build_mesh(plan, device, entry)
-        # Gradients are reduced (and ZeRO shards) over the replicas and their cp ranks.
-        data_mesh = mesh["dp"] if self.cp == 1 else mesh["dp", "cp"]._flatten("dp_cp")
-        self.cp_group = mesh["cp"].get_group() if self.cp > 1 else None
-
-        my_stages = plan.stages_of_rank(entry.pipeline_rank)
-        models, tied = build_stage_models(plan, my_stages, seed)
+        world = build_mesh(plan, device, entry)
+        self.cp_group = world.cp_group
+        ranks = parallelize(plan, rank_place(plan, entry.rank), world, device, seed)
+        my_stages, models = ranks.stages, ranks.models
         self.tied = TiedGradientSync(
             plan,
-            tied,
+            ranks.tied,
             {stage.index: model for stage, model in zip(my_stages, models, strict=True)},
             entry,
         )
@@ -96,42 +92,17 @@ class MeshExecutor:
         # The logits are split by vocabulary when tp is (see tensor_parallel): a model without
         # a recognised head gets a plain output, which the loss takes either way.
         self.split_vocabulary = self.tp > 1
-
-        pipeline_stages = []
-        self.optimizers: list[Optimizer] = []
-        for stage, model in zip(my_stages, models, strict=True):
-            if self.tp > 1:
-                tensor_parallel.apply_tensor_parallel(
-                    model,
-                    mesh["tp"],
-                    spec.tensor_parallel_divisor,
-                    sequence_parallel=par.sequence_parallel,
-                    recompute=stage.replicas[entry.dp_index].recompute,
-                )
-            if self.cp_group is not None:  # before recompute: its reruns need the ring too
-                apply_context_parallel(model, self.cp_group, plan.inputs.seq_len)
-            apply_recompute(model, stage.replicas[entry.dp_index].recompute)
-            apply_offload(model, stage.replicas[entry.dp_index].offload)
-            model.to(device)
-            module = wrap_data_parallel(
-                model,
-                data_mesh,
-                device,
-                shard=self.tp > 1,
-                pipelined=par.num_stages > 1,
-                zero_stage=stage.zero_stage,
-            )
-            pipeline_stages.append(
-                PipelineStage(
-                    module, stage.index, par.num_stages, device, group=mesh["pp"].get_group()
-                )
-            )
+        pp_group = world.mesh["pp"].get_group()
+        pipeline_stages = [
+            PipelineStage(module, stage.index, par.num_stages, device, group=pp_group)
+            for stage, module in zip(my_stages, ranks.modules, strict=True)
+        ]
         # One optimizer per stage: ZeRO-1 is the stage's choice. (Under FSDP2 the parameters
         # are DTensors made at wrapping, so the lists are taken after it.)
-        for stage, model in zip(my_stages, models, strict=True):
-            self.optimizers.append(
-                make_optimizer(list(model.parameters()), data_mesh, stage.zero1, learning_rate)
-            )
+        self.optimizers: list[Optimizer] = [
+            make_optimizer(list(model.parameters()), world.data, stage.zero1, learning_rate)
+            for stage, model in zip(my_stages, models, strict=True)
+        ]
         self.models: list[nn.Module] = models
 
         share = plan.stages[0].shares[entry.dp_index]

@@ -15,6 +15,7 @@ parallelism runs on.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -23,14 +24,33 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from autoplan.errors import InputError, LaunchMismatchError
 from autoplan.plan.schema import Plan, RankEntry, Replica
 
-__all__ = ["CP_MESH_DIMS", "MESH_DIMS", "ProcessGroups", "build_mesh", "tp_mesh"]
+__all__ = [
+    "CP_MESH_DIMS",
+    "MESH_DIMS",
+    "ProcessGroups",
+    "UniformMesh",
+    "build_mesh",
+    "tp_mesh",
+]
 
 MESH_DIMS = ("pp", "dp", "tp")
 # With context parallelism the cp groups sit between the replicas and their tp groups.
 CP_MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
-def build_mesh(plan: Plan, device: torch.device, entry: RankEntry) -> DeviceMesh:
+@dataclass(frozen=True)
+class UniformMesh:
+    """A uniform plan's DeviceMesh and the groups the mesh executor takes from it."""
+
+    mesh: DeviceMesh
+    """(pp, dp, tp), or (pp, dp, cp, tp) with context parallelism."""
+    data: DeviceMesh
+    """The replicas and their cp ranks: gradients are reduced (and ZeRO shards) over them."""
+    cp_group: dist.ProcessGroup | None
+    """The context-parallel ring; None without context parallelism."""
+
+
+def build_mesh(plan: Plan, device: torch.device, entry: RankEntry) -> UniformMesh:
     """The (pp, dp, tp) DeviceMesh of a uniform plan, (pp, dp, cp, tp) with context
     parallelism; checks this rank sits where the rank map says."""
     uniform = plan.mesh_shape()
@@ -55,7 +75,10 @@ def build_mesh(plan: Plan, device: torch.device, entry: RankEntry) -> DeviceMesh
             f"rank {entry.rank} is at (pp, dp, tp) = {coordinate} of the row-major mesh "
             f"{shape}, but the plan's rank map says {tuple(expected)}"
         )
-    return mesh
+    if cp == 1:
+        return UniformMesh(mesh, mesh["dp"], None)
+    # Creating the flattened group is collective: once per process, here.
+    return UniformMesh(mesh, mesh["dp", "cp"]._flatten("dp_cp"), mesh["cp"].get_group())
 
 
 def _key(ranks: Iterable[int]) -> tuple[int, ...]:

@@ -5,10 +5,11 @@ The public entry point is :func:`train`. Per rank it
 1. checks the launch against the plan and the plan itself (``check_runnable``), and on CUDA
    that this rank's GPU is the plan's type for it (``device_check``), before any process group;
 2. joins the default group (NCCL on CUDA, gloo on CPU);
-3. sets up an executor: ``mesh_executor`` for a uniform plan (one (pp, dp, tp) DeviceMesh,
-   torch's pipelining, DDP/FSDP2, DTensor), ``groups_executor`` for any other (per-stage
-   process groups and the runtime's own stage transfers, driven by the same per-rank action
-   lists the simulator plays);
+3. sets up an executor over the modules of the parallelize step (``parallelize``):
+   ``mesh_executor`` for a uniform plan (one (pp, dp, tp) DeviceMesh, torch's pipelining),
+   ``groups_executor`` for any other (per-stage process groups and the runtime's own stage
+   transfers, driven by the same per-rank action lists the simulator plays),
+   ``async_executor`` for async_pb;
 4. runs each step (forward, backward and gradient sync, then the optimizers), and logs and
    reports its time, loss and peak memory;
 5. with a ``CheckpointConfig``, starts from the latest checkpoint and saves every N steps
