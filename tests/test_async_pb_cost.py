@@ -148,6 +148,10 @@ def test_runtime_runs_any_dp_tp_and_refuses_what_it_cannot_in_one_line() -> None
         check_async_plan(_as_async(make_plan([3, 3], recompute="full")))
     with pytest.raises(InputError, match="offload True"):
         check_async_plan(_as_async(make_plan([3, 3], offload=True)))
+    plan = _as_async(make_plan([3, 3], data_parallel=2))
+    experts = [stage.model_copy(update={"expert_parallel_degree": 2}) for stage in plan.stages]
+    with pytest.raises(InputError, match="stage 0 asks for expert parallelism 2"):
+        check_async_plan(plan.model_copy(update={"stages": experts}))
 
 
 def _runnable_async(config: PlanConfig) -> bool:

@@ -3,9 +3,8 @@ stages, any (dp, tp) per stage, as ``autoplan run`` and ``train`` run it.
 
 Per rank it
 
-1. builds its stage from the plan (``build_stage_models``, the same seeded model every
-   executor builds), with DTensor tensor parallelism on its replica's tp group as the groups
-   executor applies it (``tensor_parallel.apply_tensor_parallel``);
+1. gets its stage from the parallelize step (``parallelize``, as every executor does: the
+   seeded model's layers with DTensor tensor parallelism on its replica's tp group);
 2. plays its stage's async order (``autoplan.schedule.async_pb``: 1F1B over the whole stream of
    steps × m micro-batches, never flushing) through an ``AsyncStageWorker``: each forward at
    its own weight version (stashed, or predicted under Linear Weight Prediction), each
@@ -40,7 +39,6 @@ from torch import nn
 
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, RankEntry
-from autoplan.runtime import tensor_parallel
 from autoplan.runtime.async_pb import AsyncStageWorker
 from autoplan.runtime.async_pb_optim import PipelinedMomentumSGD
 from autoplan.runtime.data import Batch, sample_rows
@@ -48,9 +46,10 @@ from autoplan.runtime.grad_sync import GradientSync, parameter_families
 from autoplan.runtime.groups_executor import group_rank_sets
 from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.memory import peak_memory_bytes
-from autoplan.runtime.model_stage import build_stage_models, meta_model
+from autoplan.runtime.model_stage import meta_model
+from autoplan.runtime.parallelize import parallelize
 from autoplan.runtime.placement import rank_place, share_ranges
-from autoplan.runtime.process_groups import ProcessGroups, tp_mesh
+from autoplan.runtime.process_groups import ProcessGroups
 from autoplan.runtime.report import StepRecord
 from autoplan.runtime.transfers import Mailbox, boundary_shapes
 from autoplan.schedule.async_pb import async_stream_order
@@ -97,17 +96,11 @@ class AsyncExecutor:
         replica = stage.replicas[place.replica]
         self.sync = GradientSync(plan, parameter_families(plan, meta_model(plan)), entry.rank)
         self.groups = ProcessGroups(group_rank_sets(plan, self.sync))
-        (model,), _ = build_stage_models(plan, [stage], seed)
         spec = get_model_spec(plan.inputs.model.name)
-        if replica.tensor_parallel_degree > 1:
-            tensor_parallel.apply_tensor_parallel(
-                model,
-                tp_mesh(self.groups, replica, device),
-                spec.tensor_parallel_divisor,
-                sequence_parallel=plan.parallelism.sequence_parallel,
-                recompute="none",
-            )
-        model.to(device)
+        # The parallelize step applies the replica's tp (recompute, offload, ZeRO and experts
+        # are refused for async_pb: check.check_async_plan).
+        ranks = parallelize(plan, place, self.groups, device, seed)
+        (model,) = ranks.modules
         self.modules: dict[int, nn.Module] = {index: model}
         self.sync.check_layout(self.modules, {index: replica})
         self.models: list[nn.Module] = [model]

@@ -243,14 +243,21 @@ def check_async_plan(plan: Plan) -> None:
     """Refuse, in one line, async_pb plans the async executor cannot run.
 
     Any (dp, tp) per stage runs, unequal shares included. Refused: more than one stage per
-    rank; ZeRO (the stage's momentum-SGD state is not sharded); recompute and activation
-    offload (a recomputed forward would run at the current weights, not the version the
-    forward used, and give wrong gradients); weights tied across stages (their copies would
-    need a gradient sum between stages that step at different times).
+    rank; expert parallelism (the replicas' gradients are summed whole, experts included);
+    ZeRO (the stage's momentum-SGD state is not sharded); recompute and activation offload (a
+    recomputed forward would run at the current weights, not the version the forward used,
+    and give wrong gradients); weights tied across stages (their copies would need a gradient
+    sum between stages that step at different times).
     """
     if plan.parallelism.virtual_stages_per_rank != 1:
         raise InputError("schedule async_pb runs one stage per pipeline rank")
     for stage in plan.stages:
+        if stage.expert_parallel_degree > 1:
+            raise InputError(
+                f"schedule async_pb sums each stage's gradients over all its replicas; stage "
+                f"{stage.index} asks for expert parallelism {stage.expert_parallel_degree} "
+                "(use 1)"
+            )
         if stage.zero_stage > 0:
             raise InputError(
                 f"schedule async_pb steps momentum SGD per replica; stage {stage.index} asks "
