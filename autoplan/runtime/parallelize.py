@@ -59,6 +59,7 @@ __all__ = [
     "RankModules",
     "StageLayout",
     "parallelize",
+    "parallelize_stage",
     "stage_layouts",
 ]
 
@@ -137,7 +138,7 @@ def _left_whole(tied: list[TiedWeight], stage: Stage) -> frozenset[str]:
     )
 
 
-def _uniform_layout(plan: Plan, stage: Stage, place: RankPlace, world: UniformMesh) -> StageLayout:
+def _uniform_layout(plan: Plan, stage: Stage, world: UniformMesh) -> StageLayout:
     tp = world.mesh["tp"] if world.mesh["tp"].size() > 1 else None
     data_parallel = None
     if world.data.size() > 1:
@@ -204,7 +205,7 @@ def stage_layouts(
     uniform mesh only (``trainer.select_executor``)."""
     stages = [plan.stages[index] for index in place.stages]
     if isinstance(world, UniformMesh):
-        return [_uniform_layout(plan, stage, place, world) for stage in stages]
+        return [_uniform_layout(plan, stage, world) for stage in stages]
     return [_groups_layout(stage, place, world, tied, device) for stage in stages]
 
 
