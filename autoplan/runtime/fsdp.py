@@ -89,6 +89,7 @@ def zero_mesh(
     if len(grid[0]) == 1:
         return DeviceMesh.from_group(dp_group, device.type, mesh_dim_names=("dp",))
     tp_group = groups.get(grid[replica])
+    assert tp_group is not None  # len(grid[0]) > 1 ranks
     return DeviceMesh.from_group(
         [dp_group, tp_group],
         device.type,
