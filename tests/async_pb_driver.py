@@ -3,7 +3,7 @@
 ``python -m torch.distributed.run --standalone --nproc-per-node 4 tests/async_pb_driver.py
 OUT N`` runs, one after another in the same four processes, each case of ``CASES`` (pp stages
 on ranks 0..pp-1, the other ranks wait) over N micro-batches with the real executor
-(``autoplan.runtime.async_pb.run_distributed``, gloo point-to-point transfers). Each stage
+(``autoplan.runtime.async_stage.run_distributed``, gloo point-to-point transfers). Each stage
 saves its final parameters to ``OUT/<case>/stage<s>.pt``; the last stage also its per-micro-batch
 losses and the peak number of micro-batches it held to ``OUT/<case>/losses.pt``.
 
@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.async_executor import AsyncExecutor
-from autoplan.runtime.async_pb import run_distributed
+from autoplan.runtime.async_stage import run_distributed
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.trainer import train
 from autoplan.runtime.world import exit_process

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from autoplan.runtime.async_pb import AsyncStageWorker
-from autoplan.runtime.async_pb_optim import PipelinedMomentumSGD
+from autoplan.runtime.async_stage import AsyncStageWorker
+from autoplan.runtime.pipelined_sgd import PipelinedMomentumSGD
 
 WIDTH = 16
 LAYERS = 8

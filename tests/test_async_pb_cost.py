@@ -16,7 +16,7 @@ from autoplan.errors import InputError
 from autoplan.files import write_json_model
 from autoplan.plan.schema import AsyncPB, Parallelism, Plan
 from autoplan.plan.validate import plan_problems
-from autoplan.runtime.async_pb import async_pb_order
+from autoplan.runtime.async_stage import async_pb_order
 from autoplan.runtime.check import check_async_plan
 from autoplan.solve import SolveOptions, cost_model, solve
 from autoplan.solve.async_pb import ASYNC_MARK, as_async, async_line

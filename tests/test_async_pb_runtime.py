@@ -17,8 +17,8 @@ import torch
 
 from autoplan.files import write_json_model
 from autoplan.plan.schema import Plan
-from autoplan.runtime.async_pb import async_pb_order, run_local, stage_delay
-from autoplan.runtime.async_pb_optim import spike_coefficients
+from autoplan.runtime.async_stage import async_pb_order, run_local, stage_delay
+from autoplan.runtime.pipelined_sgd import spike_coefficients
 from tests import async_pb_plans as plans
 from tests import async_pb_task as task
 from tests.plan_factory import ReplicaSpec

@@ -1,8 +1,9 @@
 """autoplan.runtime's modules import each other without a cycle, not even inside functions.
 
-A cycle hidden in a function-level import (``check`` and ``async_pb`` once imported each other
-so) works until someone moves the import to the top; this test reads every import statement
-of the package's modules, wherever it sits, and looks for a cycle among them.
+A cycle hidden in a function-level import (``check`` and ``async_pb``, now ``async_stage``,
+once imported each other so) works until someone moves the import to the top; this test reads
+every import statement of the package's modules, wherever it sits, and looks for a cycle among
+them.
 """
 
 from __future__ import annotations
@@ -74,16 +75,16 @@ def test_runtime_has_no_import_cycle() -> None:
 
 def test_the_cycle_finder_finds_a_function_level_cycle() -> None:
     graph = import_graph()
-    # The edge check -> async_pb plus a function-level async_pb -> check, as once written.
-    graph["autoplan.runtime.async_pb"] = graph["autoplan.runtime.async_pb"] | {
+    # The edge check -> async_stage plus a function-level async_stage -> check, as once written.
+    graph["autoplan.runtime.async_stage"] = graph["autoplan.runtime.async_stage"] | {
         "autoplan.runtime.check"
     }
     graph["autoplan.runtime.check"] = graph["autoplan.runtime.check"] | {
-        "autoplan.runtime.async_pb"
+        "autoplan.runtime.async_stage"
     }
     cycle = find_cycle(graph)
     assert cycle is not None
-    assert {"autoplan.runtime.check", "autoplan.runtime.async_pb"} <= set(cycle)
+    assert {"autoplan.runtime.check", "autoplan.runtime.async_stage"} <= set(cycle)
 
 
 def test_function_level_imports_are_read() -> None:

@@ -7,7 +7,7 @@ all-reduce over replicas that its backward does not hide (each micro-batch's gra
 applied at once, so data parallelism pays one all-reduce per micro-batch), and its optimizer
 step, now once per micro-batch. The slowest rank sets the pace and nobody waits on a fill or
 drain: an iteration of m micro-batches takes m × max_r t_r, with no bubble (the one-time fill
-of a stream of many iterations is amortised to nothing; ``autoplan.runtime.async_pb`` runs
+of a stream of many iterations is amortised to nothing; ``autoplan.runtime.async_stage`` runs
 exactly this order).
 
 Memory: rank r holds the activations of p − r micro-batches in flight, as in 1F1B, and, for

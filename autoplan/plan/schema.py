@@ -97,7 +97,7 @@ class PlanInputs(_Strict):
 class AsyncPB(_Strict):
     """Asynchronous Pipelined Backpropagation (Kosson et al., MLSys 2021): no flush, each
     stage steps momentum SGD once per micro-batch on weights D updates stale. It changes the
-    optimisation (not only the speed): see ``autoplan.runtime.async_pb_optim``."""
+    optimisation (not only the speed): see ``autoplan.runtime.pipelined_sgd``."""
 
     weight_prediction: bool = Field(
         default=True, description="Linear Weight Prediction: forward at w − η·D·v."

@@ -39,8 +39,7 @@ from torch import nn
 
 from autoplan.errors import InputError
 from autoplan.plan.schema import Plan, RankEntry
-from autoplan.runtime.async_pb import AsyncStageWorker
-from autoplan.runtime.async_pb_optim import PipelinedMomentumSGD
+from autoplan.runtime.async_stage import AsyncStageWorker
 from autoplan.runtime.data import Batch, sample_rows
 from autoplan.runtime.grad_sync import GradientSync, parameter_families
 from autoplan.runtime.groups_executor import group_rank_sets
@@ -48,6 +47,7 @@ from autoplan.runtime.loss import loss_context, loss_function
 from autoplan.runtime.memory import peak_memory_bytes
 from autoplan.runtime.model_stage import meta_model
 from autoplan.runtime.parallelize import parallelize
+from autoplan.runtime.pipelined_sgd import PipelinedMomentumSGD
 from autoplan.runtime.placement import rank_place, share_ranges
 from autoplan.runtime.process_groups import ProcessGroups
 from autoplan.runtime.report import StepRecord

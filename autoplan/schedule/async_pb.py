@@ -5,7 +5,7 @@ after another) and never drains in between: stage s of p does k = p − 1 − s 
 forwards, then alternates a forward and a backward (F(j), B(j − k)), and drains only when the
 stream ends. ``zero_delay`` runs every micro-batch through the whole pipeline and back before
 the next starts (synchronous per-micro-batch SGD, the tests' reference). The runtime
-(``autoplan.runtime.async_pb``) and the simulator play these same orders.
+(``autoplan.runtime.async_stage``) and the simulator play these same orders.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Asynchronous Pipelined Backpropagation executor (``schedule: async_pb``): no flush, one
-optimizer step per micro-batch on every stage.
+"""One stage of asynchronous Pipelined Backpropagation (``schedule: async_pb``): no flush, one
+optimizer step per micro-batch on every stage. ``AsyncStageWorker`` runs a stage's forwards and
+backwards at their weight versions; the plan's executor (``async_executor``) drives it.
 
 Order: every rank runs a 1F1B order over the whole stream of micro-batches, never draining in
 between: stage s of p does k = p − 1 − s warm-up forwards, then alternates a forward and a
@@ -23,7 +24,7 @@ Transport: activations forward and their gradients back with ``torch.distributed
 order makes deadlock-free. ``run_local`` plays the same orders in one process (a mailbox per
 boundary) for tests and for the convergence study.
 
-Replicas and tensor parallelism: ``reduce_gradients`` (given by the plan engine,
+Replicas and tensor parallelism: ``reduce_gradients`` (given by the plan's executor,
 ``autoplan.runtime.async_executor``) sums a micro-batch's gradient over the stage's replicas
 before the step, so every replica of a stage takes the same step; ``run_local`` and
 ``run_distributed`` here play one rank per stage. ``check.check_async_plan`` refuses, in one
@@ -40,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
-from autoplan.runtime.async_pb_optim import PipelinedMomentumSGD
+from autoplan.runtime.pipelined_sgd import PipelinedMomentumSGD
 from autoplan.schedule.async_pb import async_pb_order
 
 __all__ = [

@@ -40,7 +40,7 @@ this check rests on the method section as recalled, not re-read here: whoever ha
 at hand should confirm the SC and LWP equations.) One deliberate
 difference from the paper's Pipelined Backpropagation: there the backward of a micro-batch
 runs at the weights current when its gradient arrives (weight inconsistency); here it runs at
-the weights its forward used (``autoplan.runtime.async_pb`` keeps that version, PipeDream's
+the weights its forward used (``autoplan.runtime.async_stage`` keeps that version, PipeDream's
 weight stashing), which the cost model counts as memory. Only the gradient's delay remains,
 which SC and LWP address.
 """
