@@ -32,12 +32,18 @@ def _track(event: SimulatedEvent) -> tuple[str, int, int]:
         return ("compute", -1, -1)
     if event.peer_rank is None:
         return ("dp all-reduce", -1, -1)
-    return ("send", event.peer_rank, event.peer_replica if event.peer_replica is not None else 0)
+    kind = "recv" if event.name.startswith("recv") else "send"
+    return (kind, event.peer_rank, event.peer_replica if event.peer_replica is not None else 0)
 
 
 def _thread_name(replica: ReplicaTimeline, track: tuple[str, int, int]) -> str:
     kind, peer_rank, peer_replica = track
-    what = f"send → rank {peer_rank} r{peer_replica}" if kind == "send" else kind
+    if kind == "send":
+        what = f"send → rank {peer_rank} r{peer_replica}"
+    elif kind == "recv":
+        what = f"recv ← rank {peer_rank} r{peer_replica}"
+    else:
+        what = kind
     return f"r{replica.replica} {replica.label} · {what}"
 
 

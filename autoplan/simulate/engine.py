@@ -172,6 +172,13 @@ def _compute_event(action: Action, start_ms: float, duration_ms: float) -> Simul
     )
 
 
+def _recv_name(action: Action, source_rank: int, many: bool, replica: int) -> str:
+    """'recv act s1 mb3' (the input of a forward) or 'recv grad s1 mb3' (of a backward)."""
+    what = "act" if action.kind == "F" else "grad"
+    pair = f" r{replica}←rank {source_rank}" if many else ""
+    return f"recv {what} s{action.stage} mb{action.micro_batch}{pair}"
+
+
 def _send_name(action: Action, consumer_stage: int, pair: str) -> str:
     what = "act" if action.kind == "F" else "grad"
     return f"send {what} s{action.stage}→s{consumer_stage} mb{action.micro_batch}{pair}"
@@ -214,8 +221,9 @@ def simulate_replicas(
     position = [[0] * len(rank_shares) for rank_shares in shares]
     free_ms = [[0.0] * len(rank_shares) for rank_shares in shares]
     last_backward = [[(0.0, 0.0)] * len(rank_shares) for rank_shares in shares]
-    # (arrival ms, transfer ms) of each input, by receiving action and replica.
-    arrivals: dict[tuple[Action, int], list[tuple[float, float]]] = {}
+    # (arrival ms, transfer ms, sender rank, sender replica) of each input, by receiving
+    # action and replica.
+    arrivals: dict[tuple[Action, int], list[tuple[float, float, int, int]]] = {}
     link_free_ms: dict[tuple[int, int, int, int], float] = {}
     events: list[list[list[SimulatedEvent]]] = [[[] for _ in rank_shares] for rank_shares in shares]
     worklist = deque((p, d) for p in range(pp) for d in range(len(shares[p])))
@@ -241,9 +249,26 @@ def simulate_replicas(
             if len(got) < needed:
                 break
             forward_ms, backward_ms = times[action.stage][d]
-            start = max([free_ms[p][d], *(arrival for arrival, _ in got)])
-            # A blocking receive: the longest incoming transfer, before the compute.
-            start += max((transfer for _, transfer in got), default=0.0)
+            start = max([free_ms[p][d], *(arrival for arrival, *_ in got)])
+            # A blocking receive: the longest incoming transfer, before the compute. It is an
+            # event of its own, so the timeline shows the replica busy receiving.
+            longest = max(got, key=lambda g: g[1], default=None)
+            if longest is not None and longest[1] > 0:
+                _, transfer, source_rank, source_replica = longest
+                events[p][d].append(
+                    SimulatedEvent(
+                        name=_recv_name(action, source_rank, many[p] or many[source_rank], d),
+                        category="communication",
+                        track="communication",
+                        stage=action.stage,
+                        micro_batch=action.micro_batch,
+                        peer_rank=source_rank,
+                        peer_replica=source_replica,
+                        start_ms=start,
+                        end_ms=start + transfer,
+                    )
+                )
+                start += transfer
             duration = _duration_ms(action, forward_ms, backward_ms, weights[action.stage][d])
             event = _compute_event(action, start, duration)
             events[p][d].append(event)
@@ -281,7 +306,7 @@ def simulate_replicas(
                     arrival, transfer = send.end_ms, send.end_ms - send.start_ms
                     # A blocking send holds the sender until it has gone.
                     free_ms[p][d] = max(free_ms[p][d], send.end_ms)
-                arrivals.setdefault((consumer, target), []).append((arrival, transfer))
+                arrivals.setdefault((consumer, target), []).append((arrival, transfer, p, d))
                 if (target_rank, target) not in queued:
                     queued.add((target_rank, target))
                     worklist.append((target_rank, target))

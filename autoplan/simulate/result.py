@@ -37,7 +37,7 @@ class SimulatedEvent(_Strict):
 
     name: str = Field(
         description="'F s1 mb3', 'B s1 mb3', 'I s1 mb3', 'W s1 mb3', 'send act s1→s2 mb3', "
-        "'dp all-reduce'..."
+        "'recv act s2 mb3', 'dp all-reduce'..."
     )
     category: EventCategory
     track: Literal["compute", "communication"] = Field(
@@ -45,9 +45,11 @@ class SimulatedEvent(_Strict):
     )
     stage: int | None = Field(default=None, description="Stage the event belongs to, if one.")
     micro_batch: int | None = Field(default=None, description="Micro-batch, if one.")
-    peer_rank: int | None = Field(default=None, description="Pipeline rank a send goes to.")
+    peer_rank: int | None = Field(
+        default=None, description="Pipeline rank a send goes to or a receive comes from."
+    )
     peer_replica: int | None = Field(
-        default=None, description="Replica (of peer_rank) a send goes to."
+        default=None, description="Replica (of peer_rank) a send goes to or comes from."
     )
     samples: int | None = Field(default=None, description="Samples a send carries.")
     start_ms: float = Field(ge=0)
