@@ -261,13 +261,19 @@ def _cover_threshold(
     return thresholds[low] if low < len(thresholds) else math.inf
 
 
+HEAVY_SETS = 8
+"""How many sets of heaviest layers the zero-bubble bound tries: all but the 0..7 lightest
+(an embedding, a final norm, a head: what every rank could otherwise claim); fewer layers
+than that only lower the count to cover."""
+
+
 def zero_bubble_bound_ms(model: CostModel, batch: int, options: SolveOptions) -> float:
     """The zero-bubble bound of the module docstring: no zero-bubble plan of the space (dp 1)
     is faster; inf when none can exist (no count, or the layers never fit).
 
     Cheap layers (an embedding, a final norm) would let every rank claim them: the bound is
-    taken over the h heaviest layers for every h (any set of layers must be covered too) and
-    the largest kept."""
+    taken over the h heaviest layers for the ``HEAVY_SETS`` largest h (any set of layers must
+    be covered too) and the largest kept."""
     counts = divisors(batch)
     if options.num_micro_batches is not None:
         counts = [m for m in counts if m == options.num_micro_batches]
@@ -288,7 +294,8 @@ def zero_bubble_bound_ms(model: CostModel, batch: int, options: SolveOptions) ->
         # of it is a set of layers every plan covers).
         least = [min(works[l] for _, _, works, _ in kinds) for l in range(model.num_layers)]  # noqa: E741
         order = sorted(range(model.num_layers), key=lambda l: (-least[l], l))  # noqa: E741
-        work = max(_cover_threshold(model, kinds, order[:h]) for h in range(1, len(order) + 1))
+        sizes = range(max(1, len(order) - HEAVY_SETS + 1), len(order) + 1)
+        work = max(_cover_threshold(model, kinds, order[:h]) for h in sizes)
         usable = sorted({k for k, _, _, _ in kinds})
         passes = min(2 * model.pass_overhead_ms(k) for k in usable)
         step = min(model.step_overhead_ms(k) for k in usable)
