@@ -193,3 +193,27 @@ def test_collectives_pay_the_stack_overhead_and_pcie_cards_their_bus() -> None:
     assert dc.collective_bandwidth_gb_per_s(4) == 5.0
     expected = 6 * 25e-3 + 1.5 * 1e6 / 5e9 * 1e3
     assert ring_allreduce_ms(1e6, 4, 5.0, dc.intra_node_latency_us) == pytest.approx(expected)
+
+
+def test_cost_prices_a_configuration_for_both_engines() -> None:
+    """One stage of 16 replicas over two nodes: the plan's prediction is autoplan's runtime's
+    (the all-reduce's part the last backward hides is not paid); Megatron-DeepSpeed's pays
+    the whole all-reduce after it."""
+    from autoplan.api import price
+
+    priced = price(
+        ROOT / "profiles" / "gpt2-small.profile.json",
+        "a100-v100",
+        stages="A100-80GB*8+V100-32GB*8:L0-13:tp1",
+        global_batch=32,
+        micro_batch_size=1,
+    )
+    prediction = priced.plan.prediction
+    ours, theirs = (
+        priced.iteration_ms_by_engine["autoplan"],
+        priced.iteration_ms_by_engine["megatron-deepspeed"],
+    )
+    assert ours == pytest.approx(prediction.iteration_time_ms)
+    hidden = prediction.dp_allreduce_ms - prediction.breakdown.dp_comm_ms
+    assert hidden > 0
+    assert theirs == pytest.approx(ours + hidden)

@@ -193,6 +193,13 @@ def cost(
     plan = priced.plan
     console = output_console()
     print_document(console, solve_summary(plan))
+    deepspeed = priced.iteration_ms_by_engine.get("megatron-deepspeed")
+    if deepspeed is not None and deepspeed > plan.prediction.iteration_time_ms * 1.001:
+        console.print(
+            f"as Megatron-DeepSpeed runs it: {duration_text(deepspeed)} per iteration (its "
+            "gradient all-reduce after the last backward; the plan's figure is autoplan run's, "
+            "whose DDP hides it behind that backward)"
+        )
     for violation in priced.violations:
         console.print(f"[bold red]does not fit:[/] {violation}")
     if priced.violations:

@@ -55,7 +55,7 @@ class EngineTraits:
         return self.loss_temporaries + (self.copies_transposed_logits and not one_sample)
 
 
-ENGINES: dict[str, EngineTraits] = {
+ENGINES: dict[Engine, EngineTraits] = {
     "autoplan": EngineTraits(
         overlaps_grad_reduce=True, loss_temporaries=2, copies_transposed_logits=False
     ),

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autoplan.checks import check_plan
 from autoplan.cluster.schema import Cluster
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.engines import ENGINES
 from autoplan.cost.model import CostModel, PlanCost
 from autoplan.errors import InputError
 from autoplan.names import shown
@@ -50,6 +51,9 @@ class Priced:
 
     plan: Plan
     violations: list[str]
+    # The same configuration as each engine runs it (``autoplan.cost.engines``): the plan's
+    # prediction is autoplan's own runtime's; Megatron-DeepSpeed's users read theirs here.
+    iteration_ms_by_engine: dict[str, float] = field(default_factory=dict)
 
 
 def _normal(name: str) -> str:
@@ -364,7 +368,10 @@ def price_config(model: CostModel, config: PlanConfig, inputs: PlanInputs) -> Pr
         plan = emit_plan(model, config, cost, inputs, [])
     except ValueError as error:
         raise InputError(f"the stages cannot be placed on the cluster: {error}") from None
-    return Priced(plan, list(cost.violations))
+    by_engine = {
+        engine: model.with_engine(engine).evaluate(config).iteration_ms for engine in ENGINES
+    }
+    return Priced(plan, list(cost.violations), by_engine)
 
 
 def price_configuration(
