@@ -35,9 +35,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
+# mypy reads its settings from pyproject.toml: strict on solvers/, autoplan/cost and
+# autoplan/plan, the default elsewhere.
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache

@@ -57,6 +57,7 @@ class _OneLineErrors(TyperGroup):
         prog_name: str | None = None,
         complete_var: str | None = None,
         standalone_mode: bool = True,
+        windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
         try:
@@ -65,6 +66,7 @@ class _OneLineErrors(TyperGroup):
                 prog_name=prog_name,
                 complete_var=complete_var,
                 standalone_mode=False,
+                windows_expand_args=windows_expand_args,
                 **extra,
             )
         except _click.exceptions.NoArgsIsHelpError as error:

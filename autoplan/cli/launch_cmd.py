@@ -25,6 +25,7 @@ from autoplan.launch.slurm import slurm_script
 from autoplan.launch.torchrun import (
     DEFAULT_MASTER_PORT,
     Expand,
+    RendezvousBackend,
     node_environment,
     node_launches,
 )
@@ -205,7 +206,7 @@ def launch_command(
         data, data_dtype, no_shuffle, checkpoint_dir, save_every, resume
     )
     scripts: dict[Path, tuple[str, int]] = {}
-    backend = rdzv_backend.value
+    backend: RendezvousBackend = "c10d" if rdzv_backend is Rendezvous.c10d else "static"
     address = master_addr if master_addr is not None else Expand("${MASTER_ADDR}")
     run_id = _plan_id(plan_path)
     first = min(plan.nodes, key=lambda node: node.node_rank)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 from rich.table import Table
+from typer import _click
 from typer.core import TyperCommand
 
 from autoplan import limits
@@ -65,7 +66,7 @@ class _ProfileCommand(TyperCommand):
     """``autoplan profile MODEL ...``; ``autoplan profile import ...`` goes to the import
     command (a command cannot also be a group with a positional argument in front)."""
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: _click.Context, args: list[str]) -> list[str]:
         if args[:1] == ["import"]:
             importer = typer.main.get_command(_import_app)
             # Not standalone: usage errors propagate to the outer command; an exit returns

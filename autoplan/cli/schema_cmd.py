@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel
 
 from autoplan.cli.app import command
 from autoplan.cluster.schema import Cluster
@@ -22,7 +23,7 @@ class SchemaName(StrEnum):
     report = "report"
 
 
-_MODELS = {
+_MODELS: dict[SchemaName, type[BaseModel]] = {
     SchemaName.profile: Profile,
     SchemaName.plan: Plan,
     SchemaName.cluster: Cluster,

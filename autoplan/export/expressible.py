@@ -15,6 +15,7 @@ zoo's layout: an embedding, the blocks, a head (``layer_kinds``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -110,7 +111,7 @@ def _article(kind: str) -> str:
     return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind!r}"
 
 
-def _listing(values: list[str]) -> str:
+def _listing(values: Sequence[str]) -> str:
     return ", ".join(dict.fromkeys(values))
 
 
@@ -262,7 +263,8 @@ def layer_kinds(plan: Plan, profile: Profile | None) -> list[LayerKind] | None:
             )
         return [layer.kind for layer in profile.layers]
     if plan.inputs.model.name in ZOO_MODEL_NAMES and count >= 2:
-        return ["embedding", *(["block"] * (count - 2)), "head"]
+        blocks: list[LayerKind] = ["block"] * (count - 2)
+        return ["embedding", *blocks, "head"]
     return None
 
 

@@ -228,8 +228,13 @@ def config_from_specs(
     for s, spec in enumerate(specs):
         rank = stage_rank(s, pp, v_shape=v_shape)
         owner = specs[rank]
-        same = ("types", "tensor_parallel_degree", "data_parallel_degree", "micro_batch_size")
-        same += ("context_parallel_degree",)
+        same = (
+            "types",
+            "tensor_parallel_degree",
+            "data_parallel_degree",
+            "micro_batch_size",
+            "context_parallel_degree",
+        )
         if any(getattr(spec, f) != getattr(owner, f) for f in same):
             raise InputError(
                 f"--stages stage {s} runs on the GPUs of stage {rank} "

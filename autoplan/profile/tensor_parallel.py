@@ -86,12 +86,14 @@ def _split_linears(layer: nn.Module) -> list[tuple[nn.Module, str, nn.Module, st
     return found
 
 
-def sharded_parameters(layer: nn.Module) -> list[nn.Parameter]:
+def sharded_parameters(layer: nn.Module) -> list[torch.Tensor]:
     """The parameters of ``layer`` that tensor parallelism splits (row-split biases are
     replicated, so they are not among them)."""
-    found = []
+    found: list[torch.Tensor] = []
     for _parent, _name, module, style in _split_linears(layer):
-        found.append(module.weight)
+        weight = module.weight
+        if isinstance(weight, torch.Tensor):  # always: a split linear or table holds one
+            found.append(weight)
         bias = getattr(module, "bias", None)
         if style == "col" and bias is not None:
             found.append(bias)

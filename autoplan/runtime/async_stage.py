@@ -137,7 +137,10 @@ class AsyncStageWorker:
             raise RuntimeError(
                 f"stage {self.stage}: micro-batch {i} saw {done} updates, expected {state.delay}"
             )
-        wrt = [*state.weights, *([] if self.is_first else [state.inputs])]
+        wrt = list(state.weights)
+        if not self.is_first:
+            assert isinstance(state.inputs, torch.Tensor)  # a later stage's input: one tensor
+            wrt.append(state.inputs)
         grads = torch.autograd.grad(
             state.outputs,
             wrt,
@@ -200,7 +203,7 @@ def run_distributed(
     ``rank_of_stage(s)`` the global rank holding stage s.
     """
     s, p = worker.stage, worker.num_stages
-    pending: list[dist.Work] = []
+    pending: list[dist.Work | None] = []  # None: a send that needed no work (torch's type)
     keep: list[torch.Tensor] = []  # sent tensors stay alive until their sends complete
     for kind, i in async_pb_order(p, s, num_micro_batches, worker.zero_delay):
         if kind == "F":
@@ -225,4 +228,5 @@ def run_distributed(
                 keep.append(grad_in)
                 pending.append(dist.isend(grad_in, dst=rank_of_stage(s - 1), group=group))
     for work in pending:
-        work.wait()
+        if work is not None:
+            work.wait()

@@ -97,8 +97,13 @@ def _check_replicas(plan: Plan) -> None:
                     )
                 entry = plan.rank_map[rank]
                 expected = (stage.pipeline_rank, d, t, replica.gpu_type, replica.node)
-                found = (entry.pipeline_rank, entry.dp_index, entry.tp_index)
-                found += (entry.gpu_type, entry.node)
+                found = (
+                    entry.pipeline_rank,
+                    entry.dp_index,
+                    entry.tp_index,
+                    entry.gpu_type,
+                    entry.node,
+                )
                 if found != expected:
                     raise InputError(
                         f"rank {rank} is (pipeline rank, replica, tp index, GPU type, node) "

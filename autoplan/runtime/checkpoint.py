@@ -163,6 +163,7 @@ def check_compatible(info: CheckpointInfo, plan: Plan, path: Path) -> None:
 
 def _inner_adamw(optimizer: Optimizer) -> torch.optim.Optimizer:
     """The torch optimizer that holds the states (AdamW over this rank's own parameters)."""
+    inner: torch.optim.Optimizer
     if isinstance(optimizer, MasterWeightAdamW):
         inner = optimizer.inner
     elif isinstance(optimizer, ZeroRedundancyOptimizer):
@@ -347,7 +348,7 @@ def resume_step(config: CheckpointConfig, plan: Plan) -> tuple[int, Path | None]
     """The steps done at the checkpoint a run starts from (0, None when it starts afresh),
     decided by rank 0 and the same on every rank (collective). Without ``resume`` a folder
     that holds checkpoints already is refused: a run would mix its steps with theirs."""
-    answer: list[object] = [None]
+    answer: list[tuple[int, str | None, str] | None] = [None]
     if dist.get_rank() == 0:
         latest = latest_checkpoint(config.directory)
         if latest is None:
@@ -369,7 +370,10 @@ def resume_step(config: CheckpointConfig, plan: Plan) -> tuple[int, Path | None]
             except InputError as error:
                 answer = [(0, None, str(error))]
     dist.broadcast_object_list(answer, src=0)
-    step, path, problem = answer[0]  # type: ignore[misc]
+    decided = answer[0]
+    if decided is None:  # rank 0 always answers: a broken process group would have raised
+        raise RuntimeError("rank 0 sent no checkpoint decision")
+    step, path, problem = decided
     if problem:
         raise InputError(problem)
     return step, None if path is None else Path(path)

@@ -103,7 +103,7 @@ def _scores(
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         query: torch.Tensor,
         key: torch.Tensor,
@@ -139,7 +139,7 @@ class _RingAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         query, key, value, out, lse = ctx.saved_tensors
         group, seq_len, scale = ctx.group, ctx.seq_len, ctx.scale
         cp, rank = dist.get_world_size(group), dist.get_rank(group)

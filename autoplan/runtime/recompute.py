@@ -50,11 +50,13 @@ def _selective_context() -> Any:
 
 
 def _checkpointed(forward: Callable[..., Any], selective: bool) -> Callable[..., Any]:
-    extra = {"context_fn": _selective_context} if selective else {}
-
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+        if selective:
+            return checkpoint(
+                forward, *args, use_reentrant=False, context_fn=_selective_context, **kwargs
+            )
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return run
 

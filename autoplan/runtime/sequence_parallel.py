@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
+    ParallelStyle,
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
@@ -52,11 +53,11 @@ def is_norm(module: nn.Module) -> bool:
 
 
 def sequence_parallel_plan(
-    layer: nn.Module, plan: dict[str, object], column_names: frozenset[str]
-) -> dict[str, object]:
+    layer: nn.Module, plan: dict[str, ParallelStyle], column_names: frozenset[str]
+) -> dict[str, ParallelStyle]:
     """``plan`` (a block's tensor-parallel plan, module name → style) with the sequence
     sharded between its sub-layers (module docstring)."""
-    out: dict[str, object] = {}
+    out: dict[str, ParallelStyle] = {}
     for name, style in plan.items():
         out[name] = (
             RowwiseParallel(output_layouts=_SEQUENCE) if type(style) is RowwiseParallel else style
@@ -109,7 +110,7 @@ def _regathering_forward(forward: Callable[..., Any], x: Any, *args: Any, **kwar
         if local is None or local.untyped_storage().data_ptr() != storage:
             return saved
         cache["packed"] += 1
-        return _Regathered(shard, saved.size(), (local.storage_offset(), *local.stride()))
+        return _Regathered(shard, saved.size(), (int(local.storage_offset()), *local.stride()))
 
     def unpack(packed: Any) -> torch.Tensor:
         if not isinstance(packed, _Regathered):

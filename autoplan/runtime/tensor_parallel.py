@@ -33,7 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
 
 from autoplan.errors import InputError
 from autoplan.runtime import sequence_parallel as sp
@@ -141,7 +146,7 @@ class _GradientAsWeight(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, weight: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, weight: DTensor) -> torch.Tensor:
         ctx.placements = weight.placements
         return weight.view_as(weight)
 
@@ -169,8 +174,8 @@ def _embedding_forward(module: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
 
 def _tp_plan(
     layer_name: str, layer: nn.Module, degree: int, vocab: dict[str, nn.Embedding | nn.Linear]
-) -> dict[str, object]:
-    plan: dict[str, object] = {}
+) -> dict[str, ParallelStyle]:
+    plan: dict[str, ParallelStyle] = {}
     unknown: list[str] = []
     for name, module in layer.named_modules():
         if not isinstance(module, nn.Linear) or name in vocab:
@@ -286,7 +291,7 @@ def apply_tensor_parallel(
         for module in vocab.values():
             if isinstance(module, nn.Embedding):
                 # Set on the instance (as recompute does), so parameter names stay unchanged.
-                module.forward = functools.partial(_embedding_forward, module)
+                module.forward = functools.partial(_embedding_forward, module)  # type: ignore[method-assign]
     _retie(slots)
     if sequence_parallel:
         sp.shard_sequence_between_layers(sharded_layers, tp_mesh)

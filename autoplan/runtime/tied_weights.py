@@ -69,10 +69,11 @@ class TiedGradientSync:
             if not copies:
                 continue
             params = [module.get_parameter(name) for module, name in copies]
+            grads = []
             for param in params:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
-            grads = [_local(param.grad) for param in params]
+                grads.append(_local(param.grad))
             total = grads[0] if len(grads) == 1 else torch.stack(grads).sum(dim=0)
             if group is not None:
                 dist.all_reduce(total, group=group)

@@ -281,6 +281,7 @@ def train(
                 f"the checkpoint is at step {start} already; --steps {steps} counts from the "
                 "start of training: give more steps"
             )
+    source: Iterator[tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor | None]]
     if data is not None:
         source = open_token_batches(plan, data, seed + 1, env.rank, start)
     else:

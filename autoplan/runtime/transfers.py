@@ -135,8 +135,9 @@ def send_sequence(plan: Plan, order: PipelineOrder, rank: int) -> list[Message]:
     for action in order[entry.pipeline_rank]:
         sends = action.stage < last if action.kind == "F" else action.stage > 0
         if sends:
+            direction: Direction = "F" if action.kind == "F" else "B"
             messages += _outgoing(
-                routes, action.stage, action.kind, entry.dp_index, action.micro_batch
+                routes, action.stage, direction, entry.dp_index, action.micro_batch
             )
     return messages
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from itertools import zip_longest
 
 from autoplan.errors import InputError
-from autoplan.schedule.actions import Action, PipelineOrder
+from autoplan.schedule.actions import Action, ActionKind, PipelineOrder
 from autoplan.schedule.names import stage_rank
 
 __all__ = [
@@ -34,6 +34,10 @@ class InvalidScheduleError(InputError):
 
 Grid = list[list[str]]
 """``grid[r][t]``: what rank ``r`` does at step ``t`` ("" when idle)."""
+
+
+# A full backward (B) and its input-gradient half (I) run the same backward twice.
+_OTHER_HALF: dict[ActionKind, ActionKind] = {"B": "I", "I": "B"}
 
 
 def format_grid(grid: Grid, error_step: int | None = None) -> str:
@@ -100,7 +104,7 @@ def _check_actions(
                 )
             if action in seen:
                 raise _fail(f"{where}: runs twice (first at step {seen[action]})", grid, step)
-            other_half = {"B": "I", "I": "B"}.get(action.kind)
+            other_half = _OTHER_HALF.get(action.kind)
             if other_half and Action(action.stage, other_half, action.micro_batch) in seen:
                 raise _fail(f"{where}: backward runs twice (as B and as I)", grid, step)
             if action.kind in "BI" and Action(action.stage, "F", action.micro_batch) not in seen:

@@ -310,20 +310,20 @@ def group_bound(model: CostModel, g: Group, integral: bool = True) -> float:
             left -= take
         slowest_rank = max(spread / capacity, max(fastest))
     bounds = []
-    integral = (
+    integral_ms = (
         integral_bound(
             model, g.tp, g.mbs, g.dp, g.zero1, tuple((k, g.caps[k]) for k in usable), g.pp, MODES
         )
         if integral
         else 0.0
     )
-    if math.isinf(integral):
+    if math.isinf(integral_ms):
         # No split fits even the relaxation: infeasible. (At m = 1, (m - 1) × inf would be
         # NaN, which a heap of bounds cannot order.)
         return math.inf
     for _schedule, chunks in g.allowed:
         if chunks > 1:
-            bounds.append(g.m * max(slowest_rank, integral))
+            bounds.append(g.m * max(slowest_rank, integral_ms))
         else:
-            bounds.append((g.m - 1) * max(slowest_rank, integral) + sum(fastest))
+            bounds.append((g.m - 1) * max(slowest_rank, integral_ms) + sum(fastest))
     return min(bounds)

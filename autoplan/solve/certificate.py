@@ -50,7 +50,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from autoplan.cost.model import CostModel
 from autoplan.plan.schema import SearchRecord
@@ -77,11 +78,11 @@ class Floors:
 
 def _per_layer_gpu_ms(
     model: CostModel, batch: int, m: int, tp: int | None, sequence_parallel: bool | None
-):
+) -> list[list[float] | None]:
     """ω_k(l) of the module docstring, per class (a list of L values; None when the class
     runs no tp degree of the space)."""
     b = batch // m
-    out = []
+    out: list[list[float] | None] = []
     pinned = SolveOptions(tp=tp)
     for c in model.classes:
         best: list[float] | None = None
@@ -101,13 +102,14 @@ def _per_layer_gpu_ms(
 
 def _lambda_bound(omega: list[list[float] | None], counts: list[int]) -> float:
     """max over a few λ of Σ_l min_k λ_k ω_k(l), with Σ_k λ_k N_k = 1 (module docstring)."""
-    usable = [k for k, values in enumerate(omega) if values is not None and counts[k] > 0]
+    present = {k: values for k, values in enumerate(omega) if values is not None and counts[k] > 0}
+    usable = list(present)
     if not usable:
         return math.inf
-    totals = {k: sum(omega[k]) for k in usable}  # type: ignore[arg-type]
+    totals = {k: sum(values) for k, values in present.items()}
     if any(total <= 0 for total in totals.values()):
         return 0.0
-    layers = len(omega[usable[0]])  # type: ignore[arg-type]
+    layers = len(present[usable[0]])
 
     def value(weights: dict[int, float]) -> float:
         norm = sum(weights[k] * counts[k] for k in usable)
@@ -115,7 +117,7 @@ def _lambda_bound(omega: list[list[float] | None], counts: list[int]) -> float:
             return 0.0
         return (
             sum(
-                min(weights[k] * omega[k][l] for k in usable)  # type: ignore[index]
+                min(weights[k] * present[k][l] for k in usable)
                 for l in range(layers)  # noqa: E741
             )
             / norm
@@ -132,7 +134,7 @@ def _lambda_bound(omega: list[list[float] | None], counts: list[int]) -> float:
     return best
 
 
-def _view_key(model: CostModel) -> tuple:
+def _view_key(model: CostModel) -> tuple[object, ...]:
     """What the layer tables differ by between the views of one solve's model: their classes
     and cp and ep degrees (views with sequence parallelism on or off share it: ω takes both
     settings)."""
@@ -140,11 +142,20 @@ def _view_key(model: CostModel) -> tuple:
     return (classes, getattr(model, "context_parallel", 1), getattr(model, "expert_parallel", 1))
 
 
-def _cache_of(model: CostModel) -> dict[tuple, tuple[float, float, float]]:
-    """The bounds computed for this model and its views: a dict in the model itself, which
+@dataclass
+class _BoundCache:
+    """The bounds computed for one model and its views, by what they were computed for."""
+
+    spread: dict[tuple[object, ...], tuple[float, float, float]] = field(default_factory=dict)
+    zero_bubble: dict[tuple[object, ...], float] = field(default_factory=dict)
+
+
+def _cache_of(model: CostModel) -> _BoundCache:
+    """The bounds computed for this model and its views: kept in the model itself, which
     the views copied from it after its creation share (``copy.copy``), and which dies with
     the solve (never keyed by ``id``, which a later solve's objects may reuse)."""
-    return vars(model).setdefault("_work_bound_cache", {})
+    cache: _BoundCache = vars(model).setdefault("_work_bound_cache", _BoundCache())
+    return cache
 
 
 def _spread_and_overheads(
@@ -152,7 +163,7 @@ def _spread_and_overheads(
 ) -> tuple[float, float, float]:
     """(B Σ_l min_k λ_k ω_k(l) / m-free part, least 2 × pass overhead, least step overhead)
     at share B / m, cached in the model for its views (``_cache_of``)."""
-    cache = _cache_of(model)
+    cache = _cache_of(model).spread
     key = (_view_key(model), batch, m, tp, sequence_parallel)
     found = cache.get(key)
     if found is None:
@@ -281,8 +292,8 @@ def zero_bubble_bound_ms(model: CostModel, batch: int, options: SolveOptions) ->
         return math.inf
     m = min(counts)
     sequence_parallel = False if options.sequence_parallel is False else None
-    cache = _cache_of(model)
-    key = ("zero_bubble", _view_key(model), batch, m, options.tp, sequence_parallel)
+    cache = _cache_of(model).zero_bubble
+    key = (_view_key(model), batch, m, options.tp, sequence_parallel)
     found = cache.get(key)
     if found is not None:
         return found
@@ -313,6 +324,7 @@ def search_record(
     # Rounded down to the plan's precision (its figures have six decimals): still a bound.
     bound = math.floor(min(max(lower_bound_ms, 0.0), found_ms) * 1e6) / 1e6
     gap = (found_ms - bound) / found_ms if found_ms > 0 else 0.0
+    status: Literal["proven", "gap", "limit"]
     if timed_out:
         status = "limit"  # stopped by the clock: never called proven, whatever the bound
     elif gap <= PROVEN_TOLERANCE or found_ms - bound <= 2e-6:

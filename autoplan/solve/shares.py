@@ -67,7 +67,7 @@ def shared_search(
     if options.schedule not in (None, "1f1b"):
         return SharedResult([], True)
     modes = recompute_modes(options)
-    found = []
+    found: list[PlanConfig] = []
     complete = True
     for tp in tp_choices(model, options):
         usable = [c.index for c in model.classes if tp in block_sizes(c.gpus_per_node)]

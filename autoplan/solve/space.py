@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 from autoplan.cost.devices import block_sizes
 from autoplan.cost.model import CostModel
@@ -228,7 +229,9 @@ def zero_levels(replicas: int, uniform_tp: bool, options: SolveOptions) -> tuple
     return (1, 2, 3)
 
 
-def interleaved_split(kinds: list[str], work_ms: list[float], ranks: int, chunks: int) -> list[int]:
+def interleaved_split(
+    kinds: Sequence[str], work_ms: list[float], ranks: int, chunks: int
+) -> list[int]:
     """Layers per chunk of an interleaved pipeline with ``ranks`` × ``chunks`` chunks (chunk c
     on rank c % ranks): of three deterministic splits (Megatron's: blocks even, embedding and
     head with the first and last chunk; all layers even; the min-max split by work), the one
@@ -247,7 +250,7 @@ def interleaved_split(kinds: list[str], work_ms: list[float], ranks: int, chunks
     return min(options, key=slowest_rank)
 
 
-def _megatron_split(kinds: list[str], parts: int) -> list[int]:
+def _megatron_split(kinds: Sequence[str], parts: int) -> list[int]:
     """Blocks as evenly as possible over the chunks (extra ones to the first chunks), the
     layers before the first block with the first chunk, those after the last with the last
     (Megatron-LM's convention); without enough contiguous blocks, an even split."""

@@ -9,6 +9,7 @@ a row that says why (``InfeasibleError.short``), never an exception.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -97,21 +98,22 @@ def _solve_row(
     profile_sha256: str,
 ) -> SweepRow:
     gpus = _gpus_by_type(cluster)
-    base = {
-        "nodes": nodes,
-        "global_batch_size": batch,
-        "batch_per_gpu": per_gpu,
-        "cluster_name": cluster.name,
-        "node_counts": {group.name: group.count for group in cluster.node_groups},
-        "gpus": gpus,
-        "train_tokens": train_tokens,
-    }
+    # The fields every row of this configuration has, feasible or not.
+    row = functools.partial(
+        SweepRow,
+        nodes=nodes,
+        global_batch_size=batch,
+        batch_per_gpu=per_gpu,
+        cluster_name=cluster.name,
+        node_counts={group.name: group.count for group in cluster.node_groups},
+        gpus=gpus,
+        train_tokens=train_tokens,
+    )
     start = time.perf_counter()
     try:
         outcome = solve_outcome(profile, cluster, batch, options, profile_sha256=profile_sha256)
     except InfeasibleError as error:
-        return SweepRow(
-            **base,
+        return row(
             feasible=False,
             note=error.short,
             reason=str(error),
@@ -120,8 +122,7 @@ def _solve_row(
     elapsed = time.perf_counter() - start
     if outcome.violation is not None:
         # A baseline's best that does not fit would run out of memory: no figures to show.
-        return SweepRow(
-            **base,
+        return row(
             feasible=False,
             note=f"{options.strategy} plan does not fit in memory",
             reason=outcome.violation,
@@ -142,8 +143,7 @@ def _solve_row(
     tokens_per_s = plan.prediction.tokens_per_s
     train_time_s = train_tokens / tokens_per_s
     usd_per_hour = sum(count * prices[gpu] for gpu, count in gpus.items()) if prices else None
-    return SweepRow(
-        **base,
+    return row(
         gpus_used=used,
         feasible=True,
         note="; ".join(notes),

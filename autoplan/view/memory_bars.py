@@ -77,7 +77,7 @@ def memory_section(plan: Plan, *, bars: bool = True) -> Section:
         needed = estimate.total_bytes + estimate.reserved_bytes
         share = needed / estimate.capacity_bytes if estimate.capacity_bytes else 0.0
         over = needed > estimate.capacity_bytes
-        cells = [
+        cells: list[str | Figure | Text] = [
             Figure(str(estimate.pipeline_rank), estimate.pipeline_rank, ""),
             estimate.gpu_type,
             Figure(str(estimate.tensor_parallel_degree), estimate.tensor_parallel_degree, ""),

@@ -18,7 +18,7 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -72,6 +72,7 @@ def _import(module_name: str) -> Any:
 def call_factory(path: str, batch: int, seq_len: int) -> tuple[nn.Module, Any]:
     """Call the factory, passing the sizes it accepts, and check it returned (module, input)."""
     factory = load_factory(path)
+    accepted: Mapping[str, inspect.Parameter]
     try:
         accepted = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # no signature to read (a builtin): pass nothing

@@ -219,7 +219,7 @@ class LlamaBlock(SplittableBlock):
         self.attn_norm = _norm(config)
         self.attn = GroupedQueryAttention(config, window=config.window_of(index))
         self.mlp_norm = _norm(config)
-        self.mlp = SwiGLU(
+        self.mlp: nn.Module = SwiGLU(
             config.hidden_size,
             config.ffn_hidden_size,
             activation=config.activation,
