@@ -157,10 +157,10 @@ class StageSpec(BaseModel):
         return ":".join(parts)
 
 
-def _options(items: list[str], where: str, allowed: tuple[str, ...]) -> dict[str, object]:
+def _options(items: list[str], where: str, allowed: tuple[str, ...]) -> dict[str, int | str | bool]:
     """``tpT``, ``mbB``, recompute, ``offload`` (and ``dpD``, ``zZ`` where allowed), each at
     most once."""
-    out: dict[str, object] = {}
+    out: dict[str, int | str | bool] = {}
     for item in items:
         numbered = _NUMBERED.fullmatch(item)
         if numbered is not None and numbered["key"] in allowed and numbered["key"] not in out:
@@ -198,14 +198,17 @@ def _stage(text: str, number: int) -> StageSpec:
         )
         count = match["count"]
         types.append(
-            TypeShare(
-                name=match["name"],
-                replicas=None if count is None else int(count),
-                tensor_parallel_degree=own.get("tp"),  # type: ignore[arg-type]
-                context_parallel_degree=own.get("cp"),  # type: ignore[arg-type]
-                micro_batch_size=own.get("mb"),  # type: ignore[arg-type]
-                recompute=own.get("recompute"),  # type: ignore[arg-type]
-                offload=own.get("offload"),  # type: ignore[arg-type]
+            # The parsed words checked by the schema (validation, not a typed call).
+            TypeShare.model_validate(
+                {
+                    "name": match["name"],
+                    "replicas": None if count is None else int(count),
+                    "tensor_parallel_degree": own.get("tp"),
+                    "context_parallel_degree": own.get("cp"),
+                    "micro_batch_size": own.get("mb"),
+                    "recompute": own.get("recompute"),
+                    "offload": own.get("offload"),
+                }
             )
         )
     layers = _LAYERS.fullmatch(fields[0])
@@ -220,10 +223,10 @@ def _stage(text: str, number: int) -> StageSpec:
         if len(given) < len(types):
             raise InputError(f"{where}: no dp; write e.g. :dp1 (or give every type's replicas)")
         numbers["dp"] = sum(given)
-    dp = int(numbers["dp"])  # type: ignore[call-overload]
+    dp = int(numbers["dp"])
     if "tp" not in numbers and any(t.tensor_parallel_degree is None for t in types):
         raise InputError(f"{where}: no tp; write e.g. :tp1 (or give every type's own)")
-    if int(numbers.get("z", 0)) > 3:  # type: ignore[call-overload]
+    if int(numbers.get("z", 0)) > 3:
         raise InputError(f"{where}: ZeRO levels are 0 to 3, not {numbers['z']}")
     if len(given) == len(types) and sum(given) != dp:
         raise InputError(f"{where}: the replicas per type add up to {sum(given)}, not dp {dp}")
@@ -232,18 +235,20 @@ def _stage(text: str, number: int) -> StageSpec:
     if any(t.micro_batch_size is not None for t in types) and len(given) < len(types):
         raise InputError(f"{where}: types with their own mb need their replicas: NAME*N(mbB)")
     try:
-        return StageSpec(
-            types=types,
-            first_layer=first,
-            last_layer=last,
-            tensor_parallel_degree=numbers.get("tp"),  # type: ignore[arg-type]
-            context_parallel_degree=numbers.get("cp"),  # type: ignore[arg-type]
-            expert_parallel_degree=numbers.get("ep"),  # type: ignore[arg-type]
-            data_parallel_degree=dp,
-            micro_batch_size=numbers.get("mb"),  # type: ignore[arg-type]
-            recompute=numbers.get("recompute"),  # type: ignore[arg-type]
-            zero_stage=numbers.get("z"),  # type: ignore[arg-type]
-            offload=bool(numbers.get("offload", False)),
+        return StageSpec.model_validate(
+            {
+                "types": types,
+                "first_layer": first,
+                "last_layer": last,
+                "tensor_parallel_degree": numbers.get("tp"),
+                "context_parallel_degree": numbers.get("cp"),
+                "expert_parallel_degree": numbers.get("ep"),
+                "data_parallel_degree": dp,
+                "micro_batch_size": numbers.get("mb"),
+                "recompute": numbers.get("recompute"),
+                "zero_stage": numbers.get("z"),
+                "offload": bool(numbers.get("offload", False)),
+            }
         )
     except ValidationError as error:  # a pydantic bound: say which
         first_error = error.errors()[0]
@@ -326,30 +331,37 @@ def written_stage(
         return next(iter(values)) if len(values) == 1 else None
 
     tp, mbs, recompute, offload, cp = common(2), common(3), common(4), common(5), common(6)
+    # What the groups share is of no one type (``common``): the schema checks it.
     types = [
-        TypeShare(
-            name=name,
-            replicas=count,
-            tensor_parallel_degree=None if tp is not None else group_tp,
-            micro_batch_size=None if mbs is not None else group_mbs,
-            recompute=None if recompute is not None else group_recompute,  # type: ignore[arg-type]
-            offload=None if offload is not None else (group_offload or None),
-            context_parallel_degree=None if cp is not None else group_cp,
+        TypeShare.model_validate(
+            {
+                "name": name,
+                "replicas": count,
+                "tensor_parallel_degree": None if tp is not None else group_tp,
+                "micro_batch_size": None if mbs is not None else group_mbs,
+                "recompute": None if recompute is not None else group_recompute,
+                "offload": None if offload is not None else (group_offload or None),
+                "context_parallel_degree": None if cp is not None else group_cp,
+            }
         )
         for name, count, group_tp, group_mbs, group_recompute, group_offload, group_cp in groups
     ]
-    return StageSpec(
-        types=types,
-        first_layer=first_layer,
-        last_layer=last_layer,
-        tensor_parallel_degree=tp,  # type: ignore[arg-type]
-        context_parallel_degree=None if cp in (None, 1) else cp,  # type: ignore[arg-type]
-        expert_parallel_degree=None if expert_parallel_degree == 1 else expert_parallel_degree,
-        data_parallel_degree=sum(group[1] for group in groups),
-        micro_batch_size=mbs,  # type: ignore[arg-type]
-        recompute=None if recompute in (None, "none") else recompute,  # type: ignore[arg-type]
-        zero_stage=zero_stage or None,  # type: ignore[arg-type]
-        offload=bool(offload),
+    return StageSpec.model_validate(
+        {
+            "types": types,
+            "first_layer": first_layer,
+            "last_layer": last_layer,
+            "tensor_parallel_degree": tp,
+            "context_parallel_degree": None if cp in (None, 1) else cp,
+            "expert_parallel_degree": None
+            if expert_parallel_degree == 1
+            else expert_parallel_degree,
+            "data_parallel_degree": sum(group[1] for group in groups),
+            "micro_batch_size": mbs,
+            "recompute": None if recompute in (None, "none") else recompute,
+            "zero_stage": zero_stage or None,
+            "offload": bool(offload),
+        }
     )
 
 
