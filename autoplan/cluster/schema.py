@@ -33,6 +33,8 @@ Bandwidth = Annotated[
     float, Field(ge=limits.MIN_BANDWIDTH_GB_PER_S, le=limits.MAX_BANDWIDTH_GB_PER_S)
 ]
 Latency = Annotated[float, Field(ge=0, le=limits.MAX_LATENCY_US)]
+# A fixed time the training stack adds (per pass, per step).
+Overhead = Annotated[float, Field(ge=0, le=limits.MAX_OVERHEAD_MS)]
 
 
 class _Strict(BaseModel):
@@ -111,25 +113,19 @@ class GpuSpec(_Strict):
         description="With pcie_collective_bandwidth_gb_per_s: how many GPUs one NVLink bridge "
         "joins (collectives within them use the intra-node link).",
     )
-    collective_step_overhead_us: float = Field(
+    collective_step_overhead_us: Latency = Field(
         default=0.0,
-        ge=0,
-        le=limits.MAX_LATENCY_US,
         description="What the training stack adds to every step of a collective or transfer on "
         "this GPU beyond the link's latency (kernel launch, stream synchronisation, the "
         "framework's call): the cost model adds it to the cluster's per-step latencies.",
     )
-    pass_overhead_ms: float = Field(
+    pass_overhead_ms: Overhead = Field(
         default=0.0,
-        ge=0,
-        le=limits.MAX_OVERHEAD_MS,
         description="Fixed time of one stage's forward or backward pass of one micro-batch "
         "beyond its layers' roofline (kernel launches, framework work).",
     )
-    step_overhead_ms: float = Field(
+    step_overhead_ms: Overhead = Field(
         default=0.0,
-        ge=0,
-        le=limits.MAX_OVERHEAD_MS,
         description="Fixed time per training step (optimizer launch, Python).",
     )
     memory_reserve_gib: float = Field(

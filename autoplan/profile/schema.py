@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 
 from autoplan import limits
 
@@ -48,10 +48,9 @@ class ModelRef(_Strict):
         description="A zoo name (see `autoplan models`), a Hugging Face config 'hf:' and the "
         "config file's absolute path, or a factory path 'package.module:callable'."
     )
-    parameter_count: int = Field(ge=0, description="Total parameters of the whole model.")
-    active_parameter_count: int | None = Field(
+    parameter_count: NonNegativeInt = Field(description="Total parameters of the whole model.")
+    active_parameter_count: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Of a mixture-of-experts model: the parameters one token passes through "
         "(k of the E routed experts of each MoE layer, everything else). None for a dense model.",
     )
@@ -112,47 +111,45 @@ class TensorParallelProfile(_Strict):
     ``allreduce_payload_bytes`` (a ring all-reduce sends 2(t-1)/t of it per GPU).
     """
 
-    sharded_param_count: int = Field(ge=0, description="Parameters split across the tp group.")
-    sharded_saved_activation_bytes: int = Field(
-        ge=0, description="Part of `saved_activation_bytes` that splits across the tp group."
+    sharded_param_count: NonNegativeInt = Field(description="Parameters split across the tp group.")
+    sharded_saved_activation_bytes: NonNegativeInt = Field(
+        description="Part of `saved_activation_bytes` that splits across the tp group."
     )
-    allreduce_payload_bytes: int = Field(ge=0, description="Bytes of one tp all-reduce.")
-    forward_allreduce_count: int = Field(ge=0, description="All-reduces in the forward pass.")
-    backward_allreduce_count: int = Field(ge=0, description="All-reduces in the backward pass.")
+    allreduce_payload_bytes: NonNegativeInt = Field(description="Bytes of one tp all-reduce.")
+    forward_allreduce_count: NonNegativeInt = Field(description="All-reduces in the forward pass.")
+    backward_allreduce_count: NonNegativeInt = Field(
+        description="All-reduces in the backward pass."
+    )
     degree_must_divide: int = Field(
         ge=1,
         description="The tp degree must divide this (gcd of heads, kv heads, ffn size, vocab).",
     )
-    sharded_forward_flops: int | None = Field(
-        default=None, ge=0, description="Part of `forward_flops` that splits across the tp group."
+    sharded_forward_flops: NonNegativeInt | None = Field(
+        default=None, description="Part of `forward_flops` that splits across the tp group."
     )
-    sharded_backward_flops: int | None = Field(
-        default=None, ge=0, description="Part of `backward_flops` that splits across the tp group."
+    sharded_backward_flops: NonNegativeInt | None = Field(
+        default=None, description="Part of `backward_flops` that splits across the tp group."
     )
-    sharded_forward_bytes_moved: int | None = Field(
-        default=None, ge=0, description="Part of `forward_bytes_moved` that splits across tp."
+    sharded_forward_bytes_moved: NonNegativeInt | None = Field(
+        default=None, description="Part of `forward_bytes_moved` that splits across tp."
     )
-    sharded_backward_bytes_moved: int | None = Field(
-        default=None, ge=0, description="Part of `backward_bytes_moved` that splits across tp."
+    sharded_backward_bytes_moved: NonNegativeInt | None = Field(
+        default=None, description="Part of `backward_bytes_moved` that splits across tp."
     )
-    sharded_forward_memory_bound_bytes: int | None = Field(
+    sharded_forward_memory_bound_bytes: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Part of `forward_memory_bound_bytes` that splits across the tp group.",
     )
-    sharded_backward_memory_bound_bytes: int | None = Field(
+    sharded_backward_memory_bound_bytes: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Part of `backward_memory_bound_bytes` that splits across the tp group.",
     )
-    sharded_forward_matmul_fixed_bytes: int | None = Field(
+    sharded_forward_matmul_fixed_bytes: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Part of `forward_matmul_fixed_bytes` that splits across the tp group.",
     )
-    sharded_backward_matmul_fixed_bytes: int | None = Field(
+    sharded_backward_matmul_fixed_bytes: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Part of `backward_matmul_fixed_bytes` that splits across the tp group.",
     )
 
@@ -174,17 +171,16 @@ class ExpertProfile(_Strict):
         description="Slots of one expert per micro-batch: ceil(capacity_factor · tokens · k / "
         "E); picks past it are dropped.",
     )
-    expert_param_count: int = Field(
-        ge=0, description="Parameters of all routed experts (what expert parallelism splits)."
+    expert_param_count: NonNegativeInt = Field(
+        description="Parameters of all routed experts (what expert parallelism splits)."
     )
-    expert_forward_flops: int = Field(
-        ge=0, description="Forward FLOPs of one expert on its capacity_tokens slots."
+    expert_forward_flops: NonNegativeInt = Field(
+        description="Forward FLOPs of one expert on its capacity_tokens slots."
     )
-    expert_backward_flops: int = Field(
-        ge=0, description="Backward FLOPs of one expert on its capacity_tokens slots."
+    expert_backward_flops: NonNegativeInt = Field(
+        description="Backward FLOPs of one expert on its capacity_tokens slots."
     )
-    dispatch_bytes: int = Field(
-        ge=0,
+    dispatch_bytes: NonNegativeInt = Field(
         description="Bytes of the slot buffer (experts × capacity × hidden): what one "
         "all-to-all of the micro-batch carries from each GPU (four per pass pair: dispatch "
         "and combine, forward and backward).",
@@ -216,8 +212,8 @@ class MeasuredTimes(_Strict):
         description="Samples per micro-batch measured; None: the profile's micro_batch_size "
         "(entries written before the field).",
     )
-    memory_bytes: int | None = Field(
-        default=None, ge=0, description="Peak memory of the layer's pass, where measured."
+    memory_bytes: NonNegativeInt | None = Field(
+        default=None, description="Peak memory of the layer's pass, where measured."
     )
     source: str = Field(
         default="", description="Where the times come from, e.g. 'profile --measure' or a file."
@@ -227,74 +223,69 @@ class MeasuredTimes(_Strict):
 class LayerProfile(_Strict):
     """One pipeline unit: the embedding, one block, or the final norm and head."""
 
-    index: int = Field(ge=0, description="Position in the model's layer sequence.")
+    index: NonNegativeInt = Field(description="Position in the model's layer sequence.")
     name: str = Field(description="Module path in the model, e.g. 'blocks.3'.")
     kind: LayerKind = Field(description="What the layer is.")
-    forward_flops: int = Field(ge=0, description="FLOPs of the forward pass (2 per MAC).")
-    backward_flops: int = Field(ge=0, description="FLOPs of the backward pass.")
-    forward_bytes_moved: int = Field(
-        ge=0, description="Bytes read and written by forward ops (roofline memory term)."
+    forward_flops: NonNegativeInt = Field(description="FLOPs of the forward pass (2 per MAC).")
+    backward_flops: NonNegativeInt = Field(description="FLOPs of the backward pass.")
+    forward_bytes_moved: NonNegativeInt = Field(
+        description="Bytes read and written by forward ops (roofline memory term)."
     )
-    backward_bytes_moved: int = Field(ge=0, description="Bytes read and written by backward ops.")
-    forward_memory_bound_bytes: int | None = Field(
+    backward_bytes_moved: NonNegativeInt = Field(
+        description="Bytes read and written by backward ops."
+    )
+    forward_memory_bound_bytes: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Part of `forward_bytes_moved` moved by ops that are not matmul-class "
         "(elementwise, norms, softmax, loss, copies, lookups): timed by memory bandwidth, on "
         "top of the matmuls' time. None in profiles made before it was recorded.",
     )
-    backward_memory_bound_bytes: int | None = Field(
+    backward_memory_bound_bytes: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Part of `backward_bytes_moved` moved by ops that are not matmul-class.",
     )
-    forward_matmul_fixed_bytes: int | None = Field(
+    forward_matmul_fixed_bytes: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Part of the matmul-class bytes of forward that does not grow with the "
         "batch (weights read). None in profiles made before it was recorded.",
     )
-    backward_matmul_fixed_bytes: int | None = Field(
+    backward_matmul_fixed_bytes: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Part of the matmul-class bytes of backward that does not grow with the "
         "batch (weights read, weight gradients written).",
     )
-    forward_kernels: int | None = Field(
-        default=None, ge=0, description="Kernels the forward launches (ops that move bytes)."
+    forward_kernels: NonNegativeInt | None = Field(
+        default=None, description="Kernels the forward launches (ops that move bytes)."
     )
-    backward_kernels: int | None = Field(
-        default=None, ge=0, description="Kernels the backward launches."
+    backward_kernels: NonNegativeInt | None = Field(
+        default=None, description="Kernels the backward launches."
     )
-    param_count: int = Field(ge=0, description="Parameters owned by this layer.")
-    param_bytes: int = Field(ge=0, description="Bytes of those parameters in `dtype`.")
-    saved_activation_bytes: int = Field(
-        ge=0, description="Bytes kept for backward with no recompute."
+    param_count: NonNegativeInt = Field(description="Parameters owned by this layer.")
+    param_bytes: NonNegativeInt = Field(description="Bytes of those parameters in `dtype`.")
+    saved_activation_bytes: NonNegativeInt = Field(
+        description="Bytes kept for backward with no recompute."
     )
-    selective_recompute_saved_bytes: int = Field(
-        ge=0,
+    selective_recompute_saved_bytes: NonNegativeInt = Field(
         description="Bytes kept for backward when the attention core is recomputed "
         "(Korthikanti et al.'s selective recompute); equals `saved_activation_bytes` if none.",
     )
-    selective_recompute_flops: int = Field(
-        ge=0, description="Forward FLOPs redone in backward under selective recompute."
+    selective_recompute_flops: NonNegativeInt = Field(
+        description="Forward FLOPs redone in backward under selective recompute."
     )
-    input_activation_bytes: int = Field(
-        ge=0, description="Bytes of the layer's input: all that full recompute keeps."
+    input_activation_bytes: NonNegativeInt = Field(
+        description="Bytes of the layer's input: all that full recompute keeps."
     )
-    loss_saved_activation_bytes: int = Field(
+    loss_saved_activation_bytes: NonNegativeInt = Field(
         default=0,
-        ge=0,
         description="Of `saved_activation_bytes`, what the loss the last layer feeds keeps "
         "(the token cross-entropy's log-softmax): saved outside the layer's own forward, so "
         "activation offload's hooks on the layer leave it on the device.",
     )
-    output_activation_bytes: int = Field(
-        ge=0, description="Bytes of the layer's output: what a pipeline stage ending here sends."
+    output_activation_bytes: NonNegativeInt = Field(
+        description="Bytes of the layer's output: what a pipeline stage ending here sends."
     )
-    attention_kv_bytes: int | None = Field(
+    attention_kv_bytes: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Bytes of the keys and values the layer's attention core "
         "(scaled_dot_product_attention) receives: what ring attention passes around a "
         "context-parallel group. None for profiles made before it was recorded (the cost "
@@ -303,9 +294,8 @@ class LayerProfile(_Strict):
     tensor_parallel: TensorParallelProfile | None = Field(
         default=None, description="Tensor-parallel behaviour; None if the layer cannot be split."
     )
-    block_index: int | None = Field(
+    block_index: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="At sub-block grain: index of the block-grain layer (the model's `layers` "
         "entry) this unit is a part of. None at block grain.",
     )
@@ -332,14 +322,14 @@ class LayerProfile(_Strict):
 class ProfileTotals(_Strict):
     """Sums over all layers."""
 
-    forward_flops: int = Field(ge=0)
-    backward_flops: int = Field(ge=0)
-    param_count: int = Field(ge=0)
-    param_bytes: int = Field(ge=0)
-    saved_activation_bytes: int = Field(ge=0)
-    forward_bytes_moved: int | None = Field(default=None, ge=0)
-    backward_bytes_moved: int | None = Field(default=None, ge=0)
-    selective_recompute_saved_bytes: int | None = Field(default=None, ge=0)
+    forward_flops: NonNegativeInt
+    backward_flops: NonNegativeInt
+    param_count: NonNegativeInt
+    param_bytes: NonNegativeInt
+    saved_activation_bytes: NonNegativeInt
+    forward_bytes_moved: NonNegativeInt | None = None
+    backward_bytes_moved: NonNegativeInt | None = None
+    selective_recompute_saved_bytes: NonNegativeInt | None = None
 
 
 class Profile(_Strict):
