@@ -411,6 +411,23 @@ def test_recompute_and_zero1_reach_every_target(mode: str, tmp_path: Path) -> No
         check_deepspeed(plan, export_plan(plan, "deepspeed", kinds).text)
 
 
+@pytest.mark.parametrize(
+    ("target", "how"),
+    [
+        ("megatron", "Megatron-LM trains fp32 without a precision flag"),
+        ("torchtitan", "torchtitan trains float32"),
+        ("deepspeed", "DeepSpeed trains fp32 with neither bf16 nor fp16"),
+    ],
+)
+def test_a_tf32_plan_tells_how_each_target_trains_it(target: str, how: str) -> None:
+    plan = make_plan([4], data_parallel=4, dtype="tf32")
+    notes = export_plan(plan, target, layer_kinds(plan, None)).notes
+    assert (
+        f"the plan trains in tf32: {how}; enable TF32 matmuls in PyTorch "
+        "(torch.backends.cuda.matmul.allow_tf32 = True)"
+    ) in notes
+
+
 @pytest.mark.parametrize("level", [2, 3])
 def test_zero_2_and_3_reach_torchtitan_and_deepspeed_without_a_pipeline(level: int) -> None:
     plan = make_plan([4], data_parallel=4, zero_stage=level, dtype="bf16")

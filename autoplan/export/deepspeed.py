@@ -34,6 +34,7 @@ from autoplan.export.expressible import (
     NotExpressibleError,
     PlanShape,
     plan_shape,
+    tf32_note,
 )
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import LayerKind
@@ -145,10 +146,7 @@ def _notes(plan: Plan, shape: PlanShape) -> list[str]:
                 "bubble with fewer micro-batches in flight (no more memory than the plan's)"
             )
     if shape.dtype == "tf32":
-        notes.append(
-            "the plan trains in tf32: DeepSpeed trains fp32 with neither bf16 nor fp16; enable "
-            "TF32 matmuls in PyTorch (torch.backends.cuda.matmul.allow_tf32 = True)"
-        )
+        notes.append(tf32_note("DeepSpeed trains fp32 with neither bf16 nor fp16"))
     return notes
 
 

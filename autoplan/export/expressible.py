@@ -33,8 +33,18 @@ __all__ = [
     "TransformerLayout",
     "layer_kinds",
     "plan_shape",
+    "tf32_note",
     "transformer_layout",
 ]
+
+
+def tf32_note(how_it_trains: str) -> str:
+    """The note every target gets for a tf32 plan: none has a tf32 precision, so it trains in
+    fp32 (``how_it_trains`` says how, in its words) and PyTorch's switch gives the matmuls."""
+    return (
+        f"the plan trains in tf32: {how_it_trains}; enable TF32 matmuls in PyTorch "
+        "(torch.backends.cuda.matmul.allow_tf32 = True)"
+    )
 
 
 class NotExpressibleError(InputError):

@@ -35,6 +35,7 @@ from autoplan.export.expressible import (
     PlanShape,
     TransformerLayout,
     plan_shape,
+    tf32_note,
     transformer_layout,
 )
 from autoplan.names import printable
@@ -196,10 +197,7 @@ def _notes(shape: PlanShape) -> list[str]:
             "bubble with fewer micro-batches in flight (no more memory than the plan's)"
         )
     if shape.dtype == "tf32":
-        notes.append(
-            "the plan trains in tf32: Megatron-LM trains fp32 without a precision flag; enable "
-            "TF32 matmuls in PyTorch (torch.backends.cuda.matmul.allow_tf32 = True)"
-        )
+        notes.append(tf32_note("Megatron-LM trains fp32 without a precision flag"))
     return notes
 
 

@@ -38,6 +38,7 @@ from autoplan.export.expressible import (
     PlanShape,
     TransformerLayout,
     plan_shape,
+    tf32_note,
     transformer_layout,
 )
 from autoplan.names import printable
@@ -187,10 +188,7 @@ def _notes(shape: PlanShape) -> list[str]:
             "('DDP has not supported > 1D parallelism')"
         )
     if shape.dtype == "tf32":
-        notes.append(
-            "the plan trains in tf32: torchtitan trains float32; enable TF32 matmuls in "
-            "PyTorch (torch.backends.cuda.matmul.allow_tf32 = True)"
-        )
+        notes.append(tf32_note("torchtitan trains float32"))
     return notes
 
 

@@ -20,13 +20,12 @@ attention core as one call and still counts what it saves as the core's.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from autoplan.errors import InputError
+from autoplan.zoo.sdpa import SdpaCall, SdpaMode
 
 __all__ = ["ATTENTION_KERNELS", "AttentionKernel", "UnfusedAttentionMode"]
 
@@ -34,7 +33,7 @@ AttentionKernel = Literal["flash", "math"]
 ATTENTION_KERNELS: tuple[AttentionKernel, ...] = ("flash", "math")
 
 
-class UnfusedAttentionMode(TorchFunctionMode):
+class UnfusedAttentionMode(SdpaMode):
     """Runs ``F.scaled_dot_product_attention`` as bmm → softmax over s×s → bmm, in the input's
     dtype. Enter it outside any mode that must see the attention call as one call."""
 
@@ -43,12 +42,6 @@ class UnfusedAttentionMode(TorchFunctionMode):
         # The causal bias depends only on (L, S, dtype, device): built once per profile, so
         # every traced layer does not pay to build it (Megatron-LM's fused kernel builds none).
         self._causal_bias: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        return self._attention(*args, **kwargs)
 
     def _bias(
         self,
@@ -77,29 +70,18 @@ class UnfusedAttentionMode(TorchFunctionMode):
             self._causal_bias[cache_key] = bias
         return self._causal_bias[cache_key]
 
-    def _attention(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> torch.Tensor:
-        if dropout_p:
+    def attention(self, call: SdpaCall) -> torch.Tensor:
+        """Bmm → softmax over s×s → bmm in the input's dtype (module docstring)."""
+        query, attn_mask, is_causal = call.query, call.attn_mask, call.is_causal
+        if call.dropout_p:
             raise InputError(
-                f"attention='math' traces attention without dropout, got dropout_p={dropout_p}"
+                f"attention='math' traces attention without dropout, got dropout_p={call.dropout_p}"
             )
         if attn_mask is not None and is_causal:
             raise InputError("scaled_dot_product_attention takes attn_mask or is_causal, not both")
-        if enable_gqa and key.shape[-3] != query.shape[-3]:
-            group = query.shape[-3] // key.shape[-3]
-            key = key.repeat_interleave(group, dim=-3)
-            value = value.repeat_interleave(group, dim=-3)
+        key, value = call.kv_per_query_head()
         *batch, length, head_dim = query.shape
-        scale = 1 / math.sqrt(head_dim) if scale is None else scale
+        scale = 1 / math.sqrt(head_dim) if call.scale is None else call.scale
         bias = self._bias(query, key, attn_mask, is_causal)
         if query.dim() != 4:
             flat_bias = bias if bias.dim() <= 2 else bias.expand(*batch, length, -1).flatten(0, -3)

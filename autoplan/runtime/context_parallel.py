@@ -33,13 +33,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from autoplan.errors import InputError
 from autoplan.runtime.model_stage import pipeline_layers
 from autoplan.zoo.positions import token_positions
+from autoplan.zoo.sdpa import SdpaCall, SdpaMode
 
 __all__ = [
     "apply_context_parallel",
@@ -183,40 +182,22 @@ def ring_attention(
     return _RingAttention.apply(query, key, value, seq_len, scale, group)
 
 
-class _RingAttentionMode(TorchFunctionMode):
+class _RingAttentionMode(SdpaMode):
     """Runs every causal ``F.scaled_dot_product_attention`` as ``ring_attention``."""
 
     def __init__(self, group: dist.ProcessGroup, seq_len: int) -> None:
         super().__init__()
         self.group, self.seq_len = group, seq_len
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        return self._attention(*args, **kwargs)
-
-    def _attention(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> torch.Tensor:
-        if attn_mask is not None or not is_causal or dropout_p:
+    def attention(self, call: SdpaCall) -> torch.Tensor:
+        """``ring_attention`` of the call's causal attention."""
+        if call.attn_mask is not None or not call.is_causal or call.dropout_p:
             raise InputError(
                 "context parallelism runs causal attention without a mask or dropout "
                 "(is_causal=True); this model's attention is another"
             )
-        if enable_gqa and key.shape[-3] != query.shape[-3]:
-            group = query.shape[-3] // key.shape[-3]
-            key = key.repeat_interleave(group, dim=-3)
-            value = value.repeat_interleave(group, dim=-3)
-        return ring_attention(query, key, value, self.seq_len, self.group, scale)
+        key, value = call.kv_per_query_head()
+        return ring_attention(call.query, key, value, self.seq_len, self.group, call.scale)
 
 
 @contextmanager
