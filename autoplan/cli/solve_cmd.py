@@ -259,30 +259,33 @@ def solve_command(
     check_outputs({"--output": output, "--async-output": async_output}, inputs)
     profile = read_profile(profile_path)
     cluster_model = read_cluster(cluster_file, catalog or [])
-    options = SolveOptions(
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        micro_batch_size=micro_batch_size,
-        num_micro_batches=num_micro_batches,
-        schedule=schedule,  # type: ignore[arg-type]
-        recompute=recompute,  # type: ignore[arg-type]
-        zero1=zero1,
-        zero_stage=zero,
-        offload=offload,
-        sequence_parallel=sequence_parallel,
-        expert_parallel=expert_parallel,
-        cp=context_parallel,
-        layer_split=_layer_split(layer_split),
-        strategy=strategy,  # type: ignore[arg-type]
-        space=space,  # type: ignore[arg-type]
-        top_k=top_k,
-        time_limit_s=time_limit,
-        gap=gap,
-        zero_bubble=zero_bubble,
-        efficiency=_efficiency(efficiency or []),
-        reserve_gb=reserve_gb,
-        allow_async=allow_async,
+    # The flags as typer gives them (the named choices as strings): the schema checks them.
+    options = SolveOptions.model_validate(
+        {
+            "tp": tp,
+            "pp": pp,
+            "dp": dp,
+            "micro_batch_size": micro_batch_size,
+            "num_micro_batches": num_micro_batches,
+            "schedule": schedule,
+            "recompute": recompute,
+            "zero1": zero1,
+            "zero_stage": zero,
+            "offload": offload,
+            "sequence_parallel": sequence_parallel,
+            "expert_parallel": expert_parallel,
+            "cp": context_parallel,
+            "layer_split": _layer_split(layer_split),
+            "strategy": strategy,
+            "space": space,
+            "top_k": top_k,
+            "time_limit_s": time_limit,
+            "gap": gap,
+            "zero_bubble": zero_bubble,
+            "efficiency": _efficiency(efficiency or []),
+            "reserve_gb": reserve_gb,
+            "allow_async": allow_async,
+        }
     )
     errors = output_console(stderr=True)
     with Progress(

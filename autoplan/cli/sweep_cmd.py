@@ -182,12 +182,15 @@ def sweep(
     check_outputs({"--csv": csv, "--png": png}, [profile_path, cluster_file, catalog_path()])
     profile = read_profile(profile_path)
     base = read_cluster(cluster_file)
-    options = SolveOptions(
-        strategy=strategy,  # type: ignore[arg-type]  # checked by SolveOptions
-        space=space,  # type: ignore[arg-type]
-        time_limit_s=time_limit,
-        gap=gap,
-        top_k=1,  # a sweep shows only each configuration's best
+    # The flags as typer gives them (the named choices as strings): the schema checks them.
+    options = SolveOptions.model_validate(
+        {
+            "strategy": strategy,
+            "space": space,
+            "time_limit_s": time_limit,
+            "gap": gap,
+            "top_k": 1,  # a sweep shows only each configuration's best
+        }
     )
     sizes = ", ".join(str(n) for n in sorted(set(node_counts)))
     title = _title(

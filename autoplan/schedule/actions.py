@@ -23,6 +23,8 @@ __all__ = ["Action", "ActionKind", "PipelineOrder", "format_order"]
 ActionKind = Literal["F", "B", "I", "W"]
 
 _ACTION_TEXT = re.compile(r"^(\d+)([FBIW])(\d+)$")
+# The kind letters the pattern admits, as the ActionKind they are.
+_KINDS: dict[str, ActionKind] = {"F": "F", "B": "B", "I": "I", "W": "W"}
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -49,7 +51,7 @@ class Action:
         if match is None:
             raise InputError(f"action {text!r} is not <stage><F|B|I|W><micro-batch>, e.g. '2F0'")
         stage, kind, micro_batch = match.groups()
-        return cls(int(stage), kind, int(micro_batch))  # type: ignore[arg-type]
+        return cls(int(stage), _KINDS[kind], int(micro_batch))
 
 
 PipelineOrder = list[list[Action]]

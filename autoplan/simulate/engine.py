@@ -57,6 +57,7 @@ from autoplan.errors import InputError
 from autoplan.plan.schema import MemoryEstimate, Plan, Replica, StageTiming
 from autoplan.schedule import (
     Action,
+    ActionKind,
     InvalidScheduleError,
     PipelineOrder,
     schedule_order,
@@ -69,6 +70,7 @@ from autoplan.simulate.memory import activation_bytes_per_replica, memory_curve
 from autoplan.simulate.regroup import regroup_pairs
 from autoplan.simulate.result import (
     PASS_CATEGORIES,
+    EventCategory,
     RankTimeline,
     ReplicaTimeline,
     SimulatedEvent,
@@ -137,7 +139,12 @@ def _duration_ms(
     return weight_ms if action.kind == "W" else backward_ms - weight_ms
 
 
-_CATEGORY = {"F": "forward", "B": "backward", "I": "input_gradient", "W": "weight_gradient"}
+_CATEGORY: dict[ActionKind, EventCategory] = {
+    "F": "forward",
+    "B": "backward",
+    "I": "input_gradient",
+    "W": "weight_gradient",
+}
 
 
 def _links(
@@ -163,7 +170,7 @@ def _links(
 def _compute_event(action: Action, start_ms: float, duration_ms: float) -> SimulatedEvent:
     return SimulatedEvent(
         name=action.label,
-        category=_CATEGORY[action.kind],  # type: ignore[arg-type]
+        category=_CATEGORY[action.kind],
         track="compute",
         stage=action.stage,
         micro_batch=action.micro_batch,

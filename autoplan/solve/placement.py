@@ -63,4 +63,10 @@ def place(model: CostModel, config: PlanConfig) -> list[list[list[ReplicaSlots]]
             for rr in range(group.replicas):
                 out[p][gg][rr] = ReplicaSlots(node, tuple(range(slot, slot + width)), group.tp)
                 slot += width
-    return out  # type: ignore[return-value]
+    # Every block above was fitted (``_fit`` raises otherwise), so every replica has its GPUs.
+    placed = [[[r for r in group if r is not None] for group in rank] for rank in out]
+    if [[len(group) for group in rank] for rank in placed] != [
+        [len(group) for group in rank] for rank in out
+    ]:
+        raise ValueError("a replica was left without GPUs")
+    return placed

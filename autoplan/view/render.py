@@ -23,7 +23,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from autoplan.view.document import Document, Figure, Section, cell_text
+from autoplan.view.document import Cell, Document, Figure, Section, cell_text
 
 __all__ = [
     "FORMATS",
@@ -169,10 +169,10 @@ def render_markdown(document: Document) -> str:
     return "\n".join(lines)
 
 
-def _json_cell(column: str, cell: object) -> tuple[str, object]:
+def _json_cell(column: str, cell: Cell | Figure) -> tuple[str, object]:
     if isinstance(cell, Figure):
         return (f"{column}_{cell.unit}" if cell.unit else column), cell.value
-    return column, cell_text(cell)  # type: ignore[arg-type]
+    return column, cell_text(cell)
 
 
 def _json_section(section: Section) -> dict[str, Any]:
