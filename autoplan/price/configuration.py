@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from autoplan.checks import check_plan
 from autoplan.cluster.schema import Cluster
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
-from autoplan.cost.engines import ENGINES
+from autoplan.cost.engines import ENGINES, Engine
 from autoplan.cost.model import CostModel, PlanCost
 from autoplan.errors import InputError
 from autoplan.names import shown
@@ -53,7 +53,7 @@ class Priced:
     violations: list[str]
     # The same configuration as each engine runs it (``autoplan.cost.engines``): the plan's
     # prediction is autoplan's own runtime's; Megatron-DeepSpeed's users read theirs here.
-    iteration_ms_by_engine: dict[str, float] = field(default_factory=dict)
+    iteration_ms_by_engine: dict[Engine, float] = field(default_factory=dict)
 
 
 def _normal(name: str) -> str:
