@@ -17,9 +17,10 @@ beside the physical bound: total FLOPs / Σ every GPU's peak × efficiency (no c
 no memory limit, no bubble).
 
 Certificate (issue 24): ``autoplan solve`` run as a user runs it (a new process, start-up
-included), with the proven bound it reports and the gap reached, for the issue's scenarios and
-the demo's solve, with the zero-bubble schedules (the default) and without them (then the
-bound covers the whole space searched).
+included), its wall and CPU seconds, with the proven bound it reports and the gap reached, for
+the issue's scenarios and the demo's solve, with the zero-bubble schedules (the default: the
+zero-bubble plans away from the partitions tried are bounded by the certificate's zero-bubble
+bound) and without them (the exact search's space alone).
 
 Profiles come from the real profiler (``autoplan.profile.profile_model``: FakeTensorMode, no
 memory), bf16, one sample per micro-batch profiled; the two small-cluster scenarios of issue 8

@@ -268,8 +268,11 @@ class HeteroSource:
         usable, host = self._limits(k, t, replicas, level)
         if static > usable:
             return None  # no mode fits: every one holds the same parameters
-        best, best_ms = None, 0.0
-        for mode in self.modes:
+        # The fastest mode that fits (with offload the order is the hardware's): the modes by
+        # their time, ties in the space's order (a stable sort), and the first that fits; the
+        # memory of the slower ones is never looked at.
+        timed = sorted(self.modes, key=lambda mode: tables.span_work(mode, i, j))
+        for mode in timed:
             saved = tables.saved[mode]
             used = static + flight * (saved[j] - saved[i])
             if used > usable:
@@ -278,11 +281,8 @@ class HeteroSource:
             if parked is not None and flight * (parked[j] - parked[i]) > host:
                 continue  # offload parks more than the GPU's share of host memory
             if used + self._transient(k, t, x, mode, i, j) <= usable:
-                # The fastest mode that fits (with offload the order is the hardware's).
-                work = tables.span_work(mode, i, j)
-                if best is None or work < best_ms:
-                    best, best_ms = mode, work
-        return best
+                return mode
+        return None
 
     @functools.cache  # noqa: B019 (one source per search)
     def _limits(self, k: int, t: int, replicas: int, level: int) -> tuple[float, float]:
