@@ -8,12 +8,13 @@ import pytest
 
 from autoplan.cost.comm import allreduce_ms, p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
-from autoplan.cost.layers import layer_time_ms, matches_device
+from autoplan.cost.layers import matches_device
 from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
 from autoplan.plan.validate import validate_plan
 from autoplan.profile.schema import MeasuredTimes
 from autoplan.solve import SolveOptions, cost_model
 from autoplan.solve import solve as _solve
+from tests.layer_time import layer_time_ms
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile, transformer_profile
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from autoplan.cluster.catalog import load_catalog, peak_tflops, spec_for_dtype
 from autoplan.cost.efficiency import PassWork, matmul_efficiency, pass_time_ms
-from autoplan.cost.layers import layer_time_ms
+from tests.layer_time import layer_time_ms
 from tests.synthetic_profiles import gpu, layer
 
 CATALOG = load_catalog()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.cost.layers import layer_cost, layer_time_ms
+from autoplan.cost.layers import layer_cost
 from autoplan.cost.measured import interpolate, matches_device, measured_pass
 from autoplan.profile.schema import MeasuredTimes
 from autoplan.solve import SolveOptions, cost_model
+from tests.layer_time import layer_time_ms
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
 A100 = gpu("A100-80GB", tflops=300.0, memory_gib=80, bandwidth=2000.0)
