@@ -113,20 +113,21 @@ def share_sizes(
     per_param = model.static_bytes_per_param(dp, level)
     usable = model.usable_bytes(k) - model.zero_transient_bytes(tp, dp, level)
     overhead = model.pass_overhead_ms(k)
+    host = model.host_budget_bytes(k)
     for b in range(1, limit + 1):
         t = model.tables(k, tp, b)
         static = t.params[n] * per_param
         best = None
-        for mode in modes:
+        # The fastest mode that fits, by its work (with offload the order is the hardware's;
+        # ties in the space's order: a stable sort), so the slower modes' memory is never
+        # costed; the collectives it exposes are added after, as in hetero.
+        for mode in sorted(modes, key=lambda mode: t.work[mode][n]):
             act = t.saved[mode][n]
-            if t.parked[mode][n] > model.host_budget_bytes(k):
-                continue  # offload parks more than the GPU's share of host memory
-            transient = max(model.transient_bytes(c, mode) for c in t.layers)
-            # The fastest mode that fits, by its work (with offload the order is the
-            # hardware's); the collectives it exposes are added after, as in hetero.
-            work = t.work[mode][n] + 2 * overhead
-            if static + act + transient <= usable and (best is None or work < best[0]):
-                best = (work, t.backward[mode][n] + overhead, mode)
+            if static + act > usable or t.parked[mode][n] > host:
+                continue  # or offload parks more than the GPU's share of host memory
+            if static + act + max(model.transient_bytes(c, mode) for c in t.layers) <= usable:
+                best = (t.work[mode][n] + 2 * overhead, t.backward[mode][n] + overhead, mode)
+                break
         if best is None:
             break  # larger micro-batches need more memory still
         work, backward, mode = best
