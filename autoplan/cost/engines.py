@@ -24,6 +24,14 @@ schedule of forward and backward passes, but not every term the same way:
   gradient. So one copy beside the saved one, two when a replica's micro-batch has several
   samples.
 
+- Gradient buckets (``CostModel.static_bytes``). autoplan's runtime wraps a replicated
+  stage in DDP (``autoplan.runtime.data_parallel``), whose reducer allocates flat buckets
+  (25 MiB each) holding every gradient once more beside the parameters' ``.grad`` (its
+  ``gradient_as_bucket_view`` is off), from the wrapping on: with replicas at ZeRO 0 or 1, a
+  GPU holds its gradients twice. DeepSpeed's engine (ZeRO 0) flattens the gradients into a
+  temporary buffer for the all-reduce after the last backward, when the activations are
+  freed: it does not add to the peak.
+
 Everything else (blocking pipeline transfers, the 1F1B order, tp collectives, the optimizer
 step) is costed the same for both; ``autoplan.cost.model`` says where its forms are
 conservative for autoplan's runtime.
@@ -48,6 +56,8 @@ class EngineTraits:
     # micro-batch of several samples adds a contiguous copy of transposed logits.
     loss_temporaries: int
     copies_transposed_logits: bool
+    # Whether replicated stages keep a second copy of their gradients in all-reduce buckets.
+    keeps_gradient_buckets: bool
 
     def loss_copies(self, one_sample: bool) -> int:
         """Logits-sized fp32 temporaries of the loss, for a micro-batch of one sample or more
@@ -57,9 +67,15 @@ class EngineTraits:
 
 ENGINES: dict[Engine, EngineTraits] = {
     "autoplan": EngineTraits(
-        overlaps_grad_reduce=True, loss_temporaries=2, copies_transposed_logits=False
+        overlaps_grad_reduce=True,
+        loss_temporaries=2,
+        copies_transposed_logits=False,
+        keeps_gradient_buckets=True,
     ),
     "megatron-deepspeed": EngineTraits(
-        overlaps_grad_reduce=False, loss_temporaries=1, copies_transposed_logits=True
+        overlaps_grad_reduce=False,
+        loss_temporaries=1,
+        copies_transposed_logits=True,
+        keeps_gradient_buckets=False,
     ),
 }

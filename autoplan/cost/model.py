@@ -515,6 +515,7 @@ class CostModel:
             int(zero),
             self.dtype_bytes,
             self.optimizer_bytes_per_param,
+            ENGINES[self.engine].keeps_gradient_buckets,
         )
 
     def _sharding_ranks(self, replicas: int) -> int:
@@ -530,6 +531,7 @@ class CostModel:
             int(zero),
             self.dtype_bytes,
             self.optimizer_bytes_per_param,
+            ENGINES[self.engine].keeps_gradient_buckets,
         )
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 (the model lives as long as one solve)

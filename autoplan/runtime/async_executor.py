@@ -104,6 +104,7 @@ class AsyncExecutor:
         self.modules: dict[int, nn.Module] = {index: model}
         self.sync.check_layout(self.modules, {index: replica})
         self.models: list[nn.Module] = [model]
+        self.data_parallel_modules: list[nn.Module] = []  # no DDP: its own gradient sync
         self.params = list(model.parameters())
         self.optimizer = _TimedSGD(
             self.params,

@@ -30,6 +30,9 @@ class Executor(Protocol):
     models: list[nn.Module]
     """This rank's stage modules, unwrapped (parameter names as in the whole model)."""
     optimizers: list[Optimizer]
+    data_parallel_modules: list[nn.Module]
+    """This rank's stage modules as wrapped for data parallelism where the wrapper holds
+    memory of its own (DDP's gradient buckets: ``memory.gradient_bucket_bytes``); else empty."""
 
     def run(self, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor) -> float:
         """Forward and backward of the global batch's micro-batches on this rank's stages,

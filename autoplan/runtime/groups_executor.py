@@ -110,6 +110,7 @@ class GroupsExecutor:
         replica_of = {stage.index: stage.replicas[place.replica] for stage in my_stages}
         self.sync.check_layout(self.modules, replica_of)
         self.models: list[nn.Module] = models
+        self.data_parallel_modules: list[nn.Module] = []  # no DDP: its own gradient sync
         replica = my_stages[0].replicas[place.replica]
         # Logits come split by vocabulary on a tp replica of the last stage (tensor_parallel).
         self.split_vocabulary = replica.tensor_parallel_degree > 1

@@ -4,6 +4,8 @@ The peak is CUDA's ``max_memory_allocated`` on a GPU; on CPU only the process's 
 set size exists, which includes Python and torch themselves (some 300 MB), so the model-state
 bytes (parameters, gradients and optimizer states, as this rank holds them after sharding) are
 measured too: they compare directly with the plan's weights + gradients + optimizer estimate.
+DDP's gradient buckets count with the gradients (``gradient_bucket_bytes``): the cost model
+counts them there (``autoplan.cost.engines``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import sys
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from autoplan.runtime.mixed_precision import MasterWeightAdamW
 
-__all__ = ["model_state_bytes", "peak_memory_bytes"]
+__all__ = ["gradient_bucket_bytes", "model_state_bytes", "peak_memory_bytes"]
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -34,13 +37,27 @@ def _local_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
+def gradient_bucket_bytes(module: nn.Module) -> int:
+    """Bytes of the flat gradient buckets DDP's reducer allocated for ``module`` (0 for any
+    other module, and where the gradients are views into the buckets). Read from DDP's own
+    logging data (torch 2.13's ``_get_ddp_logging_data``: its ``bucket_sizes`` in bytes)."""
+    if not isinstance(module, DistributedDataParallel):
+        return 0
+    data = module._get_ddp_logging_data()
+    if data.get("gradient_as_bucket_view"):
+        return 0
+    return sum(int(size) for size in str(data.get("bucket_sizes", "")).split(",") if size)
+
+
 def model_state_bytes(
     models: list[nn.Module],
     optimizers: list[torch.optim.Optimizer | MasterWeightAdamW],
+    data_parallel_modules: list[nn.Module] | None = None,
 ) -> int:
-    """Bytes of this rank's parameters, gradients and optimizer states (its shards only)."""
+    """Bytes of this rank's parameters, gradients and optimizer states (its shards only), and
+    the gradient buckets of its ``data_parallel_modules`` (``gradient_bucket_bytes``)."""
     seen: set[int] = set()
-    total = 0
+    total = sum(gradient_bucket_bytes(m) for m in data_parallel_modules or [])
     for model in models:
         for param in model.parameters():
             if id(param) in seen:

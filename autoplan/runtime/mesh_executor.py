@@ -104,6 +104,8 @@ class MeshExecutor:
             for stage, model in zip(my_stages, models, strict=True)
         ]
         self.models: list[nn.Module] = models
+        # As wrapped for data parallelism: DDP's gradient buckets count with the model states.
+        self.data_parallel_modules: list[nn.Module] = list(ranks.modules)
 
         share = plan.stages[0].shares[entry.dp_index]
         weight = self.dp * share * par.num_micro_batches / plan.inputs.global_batch_size

@@ -345,7 +345,7 @@ def train(
         if checkpoint is not None and checkpoint.saves_after(step + 1, steps):
             info = _checkpoint_info(plan, step + 1, seed)
             save_checkpoint(checkpoint, step + 1, engine, info, loss_scale)
-    states = model_state_bytes(engine.models, engine.optimizers)
+    states = model_state_bytes(engine.models, engine.optimizers, engine.data_parallel_modules)
     return _report(plan, engine, records, states)
 
 
