@@ -67,13 +67,17 @@ def _contiguous(seq: tuple[int, ...]) -> bool:
     return True
 
 
-def brute_force(model, batch: int, options: SolveOptions) -> float:
+def brute_force(
+    model, batch: int, options: SolveOptions, levels: tuple[int, ...] = (0, 1)
+) -> float:
+    """The fastest feasible plan over every (tp, dp, micro-batch, pp, schedule, split, mode)
+    with every stage at one of ZeRO ``levels`` where dp > 1 (0 otherwise)."""
     best = math.inf
     n = model.num_layers
     for tp in tp_choices(model, options):
         for dp in divisors(batch):
             caps = class_caps(model, tp, dp)
-            for zero1 in [False, True] if dp > 1 else [False]:
+            for zero1 in levels if dp > 1 else (0,):
                 for mbs in micro_batch_choices(batch // dp, options):
                     m = batch // (dp * mbs)
                     for pp in pipeline_degrees(n, options):

@@ -23,10 +23,13 @@ shortest last backward hides, plus the slowest group's optimizer step (memory-bo
 read and written, gradient read, weight written; divided by the replicas under ZeRO-1) and the
 type's ``step_overhead_ms``.
 
-Memory of one GPU of a group = weights + gradients (training dtype) + Adam states (divided by
-the stage's replicas under ZeRO-1; ZeRO-2/3 shard more and cost per-micro-batch collectives:
-``autoplan.cost.sharding``) + saved activations of the micro-batches in flight + the
-largest transient; it must stay within the device memory less the type's reserve.
+Memory of one GPU of a group = weights + gradients (training dtype; twice where the engine
+keeps gradient buckets: DDP's, with replicas at ZeRO 0/1) + Adam states (divided by the
+stage's replicas under ZeRO-1; ZeRO-2/3 shard more and cost per-micro-batch collectives:
+``autoplan.cost.sharding``) + saved activations of the micro-batches in flight + the largest
+transient (a head's: its loss's logits-sized temporaries, by engine: ``transient_bytes``); it
+must stay within the device memory less the type's reserve. ``autoplan.cost.engines`` says
+where autoplan's runtime and Megatron-DeepSpeed differ in these terms.
 
 Context parallelism (``ReplicaGroup.cp`` = c, ``autoplan.cost.context_parallel``): each replica
 is tp × c GPUs, each cp rank runs 1/c of every sample's tokens, and the gradient reduction,
