@@ -13,6 +13,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import annotated_types
+from pydantic import BaseModel
+
 from autoplan.checks import all_plan_problems, model_name_syntax_problem
 from autoplan.cluster.catalog import (
     example_cluster_path,
@@ -32,6 +35,7 @@ __all__ = [
     "PathLike",
     "catalog_path",
     "check_bounds",
+    "check_flags",
     "checked_plan",
     "cluster_path",
     "read_cluster",
@@ -114,4 +118,32 @@ def check_bounds(values: dict[str, tuple[float | None, float, float]]) -> None:
         if value < low:
             raise InputError(f"{flag} must be at least {_number(low)}, got {value}")
         if value > high:
+            raise InputError(f"{flag} {value} exceeds the maximum, {_number(high)}")
+
+
+def check_flags(model: type[BaseModel], flags: dict[str, tuple[str, float | None]]) -> None:
+    """Each ``flag: (field, value)`` within the bounds ``model`` declares for ``field`` (its
+    ``ge``/``gt`` and ``le``): a bound is written once, in the schema, and a command's error
+    names its flag. None: not given; NaN is refused."""
+    for flag, (name, value) in flags.items():
+        if value is None:
+            continue
+        if value != value:  # NaN compares unequal to itself
+            raise InputError(f"{flag} must be a number, got {value}")
+        low: float | None = None
+        high: float | None = None
+        exclusive = False  # gt rather than ge
+        # The schemas' numeric bounds (annotated_types types them as any comparable).
+        for bound in model.model_fields[name].metadata:
+            if isinstance(bound, annotated_types.Ge) and isinstance(bound.ge, int | float):
+                low = bound.ge
+            elif isinstance(bound, annotated_types.Gt) and isinstance(bound.gt, int | float):
+                low, exclusive = bound.gt, True
+            elif isinstance(bound, annotated_types.Le) and isinstance(bound.le, int | float):
+                high = bound.le
+        if low is not None and exclusive and value <= low:
+            raise InputError(f"{flag} must be more than {_number(low)}, got {value}")
+        if low is not None and not exclusive and value < low:
+            raise InputError(f"{flag} must be at least {_number(low)}, got {value}")
+        if high is not None and value > high:
             raise InputError(f"{flag} {value} exceeds the maximum, {_number(high)}")

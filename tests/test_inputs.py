@@ -62,3 +62,25 @@ def test_a_broken_plan_file_names_its_first_problem_and_keeps_them_all(tmp_path:
         checked_plan(_broken_plan())
     good = make_plan([2, 2], data_parallel=2)
     assert checked_plan(good) is good
+
+
+def test_flags_are_checked_against_the_bounds_their_schema_declares() -> None:
+    from pydantic import ValidationError
+
+    from autoplan import limits
+    from autoplan.inputs import check_flags
+    from autoplan.solve.options import SolveOptions
+
+    with pytest.raises(InputError, match=r"^--tp must be at least 1, got 0$"):
+        check_flags(SolveOptions, {"--tp": ("tp", 0)})
+    too_deep = limits.MAX_PIPELINE_DEGREE + 1
+    with pytest.raises(InputError, match=rf"^--pp {too_deep} exceeds the maximum, "):
+        check_flags(SolveOptions, {"--pp": ("pp", too_deep)})
+    with pytest.raises(InputError, match=r"^--time-limit must be more than 0, got 0$"):
+        check_flags(SolveOptions, {"--time-limit": ("time_limit_s", 0)})
+    with pytest.raises(InputError, match=r"^--time-limit must be a number, got nan$"):
+        check_flags(SolveOptions, {"--time-limit": ("time_limit_s", float("nan"))})
+    check_flags(SolveOptions, {"--tp": ("tp", None), "--pp": ("pp", limits.MAX_PIPELINE_DEGREE)})
+    # The same bound is the API's: one declaration for both.
+    with pytest.raises(ValidationError):
+        SolveOptions(pp=too_deep)

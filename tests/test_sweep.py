@@ -233,7 +233,7 @@ def test_the_command_prints_rows_and_writes_csv_and_png(tmp_path: Path) -> None:
         (["--nodes", "2", "--price", "A100-80GB=cheap"], "--price takes TYPE=USD_PER_HOUR"),
         (["--nodes", "2", "--price", "A100-80GB=1"], "no price for V100-32GB"),
         (["--nodes", "2", "--tokens", "nan"], "--tokens must be 1 to"),
-        (["--nodes", "2", "--time-limit", "0"], "--time-limit must be at least 0.001"),
+        (["--nodes", "2", "--time-limit", "0"], "--time-limit must be more than 0"),
         (["--nodes", "2", "--space", "flat"], "space"),
         (["--nodes", "2", "--tokens", "many"], "Invalid value for '--tokens'"),
     ],

@@ -8,12 +8,11 @@ from typing import Annotated
 
 import typer
 
-from autoplan import limits
 from autoplan.cli.app import command, output_console
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, read_json_model, write_json_model
-from autoplan.inputs import catalog_path, check_bounds, cluster_path, read_cluster, read_profile
-from autoplan.plan.schema import Plan
+from autoplan.inputs import catalog_path, check_flags, cluster_path, read_cluster, read_profile
+from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.plan.stage_spec import megatron_stage_specs
 from autoplan.view import print_document, solve_summary
 from autoplan.view.plan_tables import plan_precision_warnings
@@ -117,17 +116,20 @@ def cost(
     # PuLP and NumPy come with the solver: imported here, so that `autoplan --help` and the
     # small commands start without them.
     from autoplan.api import price
+    from autoplan.solve.options import SolveOptions
 
-    check_bounds(
+    # The bounds the schemas declare, checked with the flags' names.
+    check_flags(
+        SolveOptions,
         {
-            "--tp": (tp, 1, limits.MAX_GPUS_PER_NODE),
-            "--pp": (pp, 1, limits.MAX_PIPELINE_DEGREE),
-            "--dp": (dp, 1, limits.MAX_CLUSTER_GPUS),
-            "--micro-batch-size": (micro_batch_size, 1, limits.MAX_MICRO_BATCH_SIZE),
-            "--global-batch": (global_batch, 1, limits.MAX_GLOBAL_BATCH_SIZE),
-            "--num-micro-batches": (num_micro_batches, 1, limits.MAX_NUM_MICRO_BATCHES),
-        }
+            "--tp": ("tp", tp),
+            "--pp": ("pp", pp),
+            "--dp": ("dp", dp),
+            "--micro-batch-size": ("micro_batch_size", micro_batch_size),
+        },
     )
+    check_flags(PlanInputs, {"--global-batch": ("global_batch_size", global_batch)})
+    check_flags(SolveOptions, {"--num-micro-batches": ("num_micro_batches", num_micro_batches)})
     megatron = any(v is not None for v in (tp, dp, layer_split, gpu_type)) or (
         pp is not None and plan_path is None and stages is None
     )

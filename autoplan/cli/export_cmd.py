@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from autoplan import limits
 from autoplan.cli.app import command
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model, write_text_atomic
-from autoplan.inputs import check_bounds, read_plan, read_profile
+from autoplan.inputs import check_flags, read_plan, read_profile
 from autoplan.names import printable
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import Profile
@@ -113,8 +112,9 @@ def export_command(
     # small commands start without them.
     from autoplan.export import EXPORTERS, export_plan, layer_kinds
     from autoplan.export.best import best_expressible
+    from autoplan.solve.options import SolveOptions
 
-    check_bounds({"--time-limit": (time_limit, 0.001, limits.MAX_TIME_LIMIT_S)})
+    check_flags(SolveOptions, {"--time-limit": ("time_limit_s", time_limit)})
     if plan_out is not None and best is None:
         raise InputError("--plan-out writes the re-solved plan: it needs --best-expressible")
     if profile is not None and best is not None:

@@ -21,8 +21,16 @@ from autoplan import limits
 from autoplan.cli.app import command, exit_fast_when_done, output_console
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, file_sha256, write_json_model
-from autoplan.inputs import catalog_path, check_bounds, cluster_path, read_cluster, read_profile
+from autoplan.inputs import (
+    catalog_path,
+    check_bounds,
+    check_flags,
+    cluster_path,
+    read_cluster,
+    read_profile,
+)
 from autoplan.limits import GIB
+from autoplan.plan.schema import PlanInputs
 from autoplan.view import print_document, solve_summary
 from autoplan.view.units import duration_text
 
@@ -81,18 +89,22 @@ def _check_sizes(
     top_k: int,
     time_limit: float,
 ) -> None:
-    """Every number the user gives within autoplan.limits (one line naming the flag)."""
-    check_bounds(
+    """Every number the user gives within the bounds its schema field declares (one line
+    naming the flag), before any file is read."""
+    from autoplan.solve.options import SolveOptions
+
+    check_flags(PlanInputs, {"--global-batch": ("global_batch_size", global_batch)})
+    check_flags(
+        SolveOptions,
         {
-            "--global-batch": (global_batch, 1, limits.MAX_GLOBAL_BATCH_SIZE),
-            "--tp": (tp, 1, limits.MAX_GPUS_PER_NODE),
-            "--pp": (pp, 1, limits.MAX_PIPELINE_DEGREE),
-            "--dp": (dp, 1, limits.MAX_CLUSTER_GPUS),
-            "--micro-batch-size": (micro_batch_size, 1, limits.MAX_MICRO_BATCH_SIZE),
-            "--num-micro-batches": (num_micro_batches, 1, limits.MAX_NUM_MICRO_BATCHES),
-            "--top-k": (top_k, 1, limits.MAX_TOP_K),
-            "--time-limit": (time_limit, 0.001, limits.MAX_TIME_LIMIT_S),
-        }
+            "--tp": ("tp", tp),
+            "--pp": ("pp", pp),
+            "--dp": ("dp", dp),
+            "--micro-batch-size": ("micro_batch_size", micro_batch_size),
+            "--num-micro-batches": ("num_micro_batches", num_micro_batches),
+            "--top-k": ("top_k", top_k),
+            "--time-limit": ("time_limit_s", time_limit),
+        },
     )
 
 

@@ -23,7 +23,7 @@ from autoplan.cli.app import command, exit_fast_when_done
 from autoplan.cli.view_cmd import Format, FormatOption
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, check_outputs, file_sha256
-from autoplan.inputs import catalog_path, check_bounds, cluster_path, read_cluster, read_profile
+from autoplan.inputs import catalog_path, check_flags, cluster_path, read_cluster, read_profile
 from autoplan.names import shown
 
 __all__ = ["sweep"]
@@ -170,7 +170,7 @@ def sweep(
     from autoplan.view.units import count_text
 
     tokens = DEFAULT_TRAIN_TOKENS if tokens is None else tokens
-    check_bounds({"--time-limit": (time_limit, 0.001, limits.MAX_TIME_LIMIT_S)})
+    check_flags(SolveOptions, {"--time-limit": ("time_limit_s", time_limit)})
     if not 0 <= gap < 1:
         raise InputError(f"--gap must be in [0, 1) (a fraction: 0.01 is 1%); got {gap:g}")
     node_counts = _int_list("--nodes", nodes)

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from autoplan import limits
 from autoplan.plan.schema import Recompute
 from autoplan.schedule.names import ScheduleName
 
@@ -20,11 +21,21 @@ class SolveOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tp: int | None = Field(default=None, ge=1, description="Tensor-parallel degree.")
-    pp: int | None = Field(default=None, ge=1, description="Pipeline ranks.")
-    dp: int | None = Field(default=None, ge=1, description="Data-parallel replicas.")
-    micro_batch_size: int | None = Field(default=None, ge=1, description="Samples per micro-batch.")
-    num_micro_batches: int | None = Field(default=None, ge=1, description="Micro-batches.")
+    tp: int | None = Field(
+        default=None, ge=1, le=limits.MAX_GPUS_PER_NODE, description="Tensor-parallel degree."
+    )
+    pp: int | None = Field(
+        default=None, ge=1, le=limits.MAX_PIPELINE_DEGREE, description="Pipeline ranks."
+    )
+    dp: int | None = Field(
+        default=None, ge=1, le=limits.MAX_CLUSTER_GPUS, description="Data-parallel replicas."
+    )
+    micro_batch_size: int | None = Field(
+        default=None, ge=1, le=limits.MAX_MICRO_BATCH_SIZE, description="Samples per micro-batch."
+    )
+    num_micro_batches: int | None = Field(
+        default=None, ge=1, le=limits.MAX_NUM_MICRO_BATCHES, description="Micro-batches."
+    )
     schedule: ScheduleName | None = Field(default=None, description="Pipeline schedule.")
     recompute: Recompute | None = Field(default=None, description="Recompute for every stage.")
     zero1: bool | None = Field(default=None, description="ZeRO-1 optimizer sharding.")
@@ -64,8 +75,18 @@ class SolveOptions(BaseModel):
         default=None, description="Layers per stage (pins pp to its length)."
     )
     strategy: Strategy = Field(default="optimal", description="Search or a baseline.")
-    top_k: int = Field(default=3, ge=1, description="Alternatives to report (besides the best).")
-    time_limit_s: float = Field(default=60.0, gt=0, description="Wall-clock limit of the search.")
+    top_k: int = Field(
+        default=3,
+        ge=1,
+        le=limits.MAX_TOP_K,
+        description="Alternatives to report (besides the best).",
+    )
+    time_limit_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=limits.MAX_TIME_LIMIT_S,
+        description="Wall-clock limit of the search.",
+    )
     gap: float = Field(
         default=0.0,
         ge=0,
