@@ -12,11 +12,10 @@ from rich.table import Table
 from typer import _click
 from typer.core import TyperCommand
 
-from autoplan import limits
 from autoplan.cli.app import EXIT_BAD_INPUT, command, output_console
 from autoplan.errors import AutoplanError, InputError
 from autoplan.files import check_outputs, read_json_model, write_json_model
-from autoplan.inputs import check_bounds
+from autoplan.inputs import check_bounds, check_flags
 from autoplan.limits import GIB
 from autoplan.profile.schema import DType, Granularity, Profile
 
@@ -212,13 +211,10 @@ def profile(
 
     `autoplan profile import TABLE --profile P -o OUT` attaches measured per-layer times.
     """
-    check_bounds(
-        {
-            "--seq": (seq, 1, limits.MAX_SEQ_LEN),
-            "--micro-batch": (micro_batch, 1, limits.MAX_MICRO_BATCH_SIZE),
-            "--tp-divisor": (tp_divisor, 1, 1 << 20),
-        }
+    check_flags(
+        Profile, {"--seq": ("seq_len", seq), "--micro-batch": ("micro_batch_size", micro_batch)}
     )
+    check_bounds({"--tp-divisor": (tp_divisor, 1, 1 << 20)})
     check_outputs({"--output": output})
     # torch is imported here, not at module level: `autoplan solve` loads every command module
     # and must start without torch.
