@@ -161,18 +161,21 @@ class _StageCoster:
         static = (t.params[j] - t.params[i]) * self.static_per_param[level]
         flight = self.flight[s]
         capacity = self.capacity[s] - self.zero_transient[level]
-        best, best_ms = None, 0.0
-        for mode in self.modes:
+        if static > capacity:
+            return None  # every mode holds the same parameters
+        # The fastest mode that fits (with offload the order is the hardware's): the modes by
+        # their time, ties in the space's order (a stable sort), the first that fits; slower
+        # modes' memory is never looked at.
+        for mode in sorted(self.modes, key=lambda mode: t.span_work(mode, i, j)):
             saved = t.saved[mode]
             used = static + flight * (saved[j] - saved[i])
+            if used > capacity:
+                continue
             if flight * (t.parked[mode][j] - t.parked[mode][i]) > self.host_budget[s]:
                 continue  # offload parks more than the GPU's share of host memory
-            if used <= capacity and used + self._range_max(s, mode, i, j) <= capacity:
-                # The fastest mode that fits (with offload the order is the hardware's).
-                work = t.span_work(mode, i, j)
-                if best is None or work < best_ms:
-                    best, best_ms = mode, work
-        return best
+            if used + self._range_max(s, mode, i, j) <= capacity:
+                return mode
+        return None
 
     def _edges(self, s: int, i: int, j: int) -> float:
         """Stage s's sequence-parallel all-gathers per pass on [i, j) (zero without SP or tp):
