@@ -158,6 +158,14 @@ def test_measured_runs_are_predicted_within_the_bench_bounds() -> None:
     assert max(abs(e) for e in catalog) <= 0.25, catalog
     assert max(abs(e) for e in layers if e is not None) <= 0.25, layers
     assert statistics.median(abs(e) for e in layers if e is not None) <= 0.10
+    # The gradient all-reduce alone, where it is most of the iteration (runs 31 and 34: tp 8
+    # replicas reducing over 2.9 GB/s between nodes): within 10% of the measured term.
+    by_name = {r.run: r for r in report.runs}
+    for name in ("run-31", "run-34"):
+        run = by_name[name]
+        assert run.measured_grad_allreduce_s is not None
+        ratio = run.predicted_grad_allreduce_s / run.measured_grad_allreduce_s
+        assert abs(ratio - 1) <= 0.10, (name, ratio)
 
 
 def test_megatron_table_1_within_ten_percent() -> None:

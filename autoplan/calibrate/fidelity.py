@@ -54,7 +54,7 @@ __all__ = [
     "shipped_profile",
 ]
 
-FIDELITY_SCHEMA_VERSION = 3  # 2: the engine; 3: memory columns
+FIDELITY_SCHEMA_VERSION = 4  # 2: the engine; 3: memory columns; 4: the gradient all-reduce
 
 
 class FidelityRun(BaseModel):
@@ -95,6 +95,14 @@ class FidelityRun(BaseModel):
     memory_error: float | None = Field(
         default=None,
         description="predicted_memory_with_reserve_gib / measured_memory_gib − 1.",
+    )
+    measured_grad_allreduce_s: float | None = Field(
+        default=None, ge=0, description="The run's measured gradient all-reduce, where recorded."
+    )
+    predicted_grad_allreduce_s: float = Field(
+        ge=0,
+        description="The catalog model's gradient all-reduce of the stage whose is longest (the "
+        "term alone, whatever of it the engine hides).",
     )
 
 
@@ -265,6 +273,8 @@ def fidelity_report(
                 predicted_memory_gib=peak / GIB,
                 predicted_memory_with_reserve_gib=with_reserve / GIB,
                 memory_error=(None if not measured_gib else with_reserve / GIB / measured_gib - 1),
+                measured_grad_allreduce_s=run.measured_grad_allreduce_s,
+                predicted_grad_allreduce_s=max(catalog.rank_allreduce_ms, default=0.0) / 1e3,
             )
         )
     if not out:

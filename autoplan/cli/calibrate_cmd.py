@@ -136,6 +136,25 @@ def _memory_table(report: FidelityReport) -> Table | None:
     return table
 
 
+def _allreduce_table(report: FidelityReport) -> Table | None:
+    """The gradient all-reduce alone, measured against the model's, for the runs that record
+    it (None when none does): one term of the iteration checked by itself."""
+    rows = [r for r in report.runs if r.measured_grad_allreduce_s is not None]
+    if not rows:
+        return None
+    table = Table(title="gradient all-reduce, measured vs the model's (longest stage's, catalog)")
+    for column in ("run", "plan", "measured ms", "model ms"):
+        table.add_column(column, justify="left" if column in ("run", "plan") else "right")
+    for run in rows:
+        table.add_row(
+            run.run,
+            run.stages,
+            f"{(run.measured_grad_allreduce_s or 0.0) * 1e3:.1f}",
+            f"{run.predicted_grad_allreduce_s * 1e3:.1f}",
+        )
+    return table
+
+
 @command("fidelity")
 def fidelity_command(
     runs: Annotated[Path, typer.Argument(help="Measured runs (CSV: run, cluster_file, stages…).")],
@@ -202,6 +221,7 @@ def fidelity_command(
             ]
         table.add_row(*cells)
     memory = _memory_table(report)
+    allreduce = _allreduce_table(report)
     summary = Table(title="median |error| and worst error")
     columns = ["group", "runs", "catalog median", "worst", "with layers median", "worst"]
     if memory is not None:
@@ -229,6 +249,8 @@ def fidelity_command(
     console.print(table)
     if memory is not None:
         console.print(memory)
+    if allreduce is not None:
+        console.print(allreduce)
     console.print(summary)
     if output is not None:
         console.print(f"wrote {output}")
