@@ -30,6 +30,7 @@ from autoplan.files import read_json_model, write_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.async_executor import AsyncExecutor
 from autoplan.runtime.async_stage import run_distributed
+from autoplan.runtime.executor_protocol import RankSetup
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.trainer import train
 from autoplan.runtime.world import exit_process
@@ -90,9 +91,8 @@ def _plan_cases(out_dir: Path, rank: int) -> None:
             dist.barrier()
             continue
         entry = check_launch(plan, LaunchEnv.from_environ().in_plan(plan))
-        engine = AsyncExecutor(
-            plan, entry, torch.device("cpu"), 0, plans.LR, zero_delay=case["zero_delay"]
-        )
+        setup = RankSetup(plan, entry, torch.device("cpu"), 0, plans.LR)
+        engine = AsyncExecutor(setup, zero_delay=case["zero_delay"])
         records = engine.train(plans.batches(plan, case["steps"]))
         params = {
             # full_tensor is a collective of the tp group: its ranks run it in one order.

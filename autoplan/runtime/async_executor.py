@@ -38,9 +38,9 @@ import torch.distributed as dist
 from torch import nn
 
 from autoplan.errors import InputError
-from autoplan.plan.schema import Plan, RankEntry
 from autoplan.runtime.async_stage import AsyncStageWorker
 from autoplan.runtime.data import Batch, sample_rows
+from autoplan.runtime.executor_protocol import RankSetup
 from autoplan.runtime.grad_sync import GradientSync, parameter_families
 from autoplan.runtime.groups_executor import group_rank_sets
 from autoplan.runtime.loss import loss_context, loss_function
@@ -74,16 +74,9 @@ class AsyncExecutor:
 
     name = "async"
 
-    def __init__(
-        self,
-        plan: Plan,
-        entry: RankEntry,
-        device: torch.device,
-        seed: int,
-        learning_rate: float,
-        *,
-        zero_delay: bool = False,
-    ) -> None:
+    def __init__(self, setup: RankSetup, *, zero_delay: bool = False) -> None:
+        plan, entry, device = setup.plan, setup.entry, setup.device
+        seed, learning_rate = setup.seed, setup.learning_rate
         settings = plan.parallelism.async_pb
         if settings is None:
             raise InputError(f"schedule {plan.parallelism.schedule!r} is not async_pb")

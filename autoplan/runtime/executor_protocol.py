@@ -9,16 +9,32 @@ calls the optimizers and reports.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from autoplan.runtime.mixed_precision import MasterWeightAdamW
+from autoplan.plan.schema import Plan, RankEntry
+from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
 
-__all__ = ["Executor", "Optimizer"]
+__all__ = ["Executor", "Optimizer", "RankSetup"]
 
 Optimizer = torch.optim.Optimizer | MasterWeightAdamW
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """What every executor is built from: the plan, this rank's entry in its rank map, the
+    device, the seed every rank builds the same initial model from, the learning rate and,
+    for fp16 plans, the loss scale."""
+
+    plan: Plan
+    entry: RankEntry
+    device: torch.device
+    seed: int
+    learning_rate: float
+    loss_scale: DynamicLossScale | None = None
 
 
 class Executor(Protocol):

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autoplan.plan.schema import Plan, RankEntry, Stage
+from autoplan.plan.schema import Plan, Stage
 from autoplan.runtime.action_list import ActionListRunner, loss_weight
-from autoplan.runtime.executor_protocol import Optimizer
+from autoplan.runtime.executor_protocol import Optimizer, RankSetup
 from autoplan.runtime.expert_parallel import (
     expert_families,
     expert_rank_sets,
@@ -37,7 +37,7 @@ from autoplan.runtime.expert_parallel import (
 from autoplan.runtime.fsdp import fsdp_families, is_sharded
 from autoplan.runtime.grad_sync import GradientSync, parameter_families
 from autoplan.runtime.loss import loss_context, loss_function
-from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
+from autoplan.runtime.mixed_precision import MasterWeightAdamW
 from autoplan.runtime.model_stage import meta_model
 from autoplan.runtime.parallelize import parallelize
 from autoplan.runtime.placement import rank_place
@@ -77,15 +77,9 @@ class GroupsExecutor:
 
     name = "groups"
 
-    def __init__(
-        self,
-        plan: Plan,
-        entry: RankEntry,
-        device: torch.device,
-        seed: int,
-        learning_rate: float,
-        loss_scale: DynamicLossScale | None = None,
-    ) -> None:
+    def __init__(self, setup: RankSetup) -> None:
+        plan, entry, device = setup.plan, setup.entry, setup.device
+        seed, learning_rate, loss_scale = setup.seed, setup.learning_rate, setup.loss_scale
         self.plan = plan
         self.device = device
         place = rank_place(plan, entry.rank)

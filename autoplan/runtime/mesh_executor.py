@@ -30,13 +30,11 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
-from autoplan.plan.schema import Plan, RankEntry
 from autoplan.runtime.context_parallel import shard_sequence
 from autoplan.runtime.data import replica_rows
 from autoplan.runtime.data_parallel import make_optimizer
-from autoplan.runtime.executor_protocol import Optimizer
+from autoplan.runtime.executor_protocol import Optimizer, RankSetup
 from autoplan.runtime.loss import loss_context, loss_function
-from autoplan.runtime.mixed_precision import DynamicLossScale
 from autoplan.runtime.parallelize import parallelize
 from autoplan.runtime.placement import rank_place
 from autoplan.runtime.process_groups import build_mesh
@@ -62,15 +60,9 @@ class MeshExecutor:
 
     name = "mesh"
 
-    def __init__(
-        self,
-        plan: Plan,
-        entry: RankEntry,
-        device: torch.device,
-        seed: int,
-        learning_rate: float,
-        loss_scale: DynamicLossScale | None = None,
-    ) -> None:
+    def __init__(self, setup: RankSetup) -> None:
+        plan, entry, device = setup.plan, setup.entry, setup.device
+        seed, learning_rate, loss_scale = setup.seed, setup.learning_rate, setup.loss_scale
         uniform = plan.mesh_shape()
         assert uniform is not None, "the mesh executor runs uniform plans"
         self.dp, self.cp, self.tp = uniform

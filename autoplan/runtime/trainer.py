@@ -42,7 +42,7 @@ from autoplan.runtime.checkpoint import (
 )
 from autoplan.runtime.data import Batch, training_batches
 from autoplan.runtime.device_check import check_device
-from autoplan.runtime.executor_protocol import Executor
+from autoplan.runtime.executor_protocol import Executor, RankSetup
 from autoplan.runtime.launch_check import LaunchEnv, check_launch
 from autoplan.runtime.memory import model_state_bytes, peak_memory_bytes
 from autoplan.runtime.mixed_precision import DynamicLossScale, MasterWeightAdamW
@@ -135,6 +135,7 @@ def _engine(
     device = local_device(env)
     check_device(plan, entry, device)
     init_distributed(env, device)
+    setup = RankSetup(plan, entry, device, seed, learning_rate, loss_scale)
     if asynchronous:  # no flush, a step per micro-batch: its own executor
         if loss_scale is not None:
             raise InputError(
@@ -143,14 +144,14 @@ def _engine(
             )
         from autoplan.runtime.async_executor import AsyncExecutor
 
-        return AsyncExecutor(plan, entry, device, seed, learning_rate)  # type: ignore[return-value]
+        return AsyncExecutor(setup)  # type: ignore[return-value]
     if kind == "mesh":
         from autoplan.runtime.mesh_executor import MeshExecutor
 
-        return MeshExecutor(plan, entry, device, seed, learning_rate, loss_scale)
+        return MeshExecutor(setup)
     from autoplan.runtime.groups_executor import GroupsExecutor
 
-    return GroupsExecutor(plan, entry, device, seed, learning_rate, loss_scale)
+    return GroupsExecutor(setup)
 
 
 def _scaled_step(engine: Executor, loss_scale: DynamicLossScale, share: float, step: int) -> float:
