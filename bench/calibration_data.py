@@ -51,7 +51,6 @@ __all__ = [
     "Row",
     "calibration_profiles",
     "infer_precision",
-    "plain_opt_30",
     "plain_opt_350",
     "predict_row",
     "read_rows",
@@ -149,11 +148,6 @@ def sailor_gpt_neo_2_7b(batch_size: int, seq_len: int) -> Any:
 def plain_opt_350(batch_size: int, seq_len: int) -> Any:
     """OPT-350's shape as the zoo's GPT (torch's embedding and cross-entropy)."""
     return _sailor_gpt(24, 1024, 16, batch_size, seq_len, megatron=False)
-
-
-def plain_opt_30(batch_size: int, seq_len: int) -> Any:
-    """OPT-30's shape as the zoo's GPT (torch's embedding and cross-entropy)."""
-    return _sailor_gpt(48, 7168, 56, batch_size, seq_len, megatron=False)
 
 
 # CSV model → (factory, tensor-parallel divisor: gcd of heads and MLP size).

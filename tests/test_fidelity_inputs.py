@@ -10,7 +10,7 @@ import pytest
 from autoplan.api import cost_plan
 from autoplan.calibrate.fidelity import fidelity_report, shipped_profile
 from autoplan.calibrate.measured_runs import read_measured_runs
-from autoplan.errors import InputError, PlanInvalidError
+from autoplan.errors import InputError
 from autoplan.files import read_json_model
 from autoplan.profile.schema import Profile
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
@@ -71,17 +71,25 @@ def _profile_of(tp_divides: int | None) -> Profile:
 
 def test_tp_on_a_profile_without_a_tensor_parallel_split_is_refused() -> None:
     """A factory model profiled without --tp-divisor has no split: every tp rank would run its
-    layers whole, so a plan with tp > 1 is invalid rather than priced as if sharded."""
+    layers whole, so tp > 1 is refused rather than priced as if sharded: when a configuration
+    is built (``autoplan cost --stages``, ``autoplan fidelity``) and by the validator (a plan
+    file)."""
+    from autoplan.plan.validate import plan_problems
+    from autoplan.profile.profiler import profile_model
+
     cluster = make_cluster([("a", gpu("G", 100.0, 80.0), 4, 1)])
-    stages = "G:L0-3:tp2:dp2"
-    with pytest.raises(PlanInvalidError, match="no tensor-parallel split"):
-        cost_plan(_profile_of(None), cluster, stages=stages, global_batch=8)
-    # With the split the same configuration passes this rule (a synthetic model is not one
-    # the runtime can build, which the validator says apart).
-    with pytest.raises(PlanInvalidError) as refused:
-        cost_plan(_profile_of(4), cluster, stages=stages, global_batch=8)
-    assert "unknown model 'synthetic'" in str(refused.value)
-    assert "tensor-parallel split" not in str(refused.value)
+    with pytest.raises(InputError, match="tp 2 needs the profile's tensor-parallel split"):
+        cost_plan(_profile_of(None), cluster, stages="G:L0-3:tp2:dp2", global_batch=8)
+    tiny = profile_model("gpt-tiny", seq_len=16, micro_batch_size=1, dtype="fp32")
+    plan = cost_plan(tiny, "cpu-local", stages="cpu:L0-5:tp2:dp2", global_batch=4)
+    assert not [p for p in plan_problems(plan, tiny) if "tensor-parallel split" in p]
+    unsplit = tiny.model_copy(
+        update={
+            "layers": [layer.model_copy(update={"tensor_parallel": None}) for layer in tiny.layers]
+        }
+    )
+    problems = plan_problems(plan, unsplit)
+    assert any("no tensor-parallel split" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(

@@ -171,20 +171,13 @@ def read_measured_runs(path: str | Path) -> list[MeasuredRun]:
 
 def pinned_config(run: MeasuredRun, model: CostModel) -> PlanConfig:
     """The run's plan as a configuration of ``model``'s cluster (module docstring)."""
-    config = config_from_specs(
+    return config_from_specs(
         model,
         parse_stages(run.stages),
         global_batch=run.global_batch,
         micro_batch_size=run.micro_batch_per_replica,
         schedule="1f1b",
     )
-    tp = max(g.tp for stage in config.stages for g in stage.groups)
-    if tp > 1 and not any(layer.tensor_parallel for layer in model.profile.layers):
-        raise InputError(
-            f"run {run.name} runs tp {tp} but the profile of {run.model} has no "
-            "tensor-parallel split (profile a factory model with --tp-divisor)"
-        )
-    return config
 
 
 def cost_run(run: MeasuredRun, model: CostModel) -> tuple[PlanConfig, PlanCost]:

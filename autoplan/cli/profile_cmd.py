@@ -15,7 +15,7 @@ from typer.core import TyperCommand
 from autoplan.cli.app import EXIT_BAD_INPUT, command, output_console
 from autoplan.errors import AutoplanError, InputError
 from autoplan.files import check_outputs, read_json_model, write_json_model
-from autoplan.inputs import check_bounds, check_flags
+from autoplan.inputs import check_flags
 from autoplan.limits import GIB
 from autoplan.profile.schema import DType, Granularity, Profile
 
@@ -200,6 +200,7 @@ def profile(
         int | None,
         typer.Option(
             "--tp-divisor",
+            min=1,
             help="A factory model's tensor-parallel limit: what every tp degree must divide "
             "(the gcd of its heads, kv heads and MLP size). Without it a factory model is "
             "profiled without a tensor-parallel split (tp 1 only); zoo and hf: models know "
@@ -214,7 +215,6 @@ def profile(
     check_flags(
         Profile, {"--seq": ("seq_len", seq), "--micro-batch": ("micro_batch_size", micro_batch)}
     )
-    check_bounds({"--tp-divisor": (tp_divisor, 1, 1 << 20)})
     check_outputs({"--output": output})
     # torch is imported here, not at module level: `autoplan solve` loads every command module
     # and must start without torch.

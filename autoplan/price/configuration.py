@@ -275,6 +275,13 @@ def config_from_specs(
             for s, spec in enumerate(specs)
         )
         config = PlanConfig(num_micro_batches, schedule, chunks, stages, sequence_parallel)
+        tp = max(g.tp for stage in stages for g in stage.groups)
+        if tp > 1 and not any(layer.tensor_parallel for layer in model.profile.layers):
+            # Without the split every tp rank would run whole layers: not tensor parallelism.
+            raise InputError(
+                f"tp {tp} needs the profile's tensor-parallel split and this profile has none "
+                "(profile a factory model with --tp-divisor)"
+            )
         try:
             place(model, config)
         except ValueError:
@@ -374,7 +381,12 @@ def price_config(model: CostModel, config: PlanConfig, inputs: PlanInputs) -> Pr
     except ValueError as error:
         raise InputError(f"the stages cannot be placed on the cluster: {error}") from None
     by_engine = {
-        engine: model.with_engine(engine).evaluate(config).iteration_ms for engine in ENGINES
+        engine: (
+            cost.iteration_ms
+            if engine == model.engine
+            else model.with_engine(engine).evaluate(config).iteration_ms
+        )
+        for engine in ENGINES
     }
     return Priced(plan, list(cost.violations), by_engine)
 
