@@ -9,8 +9,6 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -21,9 +19,6 @@ from autoplan.plan.schema import Plan, SearchRecord
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.certificate import search_record, work_bound_ms, zero_bubble_bound_ms
 from autoplan.solve.progress import watching
-from autoplan.solve.space import divisors
-from solvers.oracle import oracle_shares
-from solvers.share_ilp import ShareClass, ShareProblem, _ShareModel, share_search
 from tests.synthetic_profiles import gpu, make_cluster, transformer_profile
 
 runner = CliRunner()
@@ -120,38 +115,6 @@ def test_the_record_says_proven_only_at_gap_zero() -> None:
     assert search_record(100.0, 0.0, True, 5).words() == "time limit: no bound"
     with pytest.raises(ValidationError):
         SearchRecord(status="proven", lower_bound_ms=90.0, gap=0.1, explored=1)
-
-
-@settings(max_examples=40, deadline=None, derandomize=True)
-@given(
-    st.lists(
-        st.tuples(st.integers(1, 3), st.floats(0.5, 5.0), st.integers(2, 6)),
-        min_size=2,
-        max_size=3,
-    ),
-    st.sampled_from([4, 6, 8, 12]),
-    st.floats(0, 20),
-)
-def test_share_enumeration_equals_the_ilp_and_the_oracle(classes, batch, allreduce) -> None:
-    problem = ShareProblem(
-        global_batch=batch,
-        micro_batch_counts=tuple(divisors(batch)),
-        classes=tuple(
-            ShareClass(n, {b: (per * b + 0.3, per * b * 0.6) for b in range(1, top + 1)})
-            for n, per, top in classes
-        ),
-        allreduce_ms=allreduce,
-        optimizer_ms=1.0,
-    )
-    enumerated = share_search(problem)
-    ilp = _ShareModel(problem).solve(10.0)
-    brute = oracle_shares(problem)
-    assert enumerated.proven and ilp.proven
-    assert (enumerated.solution is None) == (brute is None) == (ilp.solution is None)
-    if brute is not None:
-        assert enumerated.solution is not None and ilp.solution is not None
-        assert math.isclose(enumerated.solution.objective, brute.objective, rel_tol=1e-9)
-        assert math.isclose(ilp.solution.objective, brute.objective, rel_tol=1e-6, abs_tol=1e-6)
 
 
 PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "gpt2-small.profile.json"
