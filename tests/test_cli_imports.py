@@ -29,7 +29,10 @@ with contextlib.redirect_stdout(out):
     except SystemExit as exit:
         code = exit.code
 heavy = [name for name in os.environ["HEAVY_MODULES"].split(",") if name in sys.modules]
-print(json.dumps({"code": code, "out": out.getvalue(), "heavy": heavy}))
+commands = sorted(
+    name for name in sys.modules if name.startswith("autoplan.cli.") and name.endswith("_cmd")
+)
+print(json.dumps({"code": code, "out": out.getvalue(), "heavy": heavy, "commands": commands}))
 """
 
 
@@ -54,6 +57,27 @@ def test_small_commands_import_no_heavy_library(args: list[str], tmp_path: Path)
     assert run["code"] in (0, None), run
     assert run["out"].strip(), "the command printed nothing"
     assert run["heavy"] == [], f"`autoplan {' '.join(args)}` imported {run['heavy']}"
+
+
+@pytest.mark.parametrize(
+    ("args", "module"), [(["solve", "--help"], "solve_cmd"), (["gpus"], "catalog_cmd")]
+)
+def test_a_command_loads_only_its_own_module(args: list[str], module: str, tmp_path: Path) -> None:
+    """A command imports its own module and no other command's (``COMMAND_MODULES``): the
+    solve path pays for neither the runtime's, the calibration's nor the viewers' commands."""
+    run = _run(args, tmp_path)
+    assert run["code"] in (0, None), run
+    assert run["commands"] == [f"autoplan.cli.{module}"], run["commands"]
+
+
+def test_help_lists_every_command(tmp_path: Path) -> None:
+    """``--help`` loads every command module: each command of ``COMMAND_MODULES`` is listed."""
+    from autoplan.cli.app import COMMAND_MODULES
+
+    run = _run(["--help"], tmp_path)
+    assert len(run["commands"]) == len(set(COMMAND_MODULES.values()))
+    for name in COMMAND_MODULES:
+        assert f" {name} " in run["out"], name
 
 
 def test_models_lists_the_zoo_from_its_cache_without_torch(

@@ -8,6 +8,7 @@ argument prints the usage line and a hint first, then ``error: <what>`` as the l
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -20,11 +21,13 @@ from pydantic import ValidationError
 from rich.console import Console
 from typer import _click
 from typer.core import TyperGroup
+from typer.main import get_command_from_info, get_command_name
 
 from autoplan.errors import AutoplanError
 from autoplan.names import printable
 
 __all__ = [
+    "COMMAND_MODULES",
     "EXIT_BAD_INPUT",
     "app",
     "command",
@@ -45,11 +48,63 @@ def output_console(*, stderr: bool = False, width: int = 140) -> Console:
     return terminal if terminal.is_terminal else Console(stderr=stderr, width=width)
 
 
+COMMAND_MODULES: dict[str, str] = {
+    "calibrate": "calibrate_cmd",
+    "fidelity": "calibrate_cmd",
+    "gpus": "catalog_cmd",
+    "clusters": "catalog_cmd",
+    "cost": "cost_cmd",
+    "export": "export_cmd",
+    "launch": "launch_cmd",
+    "profile": "profile_cmd",
+    "models": "profile_cmd",
+    "run": "run_cmd",
+    "schema": "schema_cmd",
+    "solve": "solve_cmd",
+    "sweep": "sweep_cmd",
+    "validate": "validate_cmd",
+    "show": "view_cmd",
+    "simulate": "view_cmd",
+    "compare": "view_cmd",
+}
+"""Each command's module under ``autoplan.cli``, in the order ``--help`` lists them: a
+command's module is imported when the command is called (``autoplan solve`` loads neither the
+runtime's nor the viewers' command modules), every one for the list of commands."""
+
+
 class _OneLineErrors(TyperGroup):
-    """The command group whose usage errors end with one ``error:`` line.
+    """The command group whose usage errors end with one ``error:`` line, and whose commands
+    are loaded when named (``COMMAND_MODULES``).
 
     typer's own handler draws the message in a box whose last line is its border; here the
     usage and a hint come first and the message itself is the last line of stderr."""
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            self._load(COMMAND_MODULES[cmd_name])
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        for module in dict.fromkeys(COMMAND_MODULES.values()):
+            self._load(module)
+        return super().list_commands(ctx)
+
+    def _load(self, module: str) -> None:
+        """Import a command module (its ``@command`` registers on ``app``) and add what it
+        registered to this group, which typer built from the commands registered before."""
+        importlib.import_module(f"autoplan.cli.{module}")
+        for info in app.registered_commands:
+            assert info.callback is not None
+            name = info.name or get_command_name(info.callback.__name__)
+            if name not in self.commands:
+                self.add_command(
+                    get_command_from_info(
+                        info,
+                        pretty_exceptions_short=app.pretty_exceptions_short,
+                        rich_markup_mode=app.rich_markup_mode,
+                    ),
+                    name,
+                )
 
     def main(
         self,
