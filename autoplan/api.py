@@ -43,7 +43,7 @@ from autoplan.cluster.schema import Cluster
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, file_sha256, read_json_model, write_json_model
 from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
-from autoplan.plan.schema import Plan
+from autoplan.plan.schema import Engine, Plan
 from autoplan.plan.stage_spec import StageSpec
 from autoplan.price.configuration import Priced, price_configuration
 from autoplan.profile.schema import DType, Profile
@@ -184,9 +184,11 @@ def price(
     zero: int = 0,
     sequence_parallel: bool = False,
     catalog: Sequence[PathLike] = (),
+    engine: Engine | None = None,
 ) -> Priced:
     """``cost_plan`` with the cost model's violations beside the plan (what does not fit
-    memory; empty when it fits)."""
+    memory; empty when it fits); ``engine`` prices it as that engine runs it (default: the
+    plan's own, or autoplan's runtime for stages)."""
     loaded, sha256 = _profile_and_hash(profile)
     given = None
     if plan is not None:
@@ -211,6 +213,7 @@ def price(
         recompute=recompute,
         zero_stage=zero,
         sequence_parallel=sequence_parallel,
+        engine=engine,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast, get_args
 
 import annotated_types
 from pydantic import BaseModel
@@ -28,7 +29,7 @@ from autoplan.cluster.schema import Cluster
 from autoplan.errors import InputError, PlanInvalidError
 from autoplan.files import read_json_model
 from autoplan.names import printable, shown
-from autoplan.plan.schema import Plan
+from autoplan.plan.schema import Engine, Plan
 from autoplan.profile.schema import Profile
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "check_flags",
     "checked_plan",
     "cluster_path",
+    "engine_choice",
     "read_cluster",
     "read_plan",
     "read_profile",
@@ -147,3 +149,13 @@ def check_flags(model: type[BaseModel], flags: dict[str, tuple[str, float | None
             raise InputError(f"{flag} must be at least {_number(low)}, got {value}")
         if high is not None and value > high:
             raise InputError(f"{flag} {value} exceeds the maximum, {_number(high)}")
+
+
+def engine_choice(text: str | None) -> Engine | None:
+    """An ``--engine`` flag as the schema's name (None: not given); one line otherwise."""
+    if text is None:
+        return None
+    names = get_args(Engine)
+    if text not in names:
+        raise InputError(f"--engine must be one of {', '.join(names)}; got {text!r}")
+    return cast(Engine, text)

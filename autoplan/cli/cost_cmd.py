@@ -11,11 +11,18 @@ import typer
 from autoplan.cli.app import command, output_console
 from autoplan.errors import InputError
 from autoplan.files import check_outputs, read_json_model, write_json_model
-from autoplan.inputs import catalog_path, check_flags, cluster_path, read_cluster, read_profile
+from autoplan.inputs import (
+    catalog_path,
+    check_flags,
+    cluster_path,
+    engine_choice,
+    read_cluster,
+    read_profile,
+)
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.plan.stage_spec import megatron_stage_specs
 from autoplan.view import print_document, solve_summary
-from autoplan.view.plan_tables import plan_precision_warnings
+from autoplan.view.plan_tables import ENGINE_NAMES, plan_precision_warnings
 from autoplan.view.units import duration_text
 
 __all__ = ["cost"]
@@ -110,6 +117,14 @@ def cost(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write the priced plan here.")
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="Price as this engine runs it: autoplan (`autoplan run`) or "
+            "megatron-deepspeed (default: a plan file's own; autoplan for stages).",
+        ),
+    ] = None,
 ) -> None:
     """Price a plan file or a configuration you describe: the same prediction, memory and
     validity checks as `solve`'s plans, nothing searched."""
@@ -130,6 +145,7 @@ def cost(
     )
     check_flags(PlanInputs, {"--global-batch": ("global_batch_size", global_batch)})
     check_flags(SolveOptions, {"--num-micro-batches": ("num_micro_batches", num_micro_batches)})
+    chosen_engine = engine_choice(engine)
     megatron = any(v is not None for v in (tp, dp, layer_split, gpu_type)) or (
         pp is not None and plan_path is None and stages is None
     )
@@ -154,6 +170,7 @@ def cost(
             None if cluster_file is None else read_cluster(cluster_file),
             plan=read_json_model(plan_path, Plan),
             catalog=catalog or [],
+            engine=chosen_engine,
         )
     else:
         if cluster_file is None:
@@ -191,17 +208,20 @@ def cost(
             zero=zero,
             sequence_parallel=sequence_parallel,
             catalog=catalog or [],
+            engine=chosen_engine,
         )
     plan = priced.plan
     console = output_console()
     print_document(console, solve_summary(plan))
-    deepspeed = priced.iteration_ms_by_engine.get("megatron-deepspeed")
-    if deepspeed is not None and deepspeed > plan.prediction.iteration_time_ms * 1.001:
-        console.print(
-            f"as Megatron-DeepSpeed runs it: {duration_text(deepspeed)} per iteration (its "
-            "gradient all-reduce after the last backward; the plan's figure is autoplan run's, "
-            "whose DDP hides it behind that backward)"
-        )
+    # The other engine's figure where it differs (``autoplan.cost.engines``).
+    own_ms = plan.prediction.iteration_time_ms
+    for engine, other_ms in priced.iteration_ms_by_engine.items():
+        if engine != plan.inputs.engine and abs(other_ms / own_ms - 1) > 1e-3:
+            console.print(
+                f"as {ENGINE_NAMES[engine]} runs it: {duration_text(other_ms)} per iteration "
+                f"(the plan is priced for {ENGINE_NAMES[plan.inputs.engine]}: "
+                f"{duration_text(own_ms)})"
+            )
     for violation in priced.violations:
         console.print(f"[bold red]does not fit:[/] {violation}")
     if priced.violations:

@@ -26,6 +26,7 @@ from autoplan.inputs import (
     check_bounds,
     check_flags,
     cluster_path,
+    engine_choice,
     read_cluster,
     read_profile,
 )
@@ -195,6 +196,15 @@ def solve_command(
             "uniform (one (dp, tp) for every stage, one GPU type per stage).",
         ),
     ] = "heterogeneous",
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="The engine that will run the plan, whose costs the search minimises: "
+            "autoplan (torchrun of the plan; DDP hides the gradient all-reduce behind the last "
+            "backward) or megatron-deepspeed (its all-reduce after the last backward).",
+        ),
+    ] = "autoplan",
     top_k: Annotated[int, typer.Option("--top-k", help="Alternatives to keep.")] = 3,
     time_limit: Annotated[
         float, typer.Option("--time-limit", help="Seconds the search may take.")
@@ -290,6 +300,7 @@ def solve_command(
             "layer_split": _layer_split(layer_split),
             "strategy": strategy,
             "space": space,
+            "engine": engine_choice(engine),
             "top_k": top_k,
             "time_limit_s": time_limit,
             "gap": gap,

@@ -40,11 +40,10 @@ conservative for autoplan's runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+
+from autoplan.plan.schema import Engine
 
 __all__ = ["ENGINES", "Engine", "EngineTraits"]
-
-Engine = Literal["autoplan", "megatron-deepspeed"]
 
 
 @dataclass(frozen=True)

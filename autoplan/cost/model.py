@@ -336,6 +336,21 @@ class CostModel:
         view.engine = engine
         return view
 
+    @property
+    def hides_allreduce(self) -> bool:
+        """Whether the engine overlaps the gradient all-reduce with the last backward."""
+        return ENGINES[self.engine].overlaps_grad_reduce
+
+    def exposed_allreduce_ms(self, allreduce_ms: float, shortest_backward_ms: float) -> float:
+        """What of a stage's gradient all-reduce the iteration waits for after the schedule's
+        last backward: the excess over the shortest replica's last backward where the engine
+        overlaps the two, all of it where it does not (``autoplan.cost.engines``). The search's
+        tails (uniform, heterogeneous and shared-stage families) and ``evaluate`` both read
+        this one rule, so the search's objective is the figure the plan reports."""
+        if self.hides_allreduce:
+            return max(0.0, allreduce_ms - shortest_backward_ms)
+        return allreduce_ms
+
     def with_sequence_parallel(self, sequence_parallel: bool) -> CostModel:
         """This model costing sequence parallelism on or off where a caller does not say
         (the search's view of one setting; ``PlanConfig.sequence_parallel`` rules evaluate)."""
@@ -947,8 +962,7 @@ class CostModel:
             shortest_backward = min(
                 sum(groups_cost[c][g].backward_ms for c in chunks) for g in range(len(stage.groups))
             )
-            overlapped = ENGINES[self.engine].overlaps_grad_reduce
-            hidden = max(0.0, ar - shortest_backward) if overlapped else ar
+            hidden = self.exposed_allreduce_ms(ar, shortest_backward)
             allreduces.append(ar)
             exposed.append(hidden)
             optimizer.append(max(steps))

@@ -49,6 +49,7 @@ __all__ = [
     "PLAN_SCHEMA_VERSION",
     "Alternative",
     "AsyncPB",
+    "Engine",
     "IdleGpus",
     "MemoryEstimate",
     "Parallelism",
@@ -70,6 +71,8 @@ __all__ = [
 PLAN_SCHEMA_VERSION: Final = 3
 
 Recompute = Literal["none", "selective", "full"]
+# The training engine a plan is priced for (``autoplan.cost.engines`` says what differs).
+Engine = Literal["autoplan", "megatron-deepspeed"]
 ZeroStage = Literal[0, 1, 2, 3]
 
 
@@ -91,6 +94,12 @@ class PlanInputs(_Strict):
     strategy: str = Field(description="'optimal' or the baseline that produced the plan.")
     pinned: dict[str, str] = Field(
         default_factory=dict, description="Knobs the user pinned, e.g. {'tp': '2'}."
+    )
+    engine: Engine = Field(
+        default="autoplan",
+        description="The engine the plan was searched and priced for: 'autoplan' (autoplan's "
+        "runtime: DDP hides the gradient all-reduce behind the last backward) or "
+        "'megatron-deepspeed' (its all-reduce after the last backward, nothing hidden).",
     )
 
 

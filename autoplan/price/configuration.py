@@ -51,8 +51,8 @@ class Priced:
 
     plan: Plan
     violations: list[str]
-    # The same configuration as each engine runs it (``autoplan.cost.engines``): the plan's
-    # prediction is autoplan's own runtime's; Megatron-DeepSpeed's users read theirs here.
+    # The same configuration as each engine runs it (``autoplan.cost.engines``); the plan's
+    # prediction is its own engine's (``PlanInputs.engine``).
     iteration_ms_by_engine: dict[Engine, float] = field(default_factory=dict)
 
 
@@ -406,9 +406,11 @@ def price_configuration(
     recompute: str = "none",
     zero_stage: int = 0,
     sequence_parallel: bool = False,
+    engine: Engine | None = None,
 ) -> Priced:
     """Price ``plan`` (on its own cluster unless ``cluster`` is given) or ``stages`` (text or
-    specs, on ``cluster``), checked as ``solve``'s plans are, memory fit aside (see ``Priced``).
+    specs, on ``cluster``), checked as ``solve``'s plans are, memory fit aside (see ``Priced``),
+    as ``engine`` runs it (default: the plan's own engine; autoplan's runtime for stages).
 
     Raises InputError for what cannot be priced, PlanInvalidError for a plan that breaks the
     validator's rules."""
@@ -421,7 +423,7 @@ def price_configuration(
                 f"{shown(profile.model.name)}"
             )
         hardware = plan.inputs.cluster if cluster is None else cluster
-        model = cost_model(profile, hardware, SolveOptions())
+        model = cost_model(profile, hardware, SolveOptions(engine=engine or plan.inputs.engine))
         config = config_from_plan(model, plan)
         pinned = {"source": "plan"}
     else:
@@ -431,7 +433,7 @@ def price_configuration(
         specs = parse_stages(stages) if isinstance(stages, str) else list(stages or [])
         if not specs:
             raise InputError("no stages to price")
-        model = cost_model(profile, hardware, SolveOptions())
+        model = cost_model(profile, hardware, SolveOptions(engine=engine or "autoplan"))
         config = config_from_specs(
             model,
             specs,
@@ -454,6 +456,7 @@ def price_configuration(
         global_batch_size=config.samples_per_iteration,
         strategy="given",
         pinned=pinned,
+        engine=model.engine,
     )
     priced = price_config(model, config, inputs)
     # Memory that does not fit is the answer (``violations``), not a reason to refuse.

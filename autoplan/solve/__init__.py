@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 def cost_model(profile: Profile, cluster: Cluster, options: SolveOptions) -> CostModel:
     """The cost model of ``profile`` on ``cluster`` with the options' efficiency overrides
-    and memory reserve."""
+    and memory reserve, costing plans as the options' engine runs them."""
     specs = gpu_specs(cluster)
     if options.reserve_gb is not None:
         reserve_gib = options.reserve_gb * 1e9 / 1024**3
@@ -64,7 +64,9 @@ def cost_model(profile: Profile, cluster: Cluster, options: SolveOptions) -> Cos
     for name, value in options.efficiency.items():
         if not 0 < value <= 1:
             raise InputError(f"efficiency of {name} must be in (0, 1]; got {value}")
-    return CostModel(profile, cluster, specs, efficiency=options.efficiency)
+    return CostModel(profile, cluster, specs, efficiency=options.efficiency).with_engine(
+        options.engine
+    )
 
 
 def _check_options(profile: Profile, global_batch_size: int, options: SolveOptions) -> None:
@@ -200,6 +202,7 @@ def solve_outcome(
         global_batch_size=global_batch_size,
         strategy=options.strategy,
         pinned=options.pinned(),
+        engine=options.engine,
     )
     try:
         plan = emit_plan(

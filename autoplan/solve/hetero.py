@@ -463,7 +463,7 @@ class HeteroSource:
                     + model.step_overhead_ms(g.device_class)
                 )
             allreduce = model.allreduce_ms(groups, tuple(params)) if zero1 <= 1 else 0.0
-            tail = max(0.0, allreduce - min(backward)) + max(steps)
+            tail = model.exposed_allreduce_ms(allreduce, min(backward)) + max(steps)
             core = _Core(groups, zero1, work, tail, model.link_side(groups))
         self._cores[key] = core
         return core

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoplan import limits
-from autoplan.plan.schema import Recompute
+from autoplan.plan.schema import Engine, Recompute
 from autoplan.schedule.names import ScheduleName
 
 __all__ = ["SolveOptions", "Space", "Strategy"]
@@ -115,6 +115,11 @@ class SolveOptions(BaseModel):
     )
     max_micro_batch_size: int = Field(
         default=16, ge=1, description="Largest micro-batch size searched when not pinned."
+    )
+    engine: Engine = Field(
+        default="autoplan",
+        description="The engine that will run the plan, whose costs the search minimises "
+        "(autoplan.cost.engines): 'autoplan' (torchrun of the plan) or 'megatron-deepspeed'.",
     )
     zero_bubble: bool = Field(
         default=True,

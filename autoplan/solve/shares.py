@@ -166,7 +166,11 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         global_batch=batch,
         micro_batch_counts=tuple(counts),
         classes=tuple(
-            ShareClass(n, {b: (v[0], v[1]) for b, v in tables[k].items()})
+            # The ILP's exposure is the all-reduce less the shortest backward; an engine
+            # that hides nothing behind it (``CostModel.hides_allreduce``) hides behind 0.
+            ShareClass(
+                n, {b: (v[0], v[1] if model.hides_allreduce else 0.0) for b, v in tables[k].items()}
+            )
             for k, n in zip(subset, replicas, strict=True)
         ),
         allreduce_ms=allreduce,

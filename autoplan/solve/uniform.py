@@ -230,7 +230,7 @@ class _StageCoster:
         if params > 0 and level <= 1:
             allreduce = _allreduce_ms(self.model, self.rank_groups[s], params)
         tail = (
-            max(0.0, allreduce - backward)
+            self.model.exposed_allreduce_ms(allreduce, backward)
             + self.optimizer[level][s] * params
             + self.step_overhead[s]
         )

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from autoplan.plan.schema import Plan
 from autoplan.view.document import Document, Figure, Section
-from autoplan.view.plan_tables import gpus_text, micro_batch_text, replicas_text, strategy_text
+from autoplan.view.plan_tables import (
+    engine_text,
+    gpus_text,
+    micro_batch_text,
+    replicas_text,
+    strategy_text,
+)
 from autoplan.view.units import bytes_text, duration_text, percent_text, rate_text
 
 __all__ = ["compare_document", "compare_rows"]
@@ -49,6 +55,7 @@ def compare_rows(plan: Plan) -> dict[str, str]:
         "model": plan.inputs.model.name,
         "cluster": plan.inputs.cluster.name,
         "strategy": strategy_text(plan.inputs.strategy),
+        "priced for": engine_text(plan.inputs.engine),
         "GPUs used": gpus_text(plan),
         "pipeline ranks": str(par.pipeline_degree),
         "schedule": f"{par.schedule} (v={par.virtual_stages_per_rank})",

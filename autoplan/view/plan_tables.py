@@ -25,9 +25,11 @@ from autoplan.view.units import (
 
 __all__ = [
     "ALTERNATIVES_LEGEND",
+    "ENGINE_NAMES",
     "LEGACY_LEGEND",
     "alternatives_section",
     "breakdown_section",
+    "engine_text",
     "gpus_text",
     "idle_section",
     "micro_batch_text",
@@ -61,6 +63,16 @@ def strategy_text(strategy: str) -> str:
     """The plan's strategy in words: the search's own plans are not called "optimal" here;
     whether they are proven is the certificate's to say (``search``)."""
     return "autoplan's search" if strategy == "optimal" else strategy
+
+
+ENGINE_NAMES = {"autoplan": "autoplan's runtime", "megatron-deepspeed": "Megatron-DeepSpeed"}
+
+
+def engine_text(engine: str) -> str:
+    """The engine a plan is priced for, in words (``autoplan.cost.engines``)."""
+    if engine == "autoplan":
+        return "autoplan's runtime (DDP hides the gradient all-reduce behind the last backward)"
+    return f"{ENGINE_NAMES.get(engine, engine)} (gradient all-reduce after the last backward)"
 
 
 def _ms(milliseconds: float) -> Figure:
@@ -139,6 +151,7 @@ def overview_section(plan: Plan) -> Section:
         f"({node_ranges(node.name for node in plan.nodes)})",
     )
     section.add("strategy", strategy_text(inputs.strategy))
+    section.add("priced for", engine_text(inputs.engine))
     if plan.search is not None:  # the certificate: never "optimal" unless proven
         found = plan.search
         section.add(

@@ -563,6 +563,7 @@ FLAGS = {
         "--efficiency A100-80GB must be a number",
     ),
     "solve_efficiency_text": (SOLVE + " --efficiency A100", "--efficiency takes GPU=FRACTION"),
+    "solve_engine_unknown": (SOLVE + " --engine horovod", "--engine must be one of autoplan"),
     "solve_cluster_unknown": (
         SOLVE.replace("{cluster}", "no-such-cluster"),
         "no example cluster 'no-such-cluster'",
