@@ -29,6 +29,7 @@ from autoplan.cluster.catalog import load_catalog
 from autoplan.errors import AutoplanError
 from autoplan.profile.schema import Profile
 from bench import megatron_table1 as megatron
+from bench import new_shapes
 from bench.calibration_data import (
     CALIBRATION_CSV,
     CALIBRATION_MACHINES,
@@ -303,6 +304,7 @@ def main() -> None:
     report_table1(profiles)
     report_free_choice(profiles)
     report_calibration()
+    new_shapes.main()
     print(f"\n(bench_fidelity took {time.perf_counter() - started:.0f} s)")
 
 
