@@ -151,26 +151,115 @@ def _dominates(a: PipelineLabel, b: PipelineLabel, m: int) -> bool:
     return a.sum_stage + excess <= b.sum_stage
 
 
-def _insert(
-    by_key: dict[Hashable, list[PipelineLabel]],
-    new: PipelineLabel,
-    m: int,
-    covers: Callable[[Hashable, Hashable], bool],
-) -> bool:
-    """Keep ``new`` at its position unless a label there dominates it; drop those it
-    dominates. Across link keys too: a label whose key ``covers`` another's (every stage in
-    front of it costs no more) dominates by the same rule, since what the stages before add
-    only grows with their costs."""
-    for key, front in by_key.items():
-        if key == new.key or covers(key, new.key):
-            for old in front:
-                if _dominates(old, new, m):
+class _Front:
+    """The labels kept at one position, with their dominance figures in numpy arrays: a new
+    label is tested against every kept one at once (``insert``). Per-pair Python calls of
+    ``_dominates`` were most of a large search's time (15.9 M calls, 70% of a 24 s run on 48
+    GPUs); the test is the same, term by term in the same order."""
+
+    def __init__(self, resources: int, keys: _Keys) -> None:
+        self.keys = keys
+        self.labels: list[PipelineLabel] = []
+        size = 16
+        self.alive = np.zeros(size, dtype=bool)
+        self.key_id = np.zeros(size, dtype=np.int64)
+        self.stages = np.zeros(size, dtype=np.int64)
+        self.used = np.zeros((size, resources), dtype=np.int64)
+        # max_stage, first_stage, max_tail, sum_stage
+        self.figures = np.zeros((size, 4))
+
+    def _grow(self) -> None:
+        size = 2 * len(self.alive)
+        for name in ("alive", "key_id", "stages", "used", "figures"):
+            old = getattr(self, name)
+            grown = np.zeros((size, *old.shape[1:]), dtype=old.dtype)
+            grown[: len(old)] = old
+            setattr(self, name, grown)
+
+    def insert(self, new: PipelineLabel, m: int) -> bool:
+        """Keep ``new`` unless a kept label dominates it (``_dominates``); drop the kept
+        labels it dominates. Across link keys too: a label whose key ``covers`` another's
+        (every stage in front of it costs no more) dominates by the same rule, since what the
+        stages before add only grows with their costs."""
+        n = len(self.labels)
+        kid = self.keys.index(new.key)
+        if n:
+            sums = self.figures[:n, 3]
+            new_used = np.array(new.used, dtype=np.int64)
+            # A kept label dominates new only if its sum is no larger (the excess is >= 0),
+            # and its key equals or covers new's: the rest of the test on those alone.
+            over = np.flatnonzero(self.alive[:n] & (sums <= new.sum_stage))
+            over = over[self.keys.covering(kid)[self.key_id[over]]]
+            if len(over):
+                over = over[
+                    (self.stages[over] <= new.stages) & (self.used[over] <= new_used).all(axis=1)
+                ]
+                maxs, firsts, tails, olds = self.figures[over].T
+                peak = np.maximum(np.maximum(maxs - new.max_stage, firsts - new.first_stage), 0.0)
+                excess = (m - 1) * peak + np.maximum(0.0, tails - new.max_tail)
+                if np.any(olds + excess <= new.sum_stage):
                     return False
-    for key, front in by_key.items():
-        if key == new.key or covers(new.key, key):
-            front[:] = [old for old in front if not _dominates(new, old, m)]
-    by_key.setdefault(new.key, []).append(new)
-    return True
+            under = np.flatnonzero(self.alive[:n] & (sums >= new.sum_stage))
+            under = under[self.keys.covered(kid)[self.key_id[under]]]
+            if len(under):
+                under = under[
+                    (new.stages <= self.stages[under]) & (new_used <= self.used[under]).all(axis=1)
+                ]
+                maxs, firsts, tails, olds = self.figures[under].T
+                peak = np.maximum(np.maximum(new.max_stage - maxs, new.first_stage - firsts), 0.0)
+                excess = (m - 1) * peak + np.maximum(0.0, new.max_tail - tails)
+                self.alive[under[new.sum_stage + excess <= olds]] = False
+        if n == len(self.alive):
+            self._grow()
+        self.labels.append(new)
+        self.alive[n] = True
+        self.key_id[n] = kid
+        self.stages[n] = new.stages
+        self.used[n] = new.used
+        self.figures[n] = (new.max_stage, new.first_stage, new.max_tail, new.sum_stage)
+        return True
+
+    def by_key(self) -> dict[Hashable, list[PipelineLabel]]:
+        """The kept labels by key, each key's in insertion order."""
+        out: dict[Hashable, list[PipelineLabel]] = {}
+        for index in np.flatnonzero(self.alive[: len(self.labels)]).tolist():
+            label = self.labels[index]
+            out.setdefault(label.key, []).append(label)
+        return out
+
+
+class _Keys:
+    """The link keys met in one search, numbered, with the source's ``key_covers`` between
+    every two of them as boolean rows (``covering(k)[x]``: key x equals or covers key k;
+    ``covered(k)[x]``: key k covers key x)."""
+
+    def __init__(self, covers: Callable[[Hashable, Hashable], bool]) -> None:
+        self.covers = covers
+        self.keys: list[Hashable] = []
+        self.ids: dict[Hashable, int] = {}
+        self.matrix = np.zeros((0, 0), dtype=bool)  # [low, high]: low covers high
+
+    def index(self, key: Hashable) -> int:
+        found = self.ids.get(key)
+        if found is not None:
+            return found
+        found = len(self.keys)
+        self.keys.append(key)
+        self.ids[key] = found
+        size = found + 1
+        matrix = np.zeros((size, size), dtype=bool)
+        matrix[:found, :found] = self.matrix
+        for other, known in enumerate(self.keys):
+            matrix[other, found] = known == key or bool(self.covers(known, key))
+            matrix[found, other] = known == key or bool(self.covers(key, known))
+        self.matrix = matrix
+        return found
+
+    def covering(self, key_id: int) -> np.ndarray:
+        return self.matrix[:, key_id]
+
+    def covered(self, key_id: int) -> np.ndarray:
+        return self.matrix[key_id, :]
 
 
 def _narrowed(
@@ -240,10 +329,12 @@ def best_pipelines(
     stats = _Stats()
     cap = max_stages if exact_stages is None else min(max_stages, exact_stages)
     allowed_cuts = None if splits is None else set(splits) | {0, num_layers}
-    fronts: dict[int, dict[Hashable, list[PipelineLabel]]] = {}
+    keys = _Keys(covers)
+    fronts: dict[int, _Front] = {}
     counter = 0
     root = PipelineLabel(0.0, 0.0, 0.0, 0, (0,) * len(resources), None, num_layers, None, None, 0)
-    fronts[num_layers] = {None: [root]}
+    fronts[num_layers] = _Front(len(resources), keys)
+    fronts[num_layers].insert(root, m)
     finals: list[PipelineLabel] = []
     bound = upper_bound
 
@@ -255,9 +346,10 @@ def best_pipelines(
     uses = np.array(options, dtype=np.int64).reshape(len(options), len(resources))
     capacity = np.array(resources, dtype=np.int64)
     for j in range(num_layers, 0, -1):
-        by_key = fronts.pop(j, {})
-        if not by_key:
+        front = fronts.pop(j, None)
+        if front is None:
             continue
+        by_key = front.by_key()
         floors = source.floor_table(j)  # (options, j)
         starts = np.arange(j)
         # Stage-count rules per start: the first stage (i = 0) needs >= min_stages stages,
@@ -330,6 +422,8 @@ def best_pipelines(
                             finals.sort(key=lambda x: (x.objective(m), x.order))
                             del finals[keep:]
                             continue
-                        if _insert(fronts.setdefault(i, {}), new, m, covers):
+                        if i not in fronts:
+                            fronts[i] = _Front(len(resources), keys)
+                        if fronts[i].insert(new, m):
                             stats.labels += 1
     return finals, stats

@@ -7,10 +7,11 @@ replica allocations of a stage: one or two (class, tp, replicas) kinds), their c
 bounds it prunes with:
 
 - stage floor: with n_κ replicas of kind κ and W_κ the per-replica time of one sample of the
-  stage's layers at its cheapest share (forward + backward, no recompute), a perfect balance
-  gives T >= b / Σ_κ (n_κ / W_κ); any integer shares are slower. The per-sample time of a
-  share does not grow with the share in the cost model (its terms scale linearly with the
-  samples, fixed terms only shrink per sample), so the cheapest share is the largest;
+  stage's layers at its cheapest share (forward + backward, no recompute), a replica taking x
+  samples spends at least x W_κ; the least over the splits of b into whole shares of at least
+  one sample each (``_two_kind_floor``) bounds the stage. The per-sample time of a share does
+  not grow with the share in the cost model (its terms scale linearly with the samples, fixed
+  terms only shrink per sample), so the cheapest share is the largest;
 - prefix bound: stages covering layers [0, i) with free GPUs f_k per class: with ω_k(l) the
   least GPU-milliseconds one sample of layer l takes on class k (over its tp degrees) and
   Ω_k = Σ_l ω_k(l), any λ_k >= 0 with Σ_k λ_k f_k = 1 gives max_s T_s >= b Σ_{l<i}
@@ -71,6 +72,33 @@ class _Core:
     work_ms: float
     tail_ms: float
     side: LinkSide
+
+
+def _two_kind_floor(
+    w1: np.ndarray, w2: np.ndarray, n1: np.ndarray, n2: np.ndarray, b: int
+) -> np.ndarray:
+    """A lower bound on a two-kind stage's time: n1 replicas of per-sample time w1 and n2 of
+    w2 (at the largest share: a replica taking x samples spends at least x w), sharing b
+    samples, each replica at least one (elementwise over arrays of one shape).
+
+    Kind 1 takes S samples, n1 <= S <= b − n2, so one of its replicas takes x = ⌈S / n1⌉ and
+    one of kind 2's at least (b − S) / n2; with S <= min(n1 x, b − n2), the stage takes at
+    least h(x) = max(x w1, (b − min(n1 x, b − n2)) w2 / n2) over whole x in [1, X], X =
+    ⌈(b − n2) / n1⌉. The first term grows with x and the second does not, so the least h is
+    at a whole number next to where the two (continuous, piecewise linear) terms cross, or
+    at an end. Only kind 1's shares are whole here: the caller also takes the bound with the
+    kinds swapped, and the larger of the two."""
+    top = np.ceil((b - n2) / n1)
+    # Where x w1 meets the line (b − n1 x) w2 / n2; past x = (b − n2) / n1 the second term is
+    # the constant w2, met at x = w2 / w1.
+    cross = b * w2 / (n2 * w1 + n1 * w2)
+    cross = np.where(cross <= (b - n2) / n1, cross, w2 / w1)
+    best = np.full(np.broadcast_shapes(w1.shape, n1.shape), math.inf)
+    for x in (np.floor(cross), np.ceil(cross)):
+        x = np.clip(x, 1.0, top)
+        value = np.maximum(x * w1, (b - np.minimum(n1 * x, b - n2)) * w2 / n2)
+        best = np.minimum(best, value)
+    return best
 
 
 class HeteroSource:
@@ -204,13 +232,19 @@ class HeteroSource:
 
     def floor_table(self, j: int) -> np.ndarray:
         """``out[o, i]`` for i < j: a one-kind stage's time with its largest share and no
-        recompute; a two-kind stage's perfect balance b / Σ_κ (n_κ / W_κ[i, j)) (module
-        docstring); plus the fixed per-pass times."""
+        recompute; a two-kind stage's best split in whole samples (``_two_kind_floor``);
+        plus the fixed per-pass times."""
         work = self._per_sample_matrix[:, j : j + 1] - self._per_sample_matrix[:, :j]
-        safe = np.where(work > 0, work, 1.0)
-        capacity = self._counts[:, :, None] / safe[self._kind_index]  # (options, 2, j)
-        zero = (work[self._kind_index] <= 0) & (self._counts[:, :, None] > 0)
-        balanced = np.where(zero.any(axis=1), 0.0, self.b / capacity.sum(axis=1))
+        per_kind = work[self._kind_index]  # (options, 2, j)
+        zero = (per_kind <= 0) & (self._counts[:, :, None] > 0)
+        safe = np.where(per_kind > 0, per_kind, 1.0)
+        n1, n2 = self._counts[:, 0, None], self._counts[:, 1, None]
+        two = np.where(n2 > 0, n2, 1.0)
+        balanced = np.maximum(
+            _two_kind_floor(safe[:, 0], safe[:, 1], n1, two, self.b),
+            _two_kind_floor(safe[:, 1], safe[:, 0], two, n1, self.b),
+        )
+        balanced = np.where(zero.any(axis=1), 0.0, balanced)
         single = self._single_prefix[:, j : j + 1] - self._single_prefix[:, :j]
         return np.where(self._is_single[:, None], single, balanced) + self._overhead[:, None]
 
