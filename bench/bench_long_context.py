@@ -12,8 +12,19 @@ ZeRO), with
 - cp pinned to 1 without activation offload,
 - cp searched (1, 2, 4, 8: ring attention within a node),
 - cp searched without activation offload,
-and the layer's memory at the chosen plan: predicted iteration time, the fullest GPU, and what
-fits. The cost model's ring terms are ``autoplan.cost.context_parallel``.
+and at the chosen plan: predicted iteration time, what fits, and the fullest GPU's memory in
+its parts (weights + gradients + optimizer states, saved activations of the micro-batches in
+flight, the largest transient; a head's transient is its loss's logits-sized fp32 temporaries).
+The cost model's ring terms are ``autoplan.cost.context_parallel``.
+
+Before the solves, the memory terms that decide what fits, per GPU of a replica of 8 GPUs
+(tp × cp = 8, each within a node) and of one GPU, for one sample, read from the cost model's
+own per-layer costs (``CostModel.tables``, ``CostModel.transient_bytes``): a block's saved
+activations without recompute (flash attention: no s × s scores are kept or allocated, the
+core keeps its output and log-sum-exp), what full recompute keeps of it (its input) and
+re-materialises in its backward, the ring's K, V chunk in flight, the head's saved fp32
+log-softmax of its vocabulary shard and its loss's temporaries. Tensor parallelism divides
+the vocabulary (the loss runs under ``loss_parallel``), cp the tokens: both divide the head.
 
 Then Qwen2-7B (tests/data/hf/qwen2-7b, 131,072 positions), whose 4 key-value heads stop tensor
 parallelism at tp 4 (a GPU keeps a quarter of each layer's activations, where cp 8 keeps an
@@ -35,7 +46,7 @@ from autoplan.errors import AutoplanError
 from autoplan.plan.schema import Plan
 from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import Profile
-from autoplan.solve import SolveOptions, solve_outcome
+from autoplan.solve import SolveOptions, cost_model, solve_outcome
 
 __all__ = ["main"]
 
@@ -89,11 +100,57 @@ def main() -> None:
             title=f"{name}, {SEQ_LEN:,} tokens, global batch {GLOBAL_BATCH}, {CLUSTER} "
             f"(profiled in {time.monotonic() - start:.0f} s)"
         )
+        console.print(_terms(profile, cluster, name))
         for column in ("knobs", "iteration (s)", "fits", "fullest GPU (GiB)", "plan"):
             table.add_column(column)
         for label, pins in rows:
             table.add_row(label, *_row(profile, cluster, pins))
         console.print(table)
+
+
+# (tp, cp, sequence parallelism) of the replicas the terms table compares.
+SHAPES = [(1, 1, False), (8, 1, True), (4, 2, True), (2, 4, True), (1, 8, False)]
+
+
+def _terms(profile: Profile, cluster: Cluster, name: str) -> Table:
+    """The memory terms at this sequence length, per GPU, by (tp, cp) (module docstring)."""
+    model = cost_model(profile, cluster, SolveOptions())
+    h100 = next(c.index for c in model.classes if c.gpu.name == "H100")
+    block = next(i for i, layer in enumerate(profile.layers) if layer.kind == "block")
+    head = next(i for i, layer in enumerate(profile.layers) if layer.kind == "head")
+    blocks = sum(layer.kind == "block" for layer in profile.layers)
+    divides = profile.layers[block].tensor_parallel
+    table = Table(
+        title=f"{name}: memory terms per GPU (GiB), one sample of {profile.seq_len:,} tokens, "
+        f"bf16, on H100 ({blocks} blocks)"
+    )
+    table.add_column("term")
+    shapes = [
+        s for s in SHAPES if s[0] == 1 or (divides and divides.degree_must_divide % s[0] == 0)
+    ]
+    for tp, cp, sp in shapes:
+        table.add_column(f"tp {tp}{' SP' if sp else ''} cp {cp}", justify="right")
+    rows: dict[str, list[str]] = {}
+    for tp, cp, sp in shapes:
+        layers = model.tables(h100, tp, 1, sp, cp).layers
+        b, h = layers[block], layers[head]
+        figures = {
+            "a block's saved activations, no recompute": b.saved_bytes["none"],
+            f"all {blocks} blocks' saved, no recompute": blocks * b.saved_bytes["none"],
+            "a block under full recompute (its input)": b.saved_bytes["full"],
+            "a block re-materialised in its backward": model.transient_bytes(b, "full"),
+            "the ring's K, V chunk in flight": b.ring_buffer_bytes,
+            "the head's saved (fp32 log-softmax shard)": h.saved_bytes["none"],
+            "the head's loss temporaries (transient)": model.transient_bytes(h, "none"),
+            "weights + gradients + Adam, whole model, ZeRO 0": sum(
+                model.static_bytes(sum(c.params_per_gpu for c in layers), 1, 0)
+            ),
+        }
+        for term, value in figures.items():
+            rows.setdefault(term, []).append(f"{value / 1024**3:.2f}")
+    for term, values in rows.items():
+        table.add_row(term, *values)
+    return table
 
 
 def _row(profile: Profile, cluster: Cluster, pins: dict[str, object]) -> list[str]:
@@ -104,14 +161,19 @@ def _row(profile: Profile, cluster: Cluster, pins: dict[str, object]) -> list[st
     except AutoplanError as error:
         return ["-", "no", "-", str(error).splitlines()[0]]
     plan = outcome.plan
-    fullest = max(m.total_bytes + m.reserved_bytes for m in plan.prediction.memory)
+    fullest = max(plan.prediction.memory, key=lambda m: m.total_bytes + m.reserved_bytes)
+    states = fullest.weights_bytes + fullest.gradients_bytes + fullest.optimizer_bytes
+    parts = (fullest.total_bytes, states, fullest.activations_bytes, fullest.transient_bytes)
+    total, states, saved, transient = (f"{x / 1024**3:.1f}" for x in parts)
     fits = "no" if outcome.violation else "yes"
     if outcome.timed_out:
         fits += " (time limit: best found)"
     return [
         f"{plan.prediction.iteration_time_ms / 1e3:.2f}",
         fits,
-        f"{fullest / 1024**3:.1f}",
+        f"{total} = {states} states + {saved} saved + {transient} transient "
+        f"({fullest.gpu_type}, rank {fullest.pipeline_rank}; + "
+        f"{fullest.reserved_bytes / 1024**3:.1f} reserved)",
         _shape(plan),
     ]
 

@@ -9,11 +9,20 @@ of 64 on the shipped ``h100-a100-l4`` cluster (16 H100, 16 A100-80GB, 16 L4): wi
 For each plan: its knobs, the predicted iteration time, and the all-to-all share of it: the
 iteration time the dispatch and combine all-to-alls add, T - T₀, where T₀ is the same
 configuration costed with free all-to-alls (the profile's slot buffers of zero bytes), over
-T. A plan without ep has no all-to-alls (share 0).
+T. A plan without ep has no all-to-alls (share 0). Beside it, the pipeline bubble, the
+data-parallel communication left exposed (the gradient all-reduce past the last backward,
+ZeRO-2/3's per-micro-batch gathers) and the fullest GPU's memory.
+
+Then why the searched plan's degree wins: its own shape (same stages, replicas, shares and
+recompute) costed at every ep of ``expert_degrees`` below it, at ZeRO-1 and at ZeRO-3 (which
+the cost model does not compose with ep > 1). Where the shape does not fit at ZeRO-1, the
+experts' weights, gradients and optimizer states are what ep's sharding saves; where ZeRO-3
+makes it fit, its exposed collectives are the price of getting the memory back that way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -22,9 +31,11 @@ from rich.table import Table
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
 from autoplan.cost.config import PlanConfig
+from autoplan.cost.model import CostModel, PlanCost
 from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
+from autoplan.solve.expert_parallel import expert_degrees
 
 __all__ = ["main"]
 
@@ -46,9 +57,8 @@ def _free_alltoalls(profile: Profile) -> Profile:
     return profile.model_copy(update={"layers": layers})
 
 
-def _best(profile: Profile, options: SolveOptions) -> tuple[PlanConfig, str, float, bool, float]:
-    """(config, its summary, iteration ms, timed out, solve seconds) of the best feasible
-    plan."""
+def _best(profile: Profile, options: SolveOptions) -> tuple[PlanConfig, str, PlanCost, bool, float]:
+    """(config, its summary, its cost, timed out, solve seconds) of the best feasible plan."""
     cluster = load_cluster(example_cluster_path(CLUSTER))
     model = cost_model(profile, cluster, options)
     start = time.monotonic()
@@ -56,11 +66,50 @@ def _best(profile: Profile, options: SolveOptions) -> tuple[PlanConfig, str, flo
     took = time.monotonic() - start
     best = next(c for c in result.candidates if c.cost.feasible)
     summary = best.config.summary(lambda k: model.classes[k].gpu.name)
-    return best.config, summary, best.iteration_ms, result.timed_out, took
+    return best.config, summary, best.cost, result.timed_out, took
+
+
+def _fullest(cost: PlanCost) -> str:
+    """The fullest GPU: its type and (total + reserve) / capacity."""
+    fullest = max(cost.memory, key=lambda m: (m.total_bytes + m.reserved_bytes) / m.capacity_bytes)
+    used = (fullest.total_bytes + fullest.reserved_bytes) / fullest.capacity_bytes
+    return f"{used:.0%} ({fullest.gpu_type})"
+
+
+def _at(config: PlanConfig, ep: int, zero: int) -> PlanConfig:
+    """``config`` with every stage at expert-parallel degree ``ep`` and ZeRO level ``zero``."""
+    stages = tuple(dataclasses.replace(s, ep=ep, zero_stage=zero) for s in config.stages)
+    return dataclasses.replace(config, stages=stages)
+
+
+def _why(model: CostModel, config: PlanConfig) -> Table:
+    """The searched plan's shape at lower ep degrees, ZeRO-1 and ZeRO-3 (module docstring)."""
+    chosen = max(stage.ep for stage in config.stages)
+    table = Table(
+        title=f"why ep {chosen}: the searched plan's shape (stages, replicas, shares, recompute) "
+        "at other ep degrees and ZeRO levels"
+    )
+    for column in ("ep", "ZeRO", "iteration", "fits", "fullest GPU", "its model states", "dp"):
+        table.add_column(column)
+    for ep in [e for e in expert_degrees(model, SolveOptions()) if e <= chosen]:
+        for zero in (1,) if ep > 1 else (1, 3):
+            cost = model.evaluate(_at(config, ep, zero))
+            fullest = max(cost.memory, key=lambda m: m.total_bytes / m.capacity_bytes)
+            states = fullest.weights_bytes + fullest.gradients_bytes + fullest.optimizer_bytes
+            table.add_row(
+                str(ep),
+                str(zero),
+                f"{cost.iteration_ms / 1e3:.3f} s",
+                "yes" if cost.feasible else "no",
+                _fullest(cost),
+                f"{states / 1024**3:.1f} GiB",
+                f"{cost.dp_comm_ms:.0f} ms",
+            )
+    return table
 
 
 def main() -> None:
-    """Print the table (module docstring)."""
+    """Print the tables (module docstring)."""
     logging.getLogger("autoplan").setLevel(logging.ERROR)
     profile = profile_model(MODEL, SEQ_LEN, 1, "bf16")
     cluster = load_cluster(example_cluster_path(CLUSTER))
@@ -69,25 +118,35 @@ def main() -> None:
         title=f"{MODEL} ({profile.model.parameter_count / 1e9:.1f} B) on {CLUSTER}, global "
         f"batch {GLOBAL_BATCH}, seq {SEQ_LEN}: with and without expert parallelism"
     )
-    for column in ("ep", "plan", "iteration", "all-to-all", "share", "search"):
+    columns = ("ep", "plan", "iteration", "all-to-all", "share", "bubble", "dp", "fullest GPU")
+    for column in (*columns, "search"):
         table.add_column(column, overflow="fold")
     base = SolveOptions(time_limit_s=TIME_LIMIT_S, top_k=1)
     runs = [("searched", base)] + [
         (f"pinned {ep}", base.model_copy(update={"expert_parallel": ep})) for ep in (1, 4, 8)
     ]
+    searched: PlanConfig | None = None
     for label, options in runs:
-        config, summary, iteration_ms, timed_out, took = _best(profile, options)
+        config, summary, cost, timed_out, took = _best(profile, options)
+        searched = searched or config
         free_ms = cost_model(free, cluster, options).evaluate(config).iteration_ms
         degrees = sorted({stage.ep for stage in config.stages})
         table.add_row(
             f"{label}: {','.join(map(str, degrees))}",
             summary,
-            f"{iteration_ms / 1e3:.3f} s",
-            f"{(iteration_ms - free_ms):.1f} ms",
-            f"{(iteration_ms - free_ms) / iteration_ms:.1%}",
+            f"{cost.iteration_ms / 1e3:.3f} s",
+            f"{(cost.iteration_ms - free_ms):.1f} ms",
+            f"{(cost.iteration_ms - free_ms) / cost.iteration_ms:.1%}",
+            f"{cost.bubble_ms:.0f} ms",
+            f"{cost.dp_comm_ms:.0f} ms",
+            _fullest(cost),
             f"{took:.0f} s{' (time limit)' if timed_out else ''}",
         )
-    Console(width=160).print(table)
+    console = Console(width=180)
+    console.print(table)
+    assert searched is not None
+    if max(stage.ep for stage in searched.stages) > 1:
+        console.print(_why(cost_model(profile, cluster, base), searched))
 
 
 if __name__ == "__main__":

@@ -219,6 +219,10 @@ def layer_cost(
         saved_selective = layer.selective_recompute_saved_bytes / tp
         full_saved /= tp
         output /= tp
+    elif layer.kind == "head" and split > 1:
+        # A vocabulary-split head's output is its logits' vocabulary shard (the loss runs
+        # under loss_parallel, Megatron's on its vocab-parallel logits): never gathered whole.
+        output /= split
     # A vocabulary-split head's loss keeps its vocabulary shard (loss_parallel).
     loss_saved = min(layer.loss_saved_activation_bytes / split, saved_none)
     ring = ring_attention_comm(0.0, 1, 0.0, 0.0, None, 0.0)
@@ -239,9 +243,12 @@ def layer_cost(
         )
         fwd_comm += ring.forward_ms
         bwd_comm += ring.backward_ms
-    # What a head saves beyond its input is its logits' shard (the log-softmax or the
-    # softmax the loss keeps, in fp32): the size of the loss's temporaries.
-    logits = max(0.0, saved_none - layer.input_activation_bytes) if layer.kind == "head" else 0.0
+    # The loss's temporaries are the size of the logits' shard in fp32: what the loss keeps
+    # (its log-softmax or softmax) where the profile records it, else what the head saves
+    # beyond its input (which also holds a final norm's saved tensors).
+    logits = 0.0
+    if layer.kind == "head":
+        logits = loss_saved or max(0.0, saved_none - layer.input_activation_bytes)
     if layer.kind in NOT_RECOMPUTED:
         # The runtime checkpoints blocks only (``autoplan.runtime.recompute``): under full
         # recompute the embedding and the head keep what they keep without it.
