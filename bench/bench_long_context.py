@@ -140,7 +140,7 @@ def _terms(profile: Profile, cluster: Cluster, name: str) -> Table:
             "a block under full recompute (its input)": b.saved_bytes["full"],
             "a block re-materialised in its backward": model.transient_bytes(b, "full"),
             "the ring's K, V chunk in flight": b.ring_buffer_bytes,
-            "the head's saved (fp32 log-softmax shard)": h.saved_bytes["none"],
+            "the head's saved (fp32 log-softmax shard, final norm)": h.saved_bytes["none"],
             "the head's loss temporaries (transient)": model.transient_bytes(h, "none"),
             "weights + gradients + Adam, whole model, ZeRO 0": sum(
                 model.static_bytes(sum(c.params_per_gpu for c in layers), 1, 0)

@@ -5,26 +5,34 @@ The oracle: on small random instances whose blocks carry routed experts, the sol
 with ep searched equals the best of every configuration of the space (tests/test_solver_
 oracle.py's enumerations) costed by ``CostModel.evaluate`` at each ep degree, where a degree
 e admits only replica groups of a multiple of e replicas and ZeRO level 0 or 1 (the space that
-``autoplan.solve.expert_parallel`` declares)."""
+``autoplan.solve.expert_parallel`` declares): the uniform and shared-stage plans at one degree
+for every stage, the heterogeneous pipelines with each stage at any degree its replica counts
+admit (``autoplan.solve.expert_stages``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.expert_parallel import alltoall_ms, layer_alltoall_ms
 from autoplan.cost.offload import group_of
 from autoplan.errors import InfeasibleError, InputError
+from autoplan.plan.validate import validate_plan
 from autoplan.profile.schema import ExpertProfile, LayerProfile
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.expert_parallel import expert_degrees
+from autoplan.solve.expert_stages import degree_options
+from autoplan.solve.hetero import HeteroSource
+from autoplan.solve.space import divisors
+from solvers.oracle import compositions
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
-from tests.test_solver_oracle import brute_force, brute_force_hetero
+from tests.test_solver_oracle import _allocations, brute_force, brute_force_hetero
 
 OPTIONS = SolveOptions(top_k=1, zero_bubble=False, sequence_parallel=False)
 SEEN: set[int] = set()  # the ep of the solver's best, over the oracle's examples
@@ -161,6 +169,62 @@ class _DegreeOnly:
         return cost
 
 
+def brute_force_hetero_per_stage(model, batch: int) -> float:
+    """Every heterogeneous pipeline of the space (``brute_force_hetero``'s enumeration), each
+    stage at every ep degree that divides its replica counts, costed by evaluate on the plain
+    model (the stage carries its ep); a stage's shares, recompute and ZeRO level are the space's
+    own rule at its degree (``HeteroSource.stage_groups`` of the ep view, ZeRO 0/1 for ep > 1)."""
+    best = math.inf
+    n = model.num_layers
+    totals = [c.total_gpus for c in model.classes]
+    degrees = expert_degrees(model, OPTIONS)
+    for m in divisors(batch):
+        allocations = _allocations(model, batch // m)
+        for pp in range(1, n + 1):
+            schedule = "1f1b" if pp <= m else "gpipe"
+            sources = {
+                ep: HeteroSource(
+                    model.with_expert_parallel(ep), batch, m, schedule, degree_options(OPTIONS, ep)
+                )
+                for ep in degrees
+            }
+            options = allocations
+            for sizes in compositions(n, pp):
+                bounds = [0, *itertools.accumulate(sizes)]
+
+                def extend(
+                    s, used, stages, m=m, pp=pp, bounds=bounds, sources=sources, options=options
+                ) -> None:
+                    nonlocal best
+                    if s == pp:
+                        config = PlanConfig(m, "1f1b" if pp <= m else "gpipe", 1, tuple(stages))
+                        cost = model.evaluate(config)
+                        if cost.feasible:
+                            best = min(best, cost.iteration_ms)
+                        return
+                    flight = m if pp > m else min(m, pp - s)
+                    for allocation in options:
+                        use = list(used)
+                        for k, t, count in allocation:
+                            use[k] += t * count
+                        if any(u > total for u, total in zip(use, totals, strict=True)):
+                            continue
+                        for ep, source in sources.items():
+                            if any(count % ep for _, _, count in allocation):
+                                continue
+                            found = source.stage_groups(
+                                allocation, bounds[s], bounds[s + 1], flight
+                            )
+                            if found is None:
+                                continue
+                            groups, zero, _ = found
+                            stage = StageChoice(bounds[s], bounds[s + 1], groups, zero, ep)
+                            extend(s + 1, use, [*stages, stage])
+
+                extend(0, [0] * len(totals), [])
+    return best
+
+
 @st.composite
 def moe_instances(draw):
     experts = draw(st.sampled_from([2, 4]))
@@ -198,6 +262,7 @@ def moe_instances(draw):
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
+    phases=[Phase.explicit, Phase.generate],  # a failure is reported as found, not shrunk
 )
 @given(moe_instances())
 def test_searched_ep_equals_brute_force(instance) -> None:
@@ -207,6 +272,7 @@ def test_searched_ep_equals_brute_force(instance) -> None:
     for ep in expert_degrees(model, OPTIONS):
         view = _DegreeOnly(model, ep)
         expected = min(expected, brute_force(view, batch, OPTIONS), brute_force_hetero(view, batch))
+    expected = min(expected, brute_force_hetero_per_stage(model, batch))
     found = [c for c in solve_candidates(model, batch, OPTIONS).candidates if c.cost.feasible]
     if math.isinf(expected):
         assert not found
@@ -226,3 +292,48 @@ def test_searched_ep_equals_brute_force(instance) -> None:
 def test_the_oracle_instances_have_ep_win_and_lose() -> None:
     """Runs after the oracle (file order): its best plans include ep 1 and ep > 1."""
     assert 1 in SEEN and len(SEEN) > 1, SEEN
+
+
+def test_a_stage_at_ep_4_beside_one_at_ep_1_beats_every_single_degree() -> None:
+    # G0: fast, 0.5 GiB: an MoE layer (80 M parameters, 72 M in 4 experts) fits only with its
+    # experts split 4 ways (26 M parameters a GPU). G1: half as fast, 8 GiB, but its GPUs
+    # exchange at 0.5 GB/s: an all-to-all there costs more than the layer. The best plan puts
+    # the first MoE layer on G0 at ep 4 and the second on G1 at ep 1 (one replica of tp 4).
+    layers = [
+        layer(0, flops=10**10, params=10**6, saved=10**7, output=10**6, kind="embedding"),
+        *(
+            _moe(layer(i, flops=4 * 10**11, params=80 * 10**6, saved=10**7, output=10**6), 4, 0.9,
+                 8 * 10**6)
+            for i in (1, 2)
+        ),
+    ]  # fmt: skip
+    cluster = make_cluster(
+        [
+            ("g0", gpu("G0", tflops=50.0, memory_gib=0.5, bandwidth=1000.0), 4, 1),
+            ("g1", gpu("G1", tflops=25.0, memory_gib=8.0, bandwidth=1000.0), 4, 1),
+        ],
+        intra_gb_per_s=100.0,
+        inter_gb_per_s=10.0,
+    )
+    slow = [
+        g if g.name == "g0" else g.model_copy(update={"intra_node_bandwidth_gb_per_s": 0.5})
+        for g in cluster.node_groups
+    ]
+    cluster = cluster.model_copy(update={"node_groups": slow})
+    model = cost_model(make_profile(layers), cluster, OPTIONS)
+    found = [c for c in solve_candidates(model, 8, OPTIONS).candidates if c.cost.feasible]
+    best = found[0]
+    assert [(stage.ep, stage.groups[0].device_class) for stage in best.config.stages] == [
+        (4, 0),
+        (1, 1),
+    ], best.config.summary()
+    expected = brute_force_hetero_per_stage(model, 8)
+    assert math.isclose(best.iteration_ms, expected, rel_tol=1e-9)
+    # The plan carries each stage's degree, and the validator takes it.
+    plan = solve(model.profile, model.cluster, 8, OPTIONS)
+    assert [stage.expert_parallel_degree for stage in plan.stages] == [4, 1]
+    validate_plan(plan, model.profile)
+    for ep in (1, 2, 4):
+        pinned = OPTIONS.model_copy(update={"expert_parallel": ep})
+        one = [c for c in solve_candidates(model, 8, pinned).candidates if c.cost.feasible]
+        assert one[0].iteration_ms > best.iteration_ms * 1.1, (ep, one[0].config.summary())

@@ -1,4 +1,4 @@
-"""Expert parallelism as a searched knob: one ep degree per plan, applied to every stage.
+"""Expert parallelism as a searched knob: one search per ep degree, merged.
 
 Like sequence parallelism (``autoplan.solve.sequence_parallel``), ep changes every layer's
 costs (its MoE layers' all-to-alls and expert memory: ``autoplan.cost.expert_parallel``), so
@@ -6,6 +6,9 @@ the search runs once per degree e on a view of the cost model costing every stag
 (``CostModel.with_expert_parallel``), whose space holds only replica groups of a multiple of
 e replicas (the uniform, heterogeneous and shared-stage searches read ``expert_parallel``),
 and the candidates are merged: the best of the runs is the best of the space with ep in it.
+In the run at ep 1, the heterogeneous family chooses ep per stage (``autoplan.solve.
+expert_stages``: each stage its own degree); the uniform and shared-stage families keep one
+degree per plan.
 
 Degrees searched: 1 and every divisor of the gcd of the MoE layers' expert counts up to the
 cluster's GPUs (a dense model: 1 only); pinned, that degree. ep > 1 runs with ZeRO level 1
@@ -24,35 +27,15 @@ import time
 from collections.abc import Callable
 
 from autoplan.cost.config import PlanConfig
-from autoplan.cost.expert_parallel import expert_counts
 from autoplan.cost.model import CostModel
-from autoplan.errors import InputError
+from autoplan.solve.expert_stages import degree_options, expert_degrees
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult
-from autoplan.solve.space import divisors
 from autoplan.solve.uniform import config_key
 
 __all__ = ["expert_degrees", "search_with_expert_parallel", "with_expert_degree"]
 
 Search = Callable[[CostModel, CostModel | None, int, SolveOptions], SearchResult]
-
-
-def expert_degrees(model: CostModel, options: SolveOptions) -> list[int]:
-    """The ep degrees to search (module docstring); raises InputError for a pinned degree the
-    model cannot take."""
-    counts = expert_counts(model.profile)
-    pinned = options.expert_parallel
-    if not counts:
-        if pinned not in (None, 1):
-            raise InputError(f"--ep {pinned}: {model.profile.model.name} has no experts")
-        return [1]
-    common = math.gcd(*counts)
-    if pinned is not None:
-        if common % pinned:
-            raise InputError(f"--ep {pinned} must divide the experts of every MoE layer ({common})")
-        return [pinned]
-    gpus = sum(c.total_gpus for c in model.classes)
-    return [e for e in divisors(common) if e <= gpus]
 
 
 def with_expert_degree(config: PlanConfig, ep: int) -> PlanConfig:
@@ -83,17 +66,14 @@ def search_with_expert_parallel(
     lower_bound = math.inf  # the least of the runs' proven bounds (autoplan.solve.certificate)
     for position, ep in enumerate(degrees):
         left = max(deadline - time.monotonic(), 1e-3) / (len(degrees) - position)
-        update: dict[str, object] = {"time_limit_s": left}
-        if ep > 1:
-            if (options.zero_stage or 0) > 1:
-                continue  # ZeRO-2/3 pinned: ep > 1 is not composed with them
-            pinned_off = options.zero_stage == 0 or options.zero1 is False
-            update["zero_stage"] = 0 if pinned_off else 1
+        degree = degree_options(options, ep)
+        if degree is None:
+            continue  # ZeRO-2/3 pinned: ep > 1 is not composed with them
         result = run(
             model.with_expert_parallel(ep),
             None if block_model is None else block_model.with_expert_parallel(ep),
             batch,
-            options.model_copy(update=update),
+            degree.model_copy(update={"time_limit_s": left}),
         )
         considered += result.configs_considered
         solved += result.partitions_solved

@@ -52,7 +52,7 @@ from autoplan.solve.space import (
     recompute_modes,
     zero_levels,
 )
-from solvers.pipeline_dp import StageCostResult, best_pipelines
+from solvers.pipeline_dp import StageCostResult, StageSource, best_pipelines
 
 __all__ = ["Allocation", "HeteroResult", "HeteroSource", "hetero_candidates"]
 
@@ -63,6 +63,8 @@ HEURISTIC_BEAM = 8
 
 Kind = tuple[int, int]  # (device class, tp)
 Allocation = tuple[tuple[int, int, int], ...]  # ((class, tp, replicas), ...)
+# (model, batch, micro-batches, schedule, options) -> a run's stage source
+SourceType = Callable[[CostModel, int, int, str, SolveOptions], StageSource]
 
 
 @dataclass(frozen=True)
@@ -555,10 +557,12 @@ class HeteroResult:
 
 
 def _config(labels, m: int, schedule: str) -> PlanConfig:
+    # A payload is (groups, ZeRO level), and the stage's ep where the source chose one
+    # (``autoplan.solve.expert_stages``).
     stages = tuple(
-        StageChoice(label.start, label.previous.start, groups, int(zero1))
+        StageChoice(label.start, label.previous.start, groups, int(zero1), *ep)
         for label in labels
-        for groups, zero1 in [label.payload]
+        for groups, zero1, *ep in [label.payload]
     )
     return PlanConfig(m, schedule, 1, stages)
 
@@ -568,16 +572,17 @@ def _root_bound(
     batch: int,
     options: SolveOptions,
     run: tuple[int, str, int, int],
-    sources: dict[int, HeteroSource],
+    sources: dict[int, StageSource],
     index: int,
+    source_type: SourceType,
 ) -> float:
     """A lower bound on run ``run``'s pipelines (the DP's prefix bound over all layers with
     every GPU free: m × the bound on the slowest stage); orders the exact pass."""
     m, schedule, _most, _least = run
     if index not in sources:
-        sources[index] = HeteroSource(model, batch, m, schedule, options)
+        sources[index] = source_type(model, batch, m, schedule, options)
     source = sources[index]
-    if not source.allocations:
+    if not source.options():
         return math.inf
     free = np.array([[c.total_gpus for c in model.classes]], dtype=np.int64)
     return m * float(source.prefix_table(free)[0, model.num_layers])
@@ -592,6 +597,7 @@ def hetero_candidates(
     keep: int,
     deadline: float,
     progress: Callable[[int, int], None] | None = None,
+    source_type: SourceType | None = None,
 ) -> HeteroResult:
     """The best heterogeneous pipelines below ``upper_bound`` (space.py), best first.
 
@@ -599,7 +605,10 @@ def hetero_candidates(
     (``upper_bound`` inf), a quick heuristic one (``best_pipelines`` with a beam of
     ``HEURISTIC_BEAM`` labels per position) whose best is the incumbent, then the exact one,
     most promising run first (by the heuristic's value, or with an incumbent by the run's
-    root bound): the tighter the incumbent, the more the exact pass prunes."""
+    root bound): the tighter the incumbent, the more the exact pass prunes. ``source_type``
+    builds each run's stage source (default ``HeteroSource``)."""
+    if source_type is None:
+        source_type = HeteroSource
     num_layers = model.num_layers
     runs: list[tuple[int, str, int, int]] = []  # (m, schedule, most stages, least stages)
     pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
@@ -619,7 +628,7 @@ def hetero_candidates(
     found: list[tuple[float, int, PlanConfig]] = []
     costed = labels = 0
     bound = upper_bound
-    sources: dict[int, HeteroSource] = {}
+    sources: dict[int, StageSource] = {}
     promise: dict[int, float] = {}
     floors: dict[int, float] = {}  # the exact pass's floor of each run it completed
 
@@ -628,9 +637,9 @@ def hetero_candidates(
         nonlocal costed, labels, bound
         m, schedule, most, least = runs[index]
         if index not in sources:
-            sources[index] = HeteroSource(model, batch, m, schedule, options)
+            sources[index] = source_type(model, batch, m, schedule, options)
         source = sources[index]
-        if not source.allocations:
+        if not source.options():
             promise[index] = math.inf
             floors[index] = math.inf
             return True
@@ -682,7 +691,9 @@ def hetero_candidates(
         # would mostly re-find it and cost more than the exact pass it serves (GPT-Neo-2.7B
         # 16+16: 9.4 s of beam against 5.1 s exact); the runs go by their root bound instead.
         for index in range(len(runs)):
-            promise[index] = _root_bound(model, batch, options, runs[index], sources, index)
+            promise[index] = _root_bound(
+                model, batch, options, runs[index], sources, index, source_type
+            )
     order = sorted(range(len(runs)), key=lambda x: (promise.get(x, math.inf), x))
     for done, index in enumerate(order):
         if timed_out:
