@@ -4,7 +4,7 @@ Mixtral-8x7B (46.7 B parameters, 12.9 B active; 8 experts, top 2, capacity facto
 profiled on fake tensors at sequence 4096, micro-batch 1, bf16, and solved for a global batch
 of 64 on the shipped ``h100-a100-l4`` cluster (16 H100, 16 A100-80GB, 16 L4): with ep searched
 (1, 2, 4 or 8: per plan, ``autoplan.solve.expert_parallel``, and per stage in heterogeneous
-pipelines, ``autoplan.solve.expert_stages``), and with ep pinned to 1, 4 and 8 for every stage
+pipelines, ``autoplan.solve.stage_degrees``), and with ep pinned to 1, 4 and 8 for every stage
 (the best plan of each degree, whether or not the search prefers it).
 
 For each plan: its knobs, the predicted iteration time, and the all-to-all share of it: the

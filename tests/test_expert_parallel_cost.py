@@ -7,12 +7,11 @@ oracle.py's enumerations) costed by ``CostModel.evaluate`` at each ep degree, wh
 e admits only replica groups of a multiple of e replicas and ZeRO level 0 or 1 (the space that
 ``autoplan.solve.expert_parallel`` declares): the uniform and shared-stage plans at one degree
 for every stage, the heterogeneous pipelines with each stage at any degree its replica counts
-admit (``autoplan.solve.expert_stages``)."""
+admit (``autoplan.solve.stage_degrees``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 
 import pytest
@@ -27,12 +26,9 @@ from autoplan.plan.validate import validate_plan
 from autoplan.profile.schema import ExpertProfile, LayerProfile
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.expert_parallel import expert_degrees
-from autoplan.solve.expert_stages import degree_options
-from autoplan.solve.hetero import HeteroSource
-from autoplan.solve.space import divisors
-from solvers.oracle import compositions
+from tests.stage_degrees_oracle import brute_force_stage_degrees
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
-from tests.test_solver_oracle import _allocations, brute_force, brute_force_hetero
+from tests.test_solver_oracle import brute_force, brute_force_hetero
 
 OPTIONS = SolveOptions(top_k=1, zero_bubble=False, sequence_parallel=False)
 SEEN: set[int] = set()  # the ep of the solver's best, over the oracle's examples
@@ -169,62 +165,6 @@ class _DegreeOnly:
         return cost
 
 
-def brute_force_hetero_per_stage(model, batch: int) -> float:
-    """Every heterogeneous pipeline of the space (``brute_force_hetero``'s enumeration), each
-    stage at every ep degree that divides its replica counts, costed by evaluate on the plain
-    model (the stage carries its ep); a stage's shares, recompute and ZeRO level are the space's
-    own rule at its degree (``HeteroSource.stage_groups`` of the ep view, ZeRO 0/1 for ep > 1)."""
-    best = math.inf
-    n = model.num_layers
-    totals = [c.total_gpus for c in model.classes]
-    degrees = expert_degrees(model, OPTIONS)
-    for m in divisors(batch):
-        allocations = _allocations(model, batch // m)
-        for pp in range(1, n + 1):
-            schedule = "1f1b" if pp <= m else "gpipe"
-            sources = {
-                ep: HeteroSource(
-                    model.with_expert_parallel(ep), batch, m, schedule, degree_options(OPTIONS, ep)
-                )
-                for ep in degrees
-            }
-            options = allocations
-            for sizes in compositions(n, pp):
-                bounds = [0, *itertools.accumulate(sizes)]
-
-                def extend(
-                    s, used, stages, m=m, pp=pp, bounds=bounds, sources=sources, options=options
-                ) -> None:
-                    nonlocal best
-                    if s == pp:
-                        config = PlanConfig(m, "1f1b" if pp <= m else "gpipe", 1, tuple(stages))
-                        cost = model.evaluate(config)
-                        if cost.feasible:
-                            best = min(best, cost.iteration_ms)
-                        return
-                    flight = m if pp > m else min(m, pp - s)
-                    for allocation in options:
-                        use = list(used)
-                        for k, t, count in allocation:
-                            use[k] += t * count
-                        if any(u > total for u, total in zip(use, totals, strict=True)):
-                            continue
-                        for ep, source in sources.items():
-                            if any(count % ep for _, _, count in allocation):
-                                continue
-                            found = source.stage_groups(
-                                allocation, bounds[s], bounds[s + 1], flight
-                            )
-                            if found is None:
-                                continue
-                            groups, zero, _ = found
-                            stage = StageChoice(bounds[s], bounds[s + 1], groups, zero, ep)
-                            extend(s + 1, use, [*stages, stage])
-
-                extend(0, [0] * len(totals), [])
-    return best
-
-
 @st.composite
 def moe_instances(draw):
     experts = draw(st.sampled_from([2, 4]))
@@ -272,7 +212,8 @@ def test_searched_ep_equals_brute_force(instance) -> None:
     for ep in expert_degrees(model, OPTIONS):
         view = _DegreeOnly(model, ep)
         expected = min(expected, brute_force(view, batch, OPTIONS), brute_force_hetero(view, batch))
-    expected = min(expected, brute_force_hetero_per_stage(model, batch))
+    degrees = [(1, ep) for ep in expert_degrees(model, OPTIONS)]
+    expected = min(expected, brute_force_stage_degrees(model, batch, OPTIONS, degrees))
     found = [c for c in solve_candidates(model, batch, OPTIONS).candidates if c.cost.feasible]
     if math.isinf(expected):
         assert not found
@@ -327,7 +268,7 @@ def test_a_stage_at_ep_4_beside_one_at_ep_1_beats_every_single_degree() -> None:
         (4, 0),
         (1, 1),
     ], best.config.summary()
-    expected = brute_force_hetero_per_stage(model, 8)
+    expected = brute_force_stage_degrees(model, 8, OPTIONS, [(1, 1), (1, 2), (1, 4)])
     assert math.isclose(best.iteration_ms, expected, rel_tol=1e-9)
     # The plan carries each stage's degree, and the validator takes it.
     plan = solve(model.profile, model.cluster, 8, OPTIONS)

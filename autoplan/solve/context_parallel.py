@@ -8,7 +8,9 @@ shared-stage and heterogeneous families, sequence parallelism on and off) runs o
 replicas are tp × c GPUs inside a node (cp within a node first, where the ring's sends are on
 NVLink). Its configurations come back with ``cp = c`` on their groups and are costed again by
 the model itself (``evaluate``, the figure the plan reports); the best over the degrees is the
-best of the space with the knob in it. One cp holds for every stage of a plan.
+best of the space with the knob in it. In the run at cp 1, the heterogeneous family also
+chooses cp per stage (``autoplan.solve.stage_degrees``); the uniform and shared-stage families
+keep one cp for every stage.
 
 Degrees searched: 1 and the powers of two up to ``MAX_CONTEXT_PARALLEL`` that divide some
 class's GPUs per node and whose 2·c load-balanced chunks divide the sequence, for a model with
@@ -25,41 +27,15 @@ from collections.abc import Callable
 
 from autoplan.cost.config import with_cp
 from autoplan.cost.model import CostModel
-from autoplan.errors import InputError
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.stage_degrees import MAX_CONTEXT_PARALLEL, cp_choices
 from autoplan.solve.uniform import config_key
 
 __all__ = ["MAX_CONTEXT_PARALLEL", "cp_choices", "search_with_context_parallel"]
 
-MAX_CONTEXT_PARALLEL = 8
-
 # (model view, batch, options) -> the candidates of one search
 Searcher = Callable[[CostModel, int, SolveOptions], SearchResult]
-
-
-def cp_choices(model: CostModel, options: SolveOptions) -> list[int]:
-    """The cp degrees to search (module docstring), ascending."""
-    profile = model.profile
-    if options.cp is not None:
-        if options.cp > 1 and profile.seq_len % (2 * options.cp):
-            raise InputError(
-                f"--cp {options.cp}: 2 × {options.cp} load-balanced chunks do not divide the "
-                f"sequence length {profile.seq_len}"
-            )
-        return [options.cp]
-    if options.strategy != "optimal":
-        return [1]  # the baselines are what they are: no cp
-    attention = any(layer.selective_recompute_flops > 0 for layer in profile.layers)
-    if not attention or profile.seq_len < options.cp_min_seq_len:
-        return [1]
-    out = [1]
-    cp = 2
-    while cp <= MAX_CONTEXT_PARALLEL and profile.seq_len % (2 * cp) == 0:
-        if any(c.gpus_per_node % cp == 0 for c in model.classes):
-            out.append(cp)
-        cp *= 2
-    return out
 
 
 def search_with_context_parallel(

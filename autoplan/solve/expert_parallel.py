@@ -7,7 +7,7 @@ the search runs once per degree e on a view of the cost model costing every stag
 e replicas (the uniform, heterogeneous and shared-stage searches read ``expert_parallel``),
 and the candidates are merged: the best of the runs is the best of the space with ep in it.
 In the run at ep 1, the heterogeneous family chooses ep per stage (``autoplan.solve.
-expert_stages``: each stage its own degree); the uniform and shared-stage families keep one
+stage_degrees``: each stage its own degree); the uniform and shared-stage families keep one
 degree per plan.
 
 Degrees searched: 1 and every divisor of the gcd of the MoE layers' expert counts up to the
@@ -28,9 +28,9 @@ from collections.abc import Callable
 
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel
-from autoplan.solve.expert_stages import degree_options, expert_degrees
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.stage_degrees import degree_options, expert_degrees
 from autoplan.solve.uniform import config_key
 
 __all__ = ["expert_degrees", "search_with_expert_parallel", "with_expert_degree"]

@@ -558,7 +558,7 @@ class HeteroResult:
 
 def _config(labels, m: int, schedule: str) -> PlanConfig:
     # A payload is (groups, ZeRO level), and the stage's ep where the source chose one
-    # (``autoplan.solve.expert_stages``).
+    # (``autoplan.solve.stage_degrees``).
     stages = tuple(
         StageChoice(label.start, label.previous.start, groups, int(zero1), *ep)
         for label in labels

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from autoplan.cost.model import CostModel
 from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve.certificate import Floors, work_bound_ms, zero_bubble_bound_ms
-from autoplan.solve.expert_stages import stage_source
 from autoplan.solve.hetero import hetero_candidates
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.progress import report_found
 from autoplan.solve.shares import shared_search
+from autoplan.solve.stage_degrees import stage_source
 from autoplan.solve.uniform import Candidate, SearchResult, config_key, uniform_search
 from autoplan.solve.zero_bubble import zero_bubble_variants
 
@@ -99,7 +99,7 @@ def search(
             keep=keep,
             deadline=deadline,
             progress=progress,
-            source_type=stage_source(model, options),  # ep per stage (solve.expert_stages)
+            source_type=stage_source(model, options),  # ep per stage (solve.stage_degrees)
         )
         considered += found.labels
         solved += found.stages_costed

@@ -1,0 +1,213 @@
+"""Context and expert parallelism per stage in the heterogeneous search: each stage its own
+degrees.
+
+The heterogeneous DP (``solvers.pipeline_dp``) draws its stage options, their costs and its
+bounds from a source (``HeteroSource``: one option per replica allocation of one cost-model
+view). ``StageDegreeSource`` joins the sources of several views, one per (cp, ep) pair
+searched, every option of each an option of its own:
+
+- the view at cp c (``CostModel.with_context_parallel``) counts cp groups of c GPUs of one
+  node as its GPUs: an option's GPUs are c × the view's, and its stage's groups come back at
+  cp c (a stage's replicas share one cp; ring attention within a node);
+- the view at ep e (``CostModel.with_expert_parallel``) admits replica counts that e divides
+  (expert groups of e replicas of one kind), with ZeRO 0 or 1 (the levels
+  ``autoplan.cost.expert_parallel`` composes with ep); its stage carries ep e.
+
+``CostModel.evaluate`` costs each stage at its own degrees. Since every (allocation, cp, ep) is
+its own option, the DP's exactness covers the per-stage choice: an H100 stage at cp 2 beside an
+L4 stage at cp 1, an ep 4 stage beside an ep 1 stage; where the best plan has one degree
+everywhere the search still finds it. Bounds: each option's floor is its own view's; the
+prefix bound (the least GPU-time of a sample of each layer) is the plain view's, which holds
+for every option: ep only adds to a layer's time (its all-to-alls), and a cp rank's time for
+1/c of the tokens is at least 1/c of the whole's (the cost model scales a layer's work by 1/c,
+its fixed costs do not shrink, the ring only adds), so its c GPUs spend at least as much.
+
+Degrees (module functions): cp 1 and the powers of two up to ``MAX_CONTEXT_PARALLEL`` that
+divide some class's GPUs per node and whose 2·c load-balanced chunks divide the sequence, for a
+model with an attention core, searched from ``SolveOptions.cp_min_seq_len`` tokens
+(``cp_choices``); ep 1 and the divisors of the gcd of the MoE layers' expert counts up to the
+cluster's GPUs (``expert_degrees``). A pinned ``--cp`` or ``--ep`` holds for every stage (the
+per-plan views of ``autoplan.solve.context_parallel`` and ``autoplan.solve.expert_parallel``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Hashable
+
+import numpy as np
+
+from autoplan.cost.config import ReplicaGroup
+from autoplan.cost.expert_parallel import expert_counts
+from autoplan.cost.model import CostModel
+from autoplan.errors import InputError
+from autoplan.solve.hetero import HeteroSource, SourceType
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.space import divisors
+from solvers.pipeline_dp import StageCostResult
+
+__all__ = [
+    "MAX_CONTEXT_PARALLEL",
+    "StageDegreeSource",
+    "cp_choices",
+    "degree_options",
+    "expert_degrees",
+    "stage_source",
+]
+
+MAX_CONTEXT_PARALLEL = 8
+
+
+def cp_choices(model: CostModel, options: SolveOptions) -> list[int]:
+    """The cp degrees to search (module docstring), ascending."""
+    profile = model.profile
+    if options.cp is not None:
+        if options.cp > 1 and profile.seq_len % (2 * options.cp):
+            raise InputError(
+                f"--cp {options.cp}: 2 × {options.cp} load-balanced chunks do not divide the "
+                f"sequence length {profile.seq_len}"
+            )
+        return [options.cp]
+    if options.strategy != "optimal":
+        return [1]  # the baselines are what they are: no cp
+    attention = any(layer.selective_recompute_flops > 0 for layer in profile.layers)
+    if not attention or profile.seq_len < options.cp_min_seq_len:
+        return [1]
+    out = [1]
+    cp = 2
+    while cp <= MAX_CONTEXT_PARALLEL and profile.seq_len % (2 * cp) == 0:
+        if any(c.gpus_per_node % cp == 0 for c in model.classes):
+            out.append(cp)
+        cp *= 2
+    return out
+
+
+def expert_degrees(model: CostModel, options: SolveOptions) -> list[int]:
+    """The ep degrees to search (module docstring); raises InputError for a pinned degree the
+    model cannot take."""
+    counts = expert_counts(model.profile)
+    pinned = options.expert_parallel
+    if not counts:
+        if pinned not in (None, 1):
+            raise InputError(f"--ep {pinned}: {model.profile.model.name} has no experts")
+        return [1]
+    common = math.gcd(*counts)
+    if pinned is not None:
+        if common % pinned:
+            raise InputError(f"--ep {pinned} must divide the experts of every MoE layer ({common})")
+        return [pinned]
+    gpus = sum(c.total_gpus for c in model.classes)
+    return [e for e in divisors(common) if e <= gpus]
+
+
+def degree_options(options: SolveOptions, ep: int) -> SolveOptions | None:
+    """The options of a search at ep ``ep``: ZeRO 1 (or 0 where pinned off) for ep > 1, none
+    where ZeRO-2/3 is pinned (not composed with ep)."""
+    if ep == 1:
+        return options
+    if (options.zero_stage or 0) > 1:
+        return None
+    pinned_off = options.zero_stage == 0 or options.zero1 is False
+    return options.model_copy(update={"zero_stage": 0 if pinned_off else 1})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Variant:
+    """One (cp, ep) pair: its view of the cost model and the options of a search on it."""
+
+    cp: int
+    ep: int
+    view: CostModel
+    options: SolveOptions
+
+
+class StageDegreeSource:
+    """The options of several views' ``HeteroSource``s, each at its (cp, ep) (module
+    docstring); the first variant is the plain one (cp 1, ep 1 of the model searched)."""
+
+    def __init__(
+        self,
+        batch: int,
+        num_micro_batches: int,
+        schedule: str,
+        variants: list[_Variant],
+    ) -> None:
+        self._sources = [
+            HeteroSource(v.view, batch, num_micro_batches, schedule, v.options) for v in variants
+        ]
+        self.base = self._sources[0]
+        self._variants = variants
+        # (variant, its source's option) of each of this source's options, and its GPUs.
+        self._options: list[tuple[int, int]] = []
+        self._uses: list[tuple[int, ...]] = []
+        for index, (variant, source) in enumerate(zip(variants, self._sources, strict=True)):
+            for option, use in enumerate(source.options()):
+                self._options.append((index, option))
+                self._uses.append(tuple(variant.cp * u for u in use))
+        self._rows = [
+            np.array([o for v, o in self._options if v == index], dtype=np.int64)
+            for index in range(len(variants))
+        ]
+
+    def options(self) -> list[tuple[int, ...]]:
+        return self._uses
+
+    def floor_table(self, j: int) -> np.ndarray:
+        return np.concatenate(
+            [
+                source.floor_table(j)[rows]
+                for source, rows in zip(self._sources, self._rows, strict=True)
+            ]
+        )
+
+    def prefix_table(self, free: np.ndarray) -> np.ndarray:
+        return self.base.prefix_table(free)
+
+    def key_covers(self, low: Hashable, high: Hashable) -> bool:
+        return self.base.key_covers(low, high)
+
+    def cost(
+        self, option: int, i: int, j: int, position: int, next_key: Hashable | None
+    ) -> StageCostResult | None:
+        index, own = self._options[option]
+        found = self._sources[index].cost(own, i, j, position, next_key)
+        variant = self._variants[index]
+        if found is None or (variant.cp, variant.ep) == (1, 1):
+            return found
+        assert isinstance(found.payload, tuple)  # HeteroSource's (groups, ZeRO level)
+        groups: tuple[ReplicaGroup, ...] = found.payload[0]
+        at_cp = tuple(dataclasses.replace(g, cp=variant.cp) for g in groups)
+        return dataclasses.replace(found, payload=(at_cp, found.payload[1], variant.ep))
+
+
+def stage_source(model: CostModel, options: SolveOptions) -> SourceType:
+    """The heterogeneous search's source on ``model``: ``StageDegreeSource`` over the (cp, ep)
+    pairs not pinned nor fixed by ``model``'s view (a view of one cp or ep keeps it for every
+    stage), else ``HeteroSource``."""
+    cps = [1]
+    if model.context_parallel == 1 and options.cp is None:
+        cps = cp_choices(model, options)
+    eps = [1]
+    if model.expert_parallel == 1 and options.expert_parallel is None:
+        eps = expert_degrees(model, options)
+    if len(cps) * len(eps) == 1:
+        return HeteroSource
+    variants = []
+    for cp in cps:
+        for ep in eps:
+            ep_options = degree_options(options, ep)
+            if ep_options is None:
+                continue
+            view = model if cp == 1 else model.with_context_parallel(cp)
+            view = view if ep == 1 else view.with_expert_parallel(ep)
+            variants.append(_Variant(cp, ep, view, ep_options))
+
+    def make(
+        model: CostModel, batch: int, m: int, schedule: str, options: SolveOptions
+    ) -> StageDegreeSource:
+        # ``model`` and ``options`` are the variants' first (the views are made once, so
+        # their cost tables are computed once for every micro-batch count).
+        return StageDegreeSource(batch, m, schedule, variants)
+
+    return make

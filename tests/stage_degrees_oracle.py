@@ -1,0 +1,88 @@
+"""Brute force over heterogeneous pipelines whose stages each take their own (cp, ep): the
+oracle of ``autoplan.solve.stage_degrees`` (tests/test_context_parallel_oracle.py,
+tests/test_expert_parallel_cost.py).
+
+Every micro-batch count, pipeline degree, layer split and, per stage, every allocation of the
+space of each (cp, ep) view (``tests.test_solver_oracle._allocations`` on the view: cp groups
+of a node as its GPUs, replica counts that ep divides) with the space's own rule for the
+stage's shares, recompute and ZeRO level at that view (``HeteroSource.stage_groups``); GPUs are
+counted in real GPUs (a cp view's times cp) over the whole pipeline; each plan is costed by
+``CostModel.evaluate`` on the plain model, its stages carrying their cp and ep."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+from autoplan.cost.config import PlanConfig, StageChoice
+from autoplan.cost.model import CostModel
+from autoplan.solve.hetero import HeteroSource
+from autoplan.solve.options import SolveOptions
+from autoplan.solve.space import divisors
+from autoplan.solve.stage_degrees import degree_options
+from solvers.oracle import compositions
+from tests.test_solver_oracle import _allocations
+
+__all__ = ["brute_force_stage_degrees"]
+
+
+def brute_force_stage_degrees(
+    model: CostModel, batch: int, options: SolveOptions, degrees: list[tuple[int, int]]
+) -> float:
+    """The best feasible iteration time (ms) with each stage at any (cp, ep) of ``degrees``
+    (module docstring); inf where none fits."""
+    best = math.inf
+    n = model.num_layers
+    totals = [c.total_gpus for c in model.classes]
+    views = []
+    for cp, ep in degrees:
+        at_ep = degree_options(options, ep)
+        if at_ep is None:
+            continue
+        view = model if cp == 1 else model.with_context_parallel(cp)
+        view = view if ep == 1 else view.with_expert_parallel(ep)
+        views.append((cp, ep, view, at_ep))
+    for m in divisors(batch):
+        kinds = [
+            (cp, ep, view, at_ep, _allocations(view, batch // m)) for cp, ep, view, at_ep in views
+        ]
+        for pp in range(1, n + 1):
+            schedule = "1f1b" if pp <= m else "gpipe"
+            sources = [
+                (cp, ep, HeteroSource(view, batch, m, schedule, at_ep), allocations)
+                for cp, ep, view, at_ep, allocations in kinds
+            ]
+            for sizes in compositions(n, pp):
+                bounds = [0, *itertools.accumulate(sizes)]
+
+                def extend(s, used, stages, m=m, pp=pp, bounds=bounds, sources=sources) -> None:
+                    nonlocal best
+                    if s == pp:
+                        config = PlanConfig(m, "1f1b" if pp <= m else "gpipe", 1, tuple(stages))
+                        cost = model.evaluate(config)
+                        if cost.feasible:
+                            best = min(best, cost.iteration_ms)
+                        return
+                    flight = m if pp > m else min(m, pp - s)
+                    for cp, ep, source, allocations in sources:
+                        for allocation in allocations:
+                            if any(count % ep for _, _, count in allocation):
+                                continue
+                            use = list(used)
+                            for k, t, count in allocation:
+                                use[k] += t * count * cp
+                            if any(u > total for u, total in zip(use, totals, strict=True)):
+                                continue
+                            found = source.stage_groups(
+                                allocation, bounds[s], bounds[s + 1], flight
+                            )
+                            if found is None:
+                                continue
+                            groups, zero, _ = found
+                            groups = tuple(dataclasses.replace(g, cp=cp) for g in groups)
+                            stage = StageChoice(bounds[s], bounds[s + 1], groups, zero, ep)
+                            extend(s + 1, use, [*stages, stage])
+
+                extend(0, [0] * len(totals), [])
+    return best
