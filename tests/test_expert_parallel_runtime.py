@@ -3,7 +3,8 @@
 ep ranks equals single-process training within 1e-10, for ep 2 alone, ep 2 with two expert
 groups (dp 4: expert gradients summed across groups; and with ZeRO-1 over the replicas of one
 expert index), ep 2 × tp 2, ep 2 × pp 2 with full recompute (the recomputed forward exchanges
-its tokens again inside the backward), and ep 2 × pp 2 interleaved.
+its tokens again inside the backward), ep 2 × pp 2 interleaved, and two stages of different ep
+(2, then 1).
 
 moe-tiny's capacity factor leaves every expert a slot for every token, so no pick drops
 however the batch is split; its router is the model's own, seeded: deterministic. Each rank's
@@ -32,11 +33,14 @@ TOLERANCE = 1e-10
 EXPERTS = 4
 
 
-def _with_ep(plan: Plan, ep: int) -> Plan:
+def _with_ep(plan: Plan, ep: int, *later: int) -> Plan:
+    """``plan`` with its stages at ep ``ep``, or at ``ep, *later`` stage by stage."""
+    degrees = [ep, *later] if later else [ep] * len(plan.stages)
     return plan.model_copy(
         update={
             "stages": [
-                stage.model_copy(update={"expert_parallel_degree": ep}) for stage in plan.stages
+                stage.model_copy(update={"expert_parallel_degree": degree})
+                for stage, degree in zip(plan.stages, degrees, strict=True)
             ]
         }
     )
@@ -71,6 +75,11 @@ def _plans() -> dict[str, Plan]:
             ),
             2,
         ),
+        # Each stage its own ep (autoplan.solve.stage_degrees): ep 2 on the first, none on
+        # the second, whose replicas each hold all 4 experts.
+        "ep2_then_ep1_pp2": _with_ep(
+            make_plan([3, 3], model="moe-tiny", data_parallel=2, num_micro_batches=4), 2, 1
+        ),
         "ep2_pp2_full": _with_ep(
             make_plan(
                 [3, 3], model="moe-tiny", data_parallel=2, num_micro_batches=4, recompute="full"
@@ -95,6 +104,7 @@ def test_expert_parallel_training_equals_single_process(runs: Path, name: str) -
     for step in range(STEPS):
         covered: set[str] = set()
         experts_seen: dict[str, set[int]] = {}
+        degree_of: dict[str, int] = {}  # the ep of the stage holding each expert parameter
         for rank in range(plan.world_size):
             entry = plan.rank_map[rank]
             ep = plan.stages_of_rank(entry.pipeline_rank)[0].expert_parallel_degree
@@ -107,10 +117,12 @@ def test_expert_parallel_training_equals_single_process(runs: Path, name: str) -
                     assert grad.shape[0] == block, (param_name, grad.shape)
                     expected = expected[index * block : (index + 1) * block]
                     experts_seen.setdefault(param_name, set()).add(index)
+                    degree_of[param_name] = ep
                 assert grad.shape == expected.shape, param_name
                 error = (grad - expected).abs().max().item()
                 assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
                 covered.add(param_name)
         assert {n for n in reference[step] if "head.output" not in n} <= covered
         # Every expert block of every MoE layer is held (and checked) somewhere.
-        assert experts_seen and all(seen == {0, 1} for seen in experts_seen.values())
+        assert experts_seen
+        assert all(seen == set(range(degree_of[n])) for n, seen in experts_seen.items())
