@@ -10,8 +10,11 @@ does not state (micro-batch size, schedule, layer split) is the best the cost mo
 among micro-batch sizes 1, 2, 4 and 1F1B or interleaved 1F1B with 2, 3, 4, 6 or 8 chunks per rank,
 with layers split so that the largest stage's work is smallest (``autoplan solve`` with those
 knobs pinned searches the same and more, exactly). Megatron-LM
-(2021) all-reduced gradients after the backward, not overlapped with it, so the whole
-all-reduce is added. TFLOP/s per GPU follow the paper's own count,
+(2021) all-reduced gradients after the backward, not overlapped with it, took Megatron's
+vocab-parallel loss, kept its gradients in its own contiguous buffer rather than DDP's buckets
+and received each pipeline transfer into a tensor freed once used: the three terms where
+Megatron-DeepSpeed differs from autoplan's runtime (``autoplan.cost.engines``), so the rows
+are costed as that engine runs them. TFLOP/s per GPU follow the paper's own count,
 96·B·s·l·h²(1 + s/6h + V/16lh) FLOPs per iteration (which includes the recompute forward).
 
 This evaluates configurations with ``CostModel.evaluate`` directly, so it needs no solver.
@@ -116,9 +119,8 @@ class MegatronPrediction:
 
     @property
     def iteration_ms(self) -> float:
-        """The iteration with the dp all-reduce not overlapped (module docstring)."""
-        allreduce = max(self.cost.rank_allreduce_ms, default=self.cost.dp_allreduce_ms)
-        return self.cost.iteration_ms - self.cost.dp_comm_ms + allreduce
+        """The iteration, its dp all-reduce not overlapped (module docstring)."""
+        return self.cost.iteration_ms
 
     @property
     def tflops_per_gpu(self) -> float:
@@ -190,7 +192,7 @@ def predict_row(
     specs = gpu_specs(cluster)
     if a100 is not None:
         specs["A100-80GB"] = a100
-    model = CostModel(profile, cluster, specs)
+    model = CostModel(profile, cluster, specs).with_engine("megatron-deepspeed")
     costed = [(config, model.evaluate(config)) for config in _configs(row, model)]
     feasible = [pair for pair in costed if pair[1].feasible] or costed
     config, cost = min(feasible, key=lambda pair: pair[1].iteration_ms)

@@ -32,7 +32,9 @@ def _typed(name: str, reserve_gib: float):
 def test_the_peak_is_the_largest_gpu_with_and_without_its_reserve() -> None:
     # Two stages of two layers (10^8 bf16 parameters, 16 bytes each with Adam: 3.2e9 bytes of
     # states per stage), 1F1B over 4 micro-batches: stage 0 holds 2 micro-batches' saved
-    # 2 × 10^7 bytes, stage 1 one; both the transient 2 × 10^6 (twice a layer's output).
+    # 2 × 10^7 bytes, stage 1 one; both the transient 2 × 10^6 (twice a layer's output) and
+    # torch pipelining's 4 receive buffers of 10^6 (stage 0's output gradients, stage 1's
+    # inputs: CostModel.transfer_buffer_bytes).
     layers = [layer(i, flops=10**12, params=10**8, saved=10**7, output=10**6) for i in range(4)]
     cluster = make_cluster([("a", _typed("A", 1.0), 1, 1), ("b", _typed("B", 3.0), 1, 1)])
     model = cost_model(make_profile(layers), cluster, SolveOptions())
@@ -42,8 +44,8 @@ def test_the_peak_is_the_largest_gpu_with_and_without_its_reserve() -> None:
         StageChoice(2, 4, (ReplicaGroup(b, 1, 1, 1, "none"),)),
     )
     cost = model.evaluate(PlanConfig(4, "1f1b", 1, stages))
-    first = 3.2e9 + 2 * 2e7 + 2e6
-    second = 3.2e9 + 1 * 2e7 + 2e6
+    first = 3.2e9 + 2 * 2e7 + 2e6 + 4 * 1e6
+    second = 3.2e9 + 1 * 2e7 + 2e6 + 4 * 1e6
     without, with_reserve = predicted_peak_bytes(cost)
     # The most bytes are stage 0's; with the reserves, stage 1's 3 GiB makes it the largest.
     assert without == pytest.approx(first)

@@ -620,6 +620,36 @@ class CostModel:
         view.host_limit = False
         return view
 
+    def transfer_buffer_bytes(
+        self, samples: int, start: int, end: int, micro_batches: int
+    ) -> float:
+        """Device bytes the engine holds for a stage's pipeline transfers beyond its saved
+        activations: the stage on layers [start, end) of a replica taking ``samples`` samples
+        per micro-batch, ``micro_batches`` per iteration.
+
+        autoplan's runtime runs uniform plans on ``torch.distributed.pipelining``, whose
+        ``PipelineStage`` allocates, once and for the stage's life, a receive buffer for every
+        micro-batch's input (stages after the first) and for every micro-batch's output
+        gradient (stages before the last), each the full boundary activation on every tp rank
+        (``_setup_forward_recv_info`` and ``_create_grad_recv_info`` in torch 2.13; PyTorch's
+        issue #136380, with just-in-time allocation proposed in #196463). Counted whole, for
+        every plan of this engine: the groups executor (``autoplan.runtime.transfers``) holds
+        fewer (its receives live until taken, its sends until done), so there the count is
+        conservative; and a received input that the stage's first layer saves is counted
+        again in its saved activations, conservative by one boundary per micro-batch in
+        flight. Megatron-DeepSpeed's pipeline engine keeps only its in-flight pipe buffers,
+        whose inputs the saved activations count and whose outputs it frees after sending
+        (partitioned over tp): nothing more."""
+        if self.engine != "autoplan" or micro_batches <= 0:
+            return 0.0
+        layers = self.profile.layers
+        per_sample = 0.0
+        if start > 0:
+            per_sample += layers[start - 1].output_activation_bytes
+        if end < len(layers):
+            per_sample += layers[end - 1].output_activation_bytes
+        return micro_batches * samples * per_sample / self.profile.micro_batch_size
+
     def usable_bytes(self, device_class: int) -> int:
         """Device memory a plan may fill: capacity less the reserve."""
         return self.capacity_bytes(device_class) - self.reserved_bytes(device_class)
@@ -915,7 +945,16 @@ class CostModel:
                     weights_bytes=weights,
                     gradients_bytes=grads,
                     optimizer_bytes=opt,
-                    activations_bytes=flight * max(groups_cost[c][g].saved_bytes for c in chunks),
+                    activations_bytes=flight * max(groups_cost[c][g].saved_bytes for c in chunks)
+                    + sum(
+                        self.transfer_buffer_bytes(
+                            group.micro_batch_size,
+                            stages[c].layer_start,
+                            stages[c].layer_end,
+                            m,
+                        )
+                        for c in chunks
+                    ),
                     transient_bytes=max(groups_cost[c][g].transient_bytes for c in chunks)
                     + self.zero_transient_bytes(group.tp, ranks, stage.zero_stage)
                     + sharding.gathered_bytes(

@@ -308,9 +308,10 @@ class HeteroSource:
         # their time, ties in the space's order (a stable sort), and the first that fits; the
         # memory of the slower ones is never looked at.
         timed = sorted(self.modes, key=lambda mode: tables.span_work(mode, i, j))
+        buffers = self.model.transfer_buffer_bytes(x, i, j, self.m)
         for mode in timed:
             saved = tables.saved[mode]
-            used = static + flight * (saved[j] - saved[i])
+            used = static + buffers + flight * (saved[j] - saved[i])
             if used > usable:
                 continue
             parked = tables.parked.get(mode)

@@ -166,9 +166,10 @@ class _StageCoster:
         # The fastest mode that fits (with offload the order is the hardware's): the modes by
         # their time, ties in the space's order (a stable sort), the first that fits; slower
         # modes' memory is never looked at.
+        buffers = self.model.transfer_buffer_bytes(self.p.mbs, i, j, self.p.m)
         for mode in sorted(self.modes, key=lambda mode: t.span_work(mode, i, j)):
             saved = t.saved[mode]
-            used = static + flight * (saved[j] - saved[i])
+            used = static + buffers + flight * (saved[j] - saved[i])
             if used > capacity:
                 continue
             if flight * (t.parked[mode][j] - t.parked[mode][i]) > self.host_budget[s]:
