@@ -241,12 +241,12 @@ def test_the_oracle_instances_have_ep_win_and_lose() -> None:
     assert 1 in SEEN and len(SEEN) > 1, SEEN
 
 
-def test_a_stage_at_ep_2_beside_one_at_ep_1_beats_every_single_degree() -> None:
+def test_a_stage_at_ep_2_or_4_beside_one_at_ep_1_beats_every_single_degree() -> None:
     # G0: fast, 0.44 GiB: an MoE layer (80 M parameters, 72 M in 4 experts) fits only with its
     # experts split (44 M parameters a GPU at ep 2, ZeRO-1 over the 2 replicas of an expert
-    # index: 10 bytes each). G1: half as fast, 8 GiB, but its GPUs exchange at 0.5 GB/s: an
-    # all-to-all there costs more than the layer. The best plan puts the first MoE layer on G0
-    # at ep 2 and the second on G1 at ep 1 (one replica of tp 4).
+    # index: 10 bytes each; 26 M at ep 4). G1: half as fast, 8 GiB, but its GPUs exchange at
+    # 0.5 GB/s: an all-to-all there costs more than the layer. The best plan puts the first MoE
+    # layer on G0 at ep > 1 and the second on G1 at ep 1 (one replica of tp 4).
     layers = [
         layer(0, flops=10**10, params=10**6, saved=10**7, output=10**6, kind="embedding"),
         *(
@@ -271,15 +271,14 @@ def test_a_stage_at_ep_2_beside_one_at_ep_1_beats_every_single_degree() -> None:
     model = cost_model(make_profile(layers), cluster, OPTIONS)
     found = [c for c in solve_candidates(model, 8, OPTIONS).candidates if c.cost.feasible]
     best = found[0]
-    assert [(stage.ep, stage.groups[0].device_class) for stage in best.config.stages] == [
-        (2, 0),
-        (1, 1),
-    ], best.config.summary()
+    (first, second) = best.config.stages
+    assert (first.ep > 1, first.groups[0].device_class) == (True, 0), best.config.summary()
+    assert (second.ep, second.groups[0].device_class) == (1, 1), best.config.summary()
     expected = brute_force_stage_degrees(model, 8, OPTIONS, [(1, 1), (1, 2), (1, 4)])
     assert math.isclose(best.iteration_ms, expected, rel_tol=1e-9)
     # The plan carries each stage's degree, and the validator takes it.
     plan = solve(model.profile, model.cluster, 8, OPTIONS)
-    assert [stage.expert_parallel_degree for stage in plan.stages] == [2, 1]
+    assert [stage.expert_parallel_degree for stage in plan.stages] == [first.ep, 1]
     validate_plan(plan, model.profile)
     for ep in (1, 2, 4):
         pinned = OPTIONS.model_copy(update={"expert_parallel": ep})
