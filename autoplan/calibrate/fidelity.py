@@ -54,7 +54,8 @@ __all__ = [
     "shipped_profile",
 ]
 
-FIDELITY_SCHEMA_VERSION = 4  # 2: the engine; 3: memory columns; 4: the gradient all-reduce
+FIDELITY_SCHEMA_VERSION = 5  # 2: the engine; 3: memory columns; 4: the gradient all-reduce;
+# 5: the reference simulator's error
 
 
 class FidelityRun(BaseModel):
@@ -75,6 +76,11 @@ class FidelityRun(BaseModel):
     )
     measured_layers_error: float | None = Field(
         default=None, description="measured_layers_s / measured_s − 1."
+    )
+    reference_simulator_error: float | None = Field(
+        default=None,
+        description="reference_simulator_s / measured_s − 1: how close a simulator validated "
+        "against these runs gets from the same per-layer table (compare measured_layers_error).",
     )
     reference_simulator_s: float | None = Field(
         default=None, description="What the table's own simulator predicted, for reference."
@@ -117,6 +123,10 @@ class FidelitySummary(BaseModel):
     catalog_worst_error: float
     measured_layers_median_abs_error: float | None = None
     measured_layers_worst_error: float | None = None
+    reference_median_abs_error: float | None = Field(
+        default=None, ge=0, description="Median |reference_simulator_error| of the group."
+    )
+    reference_worst_error: float | None = None
     memory_runs: int = Field(default=0, ge=0, description="Runs with a measured memory peak.")
     memory_median_abs_error: float | None = Field(
         default=None, ge=0, description="Median |memory_error| of those runs."
@@ -147,6 +157,9 @@ def _summary(group: str, runs: list[FidelityRun]) -> FidelitySummary:
     catalog = [r.catalog_error for r in runs]
     layers = [r.measured_layers_error for r in runs if r.measured_layers_error is not None]
     memory = [r.memory_error for r in runs if r.memory_error is not None]
+    reference = [
+        r.reference_simulator_error for r in runs if r.reference_simulator_error is not None
+    ]
     return FidelitySummary(
         group=group,
         runs=len(runs),
@@ -156,6 +169,10 @@ def _summary(group: str, runs: list[FidelityRun]) -> FidelitySummary:
             statistics.median(abs(e) for e in layers) if layers else None
         ),
         measured_layers_worst_error=_worst(layers) if layers else None,
+        reference_median_abs_error=(
+            statistics.median(abs(e) for e in reference) if reference else None
+        ),
+        reference_worst_error=_worst(reference) if reference else None,
         memory_runs=len(memory),
         memory_median_abs_error=statistics.median(abs(e) for e in memory) if memory else None,
         memory_worst_error=_worst(memory) if memory else None,
@@ -268,6 +285,11 @@ def fidelity_report(
                     None if with_layers is None else with_layers.iteration_ms / 1e3 / measured_s - 1
                 ),
                 reference_simulator_s=run.reference_simulator_s,
+                reference_simulator_error=(
+                    None
+                    if run.reference_simulator_s is None
+                    else run.reference_simulator_s / measured_s - 1
+                ),
                 fits=catalog.feasible,
                 measured_memory_gib=measured_gib,
                 predicted_memory_gib=peak / GIB,

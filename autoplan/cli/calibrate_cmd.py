@@ -202,6 +202,10 @@ def fidelity_command(
     columns = ["run", "site", "plan", "m", "measured s", "catalog s", "error"]
     if layer_times is not None:
         columns += ["with layers s", "error"]
+    # The runs' own simulator, from the same per-layer table: how close composition gets.
+    reference = any(run.reference_simulator_s is not None for run in report.runs)
+    if reference:
+        columns += ["reference s", "error"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("run", "site", "plan") else "right")
     for run in report.runs:
@@ -219,11 +223,18 @@ def fidelity_command(
                 "-" if run.measured_layers_s is None else f"{run.measured_layers_s:.3f}",
                 _percent(run.measured_layers_error),
             ]
+        if reference:
+            cells += [
+                "-" if run.reference_simulator_s is None else f"{run.reference_simulator_s:.3f}",
+                _percent(run.reference_simulator_error),
+            ]
         table.add_row(*cells)
     memory = _memory_table(report)
     allreduce = _allreduce_table(report)
     summary = Table(title="median |error| and worst error")
     columns = ["group", "runs", "catalog median", "worst", "with layers median", "worst"]
+    if reference:
+        columns += ["reference median", "worst"]
     if memory is not None:
         columns += ["memory median", "worst"]
     for column in columns:
@@ -239,6 +250,13 @@ def fidelity_command(
             else f"{s.measured_layers_median_abs_error:.1%}",
             _percent(s.measured_layers_worst_error),
         ]
+        if reference:
+            cells += [
+                "-"
+                if s.reference_median_abs_error is None
+                else f"{s.reference_median_abs_error:.1%}",
+                _percent(s.reference_worst_error),
+            ]
         if memory is not None:
             cells += [
                 "-" if s.memory_median_abs_error is None else f"{s.memory_median_abs_error:.1%}",
