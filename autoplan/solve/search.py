@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from autoplan.cost.model import CostModel
 from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
@@ -37,7 +38,7 @@ from autoplan.solve.stage_degrees import stage_source
 from autoplan.solve.uniform import Candidate, SearchResult, config_key, uniform_search
 from autoplan.solve.zero_bubble import zero_bubble_variants
 
-__all__ = ["Candidate", "SearchResult", "search"]
+__all__ = ["Candidate", "SearchResult", "Started", "finish_search", "search", "start_search"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,68 @@ logger = logging.getLogger(__name__)
 def _zero_bubble_floor(model: CostModel, batch: int, options: SolveOptions) -> float:
     """No zero-bubble plan of the space is faster (``autoplan.solve.certificate``)."""
     return max(work_bound_ms(model, batch, options), zero_bubble_bound_ms(model, batch, options))
+
+
+@dataclass
+class Started:
+    """A search whose quick families (uniform, shared) have run; the heterogeneous family
+    and the ranking are left to ``finish_search``."""
+
+    options: SolveOptions
+    deadline: float  # time.monotonic() value past which the search stops
+    candidates: list[Candidate]
+    considered: int
+    solved: int
+    timed_out: bool
+    floors: Floors
+
+    def best_ms(self) -> float:
+        """The fastest feasible plan found so far (inf: none)."""
+        return min((c.iteration_ms for c in self.candidates if c.cost.feasible), default=math.inf)
+
+
+def start_search(
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    progress: Callable[[int, int], None] | None = None,
+    incumbent_ms: float = math.inf,
+) -> Started:
+    """The uniform and shared families of ``search`` (cheap, exact within themselves): a
+    caller running several searches (``sequence_parallel``) starts them all first, so that
+    each heterogeneous family prunes against the best plan of every one."""
+    deadline = time.monotonic() + options.time_limit_s
+    if options.schedule in ZERO_BUBBLE_SCHEDULES and options.dp is None:
+        options = options.model_copy(update={"dp": 1})  # torch runs them only at dp 1
+    heterogeneous = options.strategy == "optimal" and options.space == "heterogeneous"
+    uniform = uniform_search(
+        model,
+        batch,
+        options,
+        None if heterogeneous else progress,
+        deadline=deadline,
+        incumbent_ms=incumbent_ms,
+    )
+    started = Started(
+        options,
+        deadline,
+        list(uniform.candidates),
+        uniform.configs_considered,
+        uniform.partitions_solved,
+        uniform.timed_out,
+        Floors(),
+    )
+    started.floors.add(uniform.lower_bound_ms)
+    if options.strategy == "optimal":
+        shared = shared_search(model, batch, options, options.time_limit_s, deadline)
+        if not shared.complete:
+            started.floors.add(work_bound_ms(model, batch, options))
+        for config in shared.configs:
+            cost = model.evaluate(config)
+            started.candidates.append(Candidate(cost.iteration_ms, config, cost))
+            if cost.feasible:
+                report_found(cost.iteration_ms)
+    return started
 
 
 def search(
@@ -57,45 +120,36 @@ def search(
     """The ``options.top_k + 1`` best distinct configurations, best first (module docstring);
     with an ``incumbent_ms`` (a plan the caller holds: ``autoplan.solve.granularity``), the
     search prunes against it and may return only plans faster than it, or none."""
-    deadline = time.monotonic() + options.time_limit_s
-    if options.schedule in ZERO_BUBBLE_SCHEDULES and options.dp is None:
-        options = options.model_copy(update={"dp": 1})  # torch runs them only at dp 1
+    started = start_search(model, batch, options, progress, incumbent_ms)
+    return finish_search(model, batch, started, progress, incumbent_ms)
+
+
+def finish_search(
+    model: CostModel,
+    batch: int,
+    started: Started,
+    progress: Callable[[int, int], None] | None = None,
+    incumbent_ms: float = math.inf,
+    deadline: float | None = None,
+) -> SearchResult:
+    """The rest of ``search`` after ``start_search``: the heterogeneous family, pruned
+    against ``incumbent_ms`` and the plans ``started`` holds, until ``deadline`` (default:
+    the started search's), then the zero-bubble variants and the ranking."""
+    options = started.options
+    deadline = started.deadline if deadline is None else deadline
     keep = options.top_k + 1
     heterogeneous = options.strategy == "optimal" and options.space == "heterogeneous"
-    uniform = uniform_search(
-        model,
-        batch,
-        options,
-        None if heterogeneous else progress,
-        deadline=deadline,
-        incumbent_ms=incumbent_ms,
-    )
-    candidates = list(uniform.candidates)
-    considered, solved, timed_out = (
-        uniform.configs_considered,
-        uniform.partitions_solved,
-        uniform.timed_out,
-    )
-    floors = Floors()
-    floors.add(uniform.lower_bound_ms)
-    if options.strategy == "optimal":
-        shared = shared_search(model, batch, options, options.time_limit_s, deadline)
-        if not shared.complete:
-            floors.add(work_bound_ms(model, batch, options))
-        for config in shared.configs:
-            cost = model.evaluate(config)
-            candidates.append(Candidate(cost.iteration_ms, config, cost))
-            if cost.feasible:
-                report_found(cost.iteration_ms)
+    candidates = list(started.candidates)
+    considered, solved, timed_out = started.considered, started.solved, started.timed_out
+    floors = Floors(started.floors.floor_ms)
     if heterogeneous and timed_out:
         floors.add(work_bound_ms(model, batch, options))  # never started
     if heterogeneous and not timed_out:
-        feasible = [c.iteration_ms for c in candidates if c.cost.feasible]
         found = hetero_candidates(
             model,
             batch,
             options,
-            min([*feasible, incumbent_ms]),
+            min(started.best_ms(), incumbent_ms),
             keep=keep,
             deadline=deadline,
             progress=progress,
