@@ -32,11 +32,13 @@ answer is the best F among labels at 0.
 
 Pruning (exact: never drops a label that could beat the bound u, the best F found so far or
 given): ``floor_table(j)[o, i]`` is a lower bound on a_s and f_s of option o on [i, j), and
-``prefix_table(R')[o, i]`` a lower bound on the max and on the sum that stages covering
-[0, i) add with resources R' left; a stage whose (m - 1) · max(M, floor, prefix) + S + floor
-+ prefix + U >= u is skipped. These bounds are evaluated for every (option, start) of a label
-at once, with numpy; only the survivors are costed, each option from its shortest surviving
-stage to its longest: a cost of None at i promises None at every smaller i (memory only
+``prefix_table(R')[o, i]`` a lower bound on the max and, times ``fill_ratio``, on the sum
+that stages covering [0, i) add with resources R' left, and ``send_floor(j, κ)[o]`` on half
+of what the stage's boundary transfer to a label of key κ adds to its own a and f and to the
+label's (2s); a stage whose (m - 1) · max(M, A + 2s, floor + 2s, prefix) + S + 2s + floor + 2s
++ prefix × fill + U >= u is skipped. These bounds are evaluated for every (option, start) of
+a label at once, with numpy; only the survivors are costed, each option from its shortest
+surviving stage to its longest: a cost of None at i promises None at every smaller i (memory only
 grows with more layers), which ends that option.
 
 Deterministic: options and starts are visited in a fixed order, ties keep the first label
@@ -86,6 +88,18 @@ class StageSource(Protocol):
     def floor_table(self, j: int) -> np.ndarray:
         """``out[o, i]`` for i < j: a lower bound on a and f of option o on [i, j),
         nonincreasing in i."""
+        ...
+
+    def fill_ratio(self, free: np.ndarray, usable: np.ndarray) -> np.ndarray:
+        """``out[o]`` >= 1: ``prefix_table(free)[o] × out[o]`` is a lower bound on Σ f of
+        stages covering [0, i) with ``free[o]`` resources left, each one of the options where
+        ``usable`` is true."""
+        ...
+
+    def send_floor(self, j: int, next_key: Hashable | None) -> np.ndarray:
+        """``out[o]``: a lower bound on half of what option o's boundary transfer at j to a
+        stage of key ``next_key`` adds to the stage's a and f, and on half its e (a blocking
+        transfer each way); zeros when ``next_key`` is None."""
         ...
 
     def prefix_table(self, free: np.ndarray) -> np.ndarray:
@@ -292,6 +306,36 @@ class _Stats:
     labels: int = 0
     costed: int = 0
     timed_out: bool = False
+    # No pipeline the search did not return is below this (``best_pipelines``).
+    floor_ms: float = math.inf
+
+
+def _open_floor(
+    labels: list[PipelineLabel],
+    source: StageSource,
+    capacity: np.ndarray,
+    uses: np.ndarray,
+    m: int,
+) -> float:
+    """The least F any completion of ``labels`` can reach: each label's own (M, S, U) with
+    the prefix bound of what it leaves uncovered, [0, start) with its free resources, added
+    to its max and, times the fill ratio, to its sum (``StageSource.prefix_table``,
+    ``fill_ratio``); inf for no labels."""
+    if not labels:
+        return math.inf
+    free = capacity[None, :] - np.array([label.used for label in labels], dtype=np.int64)
+    table = source.prefix_table(free)
+    rest = table[np.arange(len(labels)), [label.start for label in labels]]
+    # Per label, the ratio over the options that fit in its free resources.
+    ratios = [
+        float(source.fill_ratio(row[None, :], np.all(uses <= row, axis=1))[0]) for row in free
+    ]
+    return min(
+        pipeline_objective(
+            max(label.max_stage, pre), label.sum_stage + pre * ratio, label.max_tail, m
+        )
+        for label, pre, ratio in zip(labels, rest.tolist(), ratios, strict=True)
+    )
 
 
 def best_pipelines(
@@ -362,7 +406,15 @@ def best_pipelines(
         for next_key in sorted(by_key, key=repr):
             for label in by_key[next_key]:
                 if deadline is not None and time.monotonic() > deadline:
+                    # Every pipeline not found goes through a label not yet extended: here
+                    # or at a position still ahead (the rest were pruned against the bound,
+                    # or dominated by one kept).
                     stats.timed_out = True
+                    open_labels = [x for labels in by_key.values() for x in labels]
+                    for ahead in fronts.values():
+                        open_labels += [x for labels in ahead.by_key().values() for x in labels]
+                    open_floor = _open_floor(open_labels, source, capacity, uses, m)
+                    stats.floor_ms = min(threshold(), open_floor) if beam is None else 0.0
                     return finals, stats
                 if label.stages >= cap:
                     continue
@@ -376,10 +428,18 @@ def best_pipelines(
                     continue
                 after = np.where(fits[:, None], free - uses, 0)
                 prefix = source.prefix_table(after)[:, :j]
+                # The stages before it are options that fit in what this label leaves.
+                fill = prefix * source.fill_ratio(after, fits)[:, None]
                 stage_ok = cuts_ok & np.where(starts == 0, position >= min_stages, position < cap)
-                peak = np.maximum(np.maximum(label.max_stage, floors), prefix)
+                # The stage's own transfers, and the same added to the label's first stage
+                # (the root label has none after it).
+                sends = 2 * source.send_floor(j, next_key) if label.stages else np.zeros(1)
+                stage = floors + sends[:, None]
+                head = label.first_stage + sends[:, None]
+                peak = np.maximum(np.maximum(np.maximum(label.max_stage, head), stage), prefix)
                 with np.errstate(invalid="ignore"):  # 0 × inf when m = 1: no candidate
-                    reach = (m - 1) * peak + label.sum_stage + floors + prefix + label.max_tail
+                    reach = (m - 1) * peak + label.sum_stage + sends[:, None] + stage + fill
+                    reach += label.max_tail
                 reach = np.where(np.isnan(reach), math.inf, reach)
                 candidates = fits[:, None] & stage_ok[None, :] & (reach < limit)
                 for option in np.flatnonzero(candidates.any(axis=1)).tolist():
@@ -392,6 +452,7 @@ def best_pipelines(
                         if result is None:
                             break
                         pre = float(prefix[option, i])
+                        pre_fill = float(fill[option, i])
                         added = result.next_added_ms if label.stages else 0.0
                         new = PipelineLabel(
                             max(label.max_stage, label.first_stage + added, result.steady_ms),
@@ -408,7 +469,7 @@ def best_pipelines(
                         )
                         if (
                             pipeline_objective(
-                                max(new.max_stage, pre), new.sum_stage + pre, new.max_tail, m
+                                max(new.max_stage, pre), new.sum_stage + pre_fill, new.max_tail, m
                             )
                             >= threshold()
                         ):
@@ -426,4 +487,6 @@ def best_pipelines(
                             fronts[i] = _Front(len(resources), keys)
                         if fronts[i].insert(new, m):
                             stats.labels += 1
+    # The beam drops labels unbounded: no floor is claimed.
+    stats.floor_ms = threshold() if beam is None else 0.0
     return finals, stats

@@ -153,6 +153,15 @@ class HeteroSource:
             layer.output_activation_bytes / model.profile.micro_batch_size
             for layer in model.profile.layers
         ]
+        # Each option's side of a boundary with the least samples (``send_floor``).
+        self._least_sides = []
+        for allocation in self.allocations:
+            classes = tuple(sorted({k for k, _, _ in allocation}))
+            single = None
+            if len(classes) == 1 and model.classes[classes[0]].num_nodes == 1:
+                single = classes[0]
+            self._least_sides.append(LinkSide(classes, 0, 0, single))
+        self._send_floors: dict[tuple[float, LinkSide], np.ndarray] = {}
 
     # ---- the options ---------------------------------------------------------------------
     def _replica_counts(self, kind: Kind) -> list[int]:
@@ -265,6 +274,53 @@ class HeteroSource:
             out = self._prefix_matrix[ids] * scale[:, None]
         out[:, 0] = 0.0
         return np.nan_to_num(out, nan=math.inf, posinf=math.inf)
+
+    def fill_ratio(
+        self, free: np.ndarray, usable: np.ndarray, uses: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``out[o]`` >= 1: ``prefix_table(free)[o] × out[o]`` is a lower bound on the sum of
+        the a of the stages covering [0, i) with ``free[o]`` GPUs left, when each of them is
+        one of the options ``usable`` (rows of ``uses``, default this source's options).
+
+        With λ_k = 1/Ω_k (the prefix bound's weights) a stage s of g_{s,k} GPUs of class k
+        has a_s >= b w_s / c_s, w_s = Σ_{l ∈ s} min_k λ_k ω_k(l) and c_s = Σ_k λ_k g_{s,k}
+        (module docstring); with c_s <= c_max, the largest c of the usable options,
+        Σ_s a_s >= b Σ_s w_s / c_max. Against the prefix bound's b Σ w / Σ_k λ_k free_k that
+        is the ratio Σ_k λ_k free_k / c_max when above 1: a stage holds at most b replicas,
+        so at a small share the layers need several stages, each with its own a in the sum."""
+        classes = self._omega_classes
+        if not classes or not usable.any():
+            return np.ones(len(free))
+        weights = np.zeros(free.shape[1])
+        weights[classes] = [1.0 / self._omega_total[k] for k in classes]
+        uses = np.array(self._uses, dtype=np.float64) if uses is None else uses
+        most = float((uses[usable] @ weights).max())
+        if most <= 0:
+            return np.ones(len(free))
+        present = free[:, classes] > 0
+        norm = (np.where(present, free[:, classes], 0) * weights[classes]).sum(axis=1)
+        return np.maximum(1.0, norm / most)
+
+    def send_floor(self, j: int, next_key: Hashable | None) -> np.ndarray:
+        """``out[o]``: a lower bound on the time of option o's boundary transfer at layer j
+        to a stage of side ``next_key`` (one way; 0 for the last stage). The sender's side is
+        taken with no samples: ``CostModel.boundary_ms`` reads the sender's classes (known
+        from the option) and the larger of the two sides' samples, and grows with those."""
+        if next_key is None:
+            return np.zeros(len(self.allocations))
+        assert isinstance(next_key, LinkSide)
+        size = self._out_bytes[j - 1]  # the same at every block boundary: cached by it
+        found = self._send_floors.get((size, next_key))
+        if found is None:
+            by_side: dict[LinkSide, float] = {}
+            values = []
+            for side in self._least_sides:
+                if side not in by_side:
+                    by_side[side] = self.model.boundary_ms(side, next_key, size)
+                values.append(by_side[side])
+            found = np.array(values)
+            self._send_floors[(size, next_key)] = found
+        return found
 
     # ---- costs ---------------------------------------------------------------------------
     @functools.cache  # noqa: B019 (one source per search)
@@ -577,8 +633,10 @@ def _root_bound(
     index: int,
     source_type: SourceType,
 ) -> float:
-    """A lower bound on run ``run``'s pipelines (the DP's prefix bound over all layers with
-    every GPU free: m × the bound on the slowest stage); orders the exact pass."""
+    """A lower bound on run ``run``'s pipelines: F = (m − 1) max a + Σ f + max t, each
+    stage's f is its a here, the DP's prefix bound over all layers with every GPU free bounds
+    max a, and times its fill ratio Σ a (``HeteroSource.fill_ratio``). It orders the exact
+    pass, and bounds a run never started."""
     m, schedule, _most, _least = run
     if index not in sources:
         sources[index] = source_type(model, batch, m, schedule, options)
@@ -586,7 +644,9 @@ def _root_bound(
     if not source.options():
         return math.inf
     free = np.array([[c.total_gpus for c in model.classes]], dtype=np.int64)
-    return m * float(source.prefix_table(free)[0, model.num_layers])
+    spread = float(source.prefix_table(free)[0, model.num_layers])
+    fill = float(source.fill_ratio(free, np.ones(len(source.options()), dtype=bool))[0])
+    return (m - 1 + fill) * spread
 
 
 def hetero_candidates(
@@ -670,8 +730,10 @@ def hetero_candidates(
             report_found(bound)
         if beam is not None:
             promise[index] = finals[0].objective(m) if finals else math.inf
-        elif not stats.timed_out:
-            floors[index] = pruning
+        else:
+            # Run to its end: the bound it pruned against; cut off: the least any label it
+            # left open can reach (``best_pipelines``).
+            floors[index] = stats.floor_ms
         if stats.timed_out:
             logger.warning(
                 "time limit reached in micro-batch count %d (%s): the plan is the best found, "
@@ -704,10 +766,15 @@ def hetero_candidates(
         if not run(index, None):
             timed_out = True
     found.sort(key=lambda item: (item[0], item[1]))
-    # A run the time limit cut off has only the work bound of its micro-batch count.
+    # A run never started has its root bound and the work bound of its micro-batch count.
     floor = min(
         (
-            floors[index] if index in floors else work_bound_ms(model, batch, options, [m])
+            floors[index]
+            if index in floors
+            else max(
+                work_bound_ms(model, batch, options, [m]),
+                _root_bound(model, batch, options, runs[index], sources, index, source_type),
+            )
             for index, (m, _schedule, _most, _least) in enumerate(runs)
         ),
         default=math.inf,

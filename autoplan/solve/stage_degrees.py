@@ -161,8 +161,22 @@ class StageDegreeSource:
             ]
         )
 
+    def send_floor(self, j: int, next_key: Hashable | None) -> np.ndarray:
+        # Each variant's own (its view's boundary times, as its costs take them).
+        return np.concatenate(
+            [
+                source.send_floor(j, next_key)[rows]
+                for source, rows in zip(self._sources, self._rows, strict=True)
+            ]
+        )
+
     def prefix_table(self, free: np.ndarray) -> np.ndarray:
         return self.base.prefix_table(free)
+
+    def fill_ratio(self, free: np.ndarray, usable: np.ndarray) -> np.ndarray:
+        # The base's weights over every variant's options (a cp stage's GPUs counted cp times,
+        # as the prefix bound counts them).
+        return self.base.fill_ratio(free, usable, np.array(self._uses, dtype=np.float64))
 
     def key_covers(self, low: Hashable, high: Hashable) -> bool:
         return self.base.key_covers(low, high)
