@@ -97,13 +97,13 @@ def test_memory_of_a_known_case_equals_hand_computation() -> None:
     config = PlanConfig(4, "1f1b", 1, stages(True))
     cost = model.evaluate(config)
     first = cost.memory[0]
-    # Rank 0: 2 layers × 1e8 params; bf16 weights and gradients (twice: DDP's buckets hold
-    # them again with dp = 2), Adam states 12 B/param halved by ZeRO-1 over dp = 2; 1F1B
+    # Rank 0: 2 layers × 1e8 params; bf16 weights and gradients (once: the runtime's DDP
+    # makes them views into its buckets), Adam states 12 B/param halved by ZeRO-1 over dp = 2; 1F1B
     # holds p - 0 = 2 micro-batches of 2 samples of 2 layers × 3e8 bytes, and torch
     # pipelining's receive buffer of every micro-batch's output gradient (m = 4, 2 samples:
     # CostModel.transfer_buffer_bytes); transient: two boundary tensors of 2 samples.
     assert first.weights_bytes == 2 * params * 2
-    assert first.gradients_bytes == 2 * (2 * params * 2)
+    assert first.gradients_bytes == 2 * params * 2
     assert first.optimizer_bytes == 2 * params * 12 / 2
     assert first.activations_bytes == 2 * (2 * 2 * saved) + 4 * 2 * out
     assert cost.stages[0].saved_bytes == 2 * 2 * saved  # one micro-batch of stage 0
@@ -114,14 +114,14 @@ def test_memory_of_a_known_case_equals_hand_computation() -> None:
     # activations (recomputed).
     assert second.activations_bytes == 1 * (2 * 2 * saved * 3 // 4) + 4 * 2 * out
     assert second.transient_bytes == 2 * saved
-    total = 2 * params * (2 + 4 + 6) + 8 * saved + 4 * out + 8 * out
+    total = 2 * params * (2 + 2 + 6) + 8 * saved + 4 * out + 8 * out
     assert first.total_bytes == total
-    # 16 bytes per parameter for mixed-precision Adam without ZeRO, and DDP's 2 more.
+    # 16 bytes per parameter for mixed-precision Adam without ZeRO.
     plain = model.evaluate(PlanConfig(4, "1f1b", 1, stages(False)))
     mem = plain.memory[0]
-    assert (mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes) == 2 * params * 18
-    # As Megatron-DeepSpeed runs it (no buckets kept: autoplan.cost.engines), 16.
-    # and its pipe engine keeps no receive buffer beyond those in flight.
+    assert (mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes) == 2 * params * 16
+    # As Megatron-DeepSpeed runs it (autoplan.cost.engines): the same model states, and its
+    # pipe engine keeps no receive buffer beyond those in flight.
     deepspeed = model.with_engine("megatron-deepspeed").evaluate(config).memory[0]
     assert deepspeed.gradients_bytes == 2 * params * 2
     assert deepspeed.activations_bytes == 2 * (2 * 2 * saved)

@@ -111,12 +111,12 @@ def test_zero1_shards_the_states_over_the_replicas_of_one_expert_index() -> None
     # Adam's 12 bytes a parameter (bf16 training), over the 4 / 2 replicas of an expert index.
     assert cost.memory[0].optimizer_bytes == pytest.approx(held * 12 / 2)
     assert cost.memory[0].weights_bytes == pytest.approx(held * 2)
-    # Gradients once: ep runs on the groups executor, whose gradient sum packs transient
-    # buckets (autoplan.runtime.grad_sync), not DDP's second copy of a replicated stage's.
+    # Gradients once, with ep or without (the groups executor's sum packs transient buckets,
+    # autoplan.runtime.grad_sync; the mesh executor's DDP makes them views into its own).
     assert cost.memory[0].gradients_bytes == pytest.approx(held * 2)
     plain = model.evaluate(PlanConfig(1, "1f1b", 1, (dataclasses.replace(stage, ep=1),)))
     whole = sum(layer.param_count for layer in profile.layers)
-    assert plain.memory[0].gradients_bytes == pytest.approx(2 * whole * 2)
+    assert plain.memory[0].gradients_bytes == pytest.approx(whole * 2)
 
 
 def test_the_view_costs_what_evaluate_costs_the_config_with_its_ep() -> None:
@@ -236,9 +236,12 @@ def test_searched_ep_equals_brute_force(instance) -> None:
     assert math.isclose(model.evaluate(best.config).iteration_ms, best.iteration_ms, rel_tol=1e-12)
 
 
-def test_the_oracle_instances_have_ep_win_and_lose() -> None:
-    """Runs after the oracle (file order): its best plans include ep 1 and ep > 1."""
-    assert 1 in SEEN and len(SEEN) > 1, SEEN
+def test_the_oracle_instances_have_ep_lose() -> None:
+    """Runs after the oracle (file order): its best plans include ep 1. Where ep > 1 wins
+    (by memory), the hand-built case below checks the solver against brute force: with a
+    replicated stage's gradients held once at ep 1 too (the runtime's DDP keeps them as views
+    into its buckets), the random instances no longer make ep > 1 optimal."""
+    assert 1 in SEEN, SEEN
 
 
 def test_a_stage_at_ep_2_or_4_beside_one_at_ep_1_beats_every_single_degree() -> None:

@@ -183,60 +183,64 @@ def test_runs_27_and_28_held_less_than_their_activations_without_recompute() -> 
 
 
 @pytest.mark.parametrize(
-    ("replicas", "level", "buckets", "gradients"),
+    ("replicas", "level", "gradients"),
     [
-        (1, 0, True, 1),  # nothing to all-reduce: no DDP
-        (2, 0, True, 2),  # DDP: .grad and the buckets
-        (2, 1, True, 2),  # DDP + ZeroRedundancyOptimizer
-        (2, 2, True, 1 / 2),  # FSDP2 reduce-scatters the shard
-        (2, 3, True, 1 / 2),
-        (2, 0, False, 1),  # an engine without kept buckets (Megatron-DeepSpeed)
+        (1, 0, 1),  # nothing to all-reduce: no DDP
+        (2, 0, 1),  # DDP, its buckets the gradients themselves (gradient_as_bucket_view)
+        (2, 1, 1),  # DDP + ZeroRedundancyOptimizer
+        (2, 2, 1 / 2),  # FSDP2 reduce-scatters the shard
+        (2, 3, 1 / 2),
     ],
 )
-def test_gradient_buckets_by_hand(
-    replicas: int, level: int, buckets: bool, gradients: float
-) -> None:
+def test_gradients_by_zero_level_by_hand(replicas: int, level: int, gradients: float) -> None:
     from autoplan.cost import sharding
 
     # 10^6 fp32 parameters, Adam's 8 bytes each.
-    weights, grads, _ = sharding.static_bytes(10**6, replicas, level, 4, 8, buckets)
+    weights, grads, _ = sharding.static_bytes(10**6, replicas, level, 4, 8)
     assert grads == pytest.approx(gradients * 4 * 10**6)
-    per_param = sharding.static_bytes_per_param(replicas, level, 4, 8, buckets)
+    per_param = sharding.static_bytes_per_param(replicas, level, 4, 8)
     assert per_param * 10**6 == pytest.approx(
-        sum(sharding.static_bytes(10**6, replicas, level, 4, 8, buckets))
+        sum(sharding.static_bytes(10**6, replicas, level, 4, 8))
         + sharding.gathered_bytes(10**6, replicas, level, 4)
     )
     assert weights == pytest.approx(4 * 10**6 / (replicas if level >= 2 else 1))
 
 
-def test_ddp_allocates_the_gradients_once_more_in_its_buckets() -> None:
-    """What the cost model adds for the autoplan engine's DDP (``sharding.bucket_copy``) is
-    what torch's DDP allocates: a one-process gloo group, DDP as the runtime builds it
-    (default buckets of 25 MiB, gradients not views into them), its reducer's buckets read by
-    the runtime's ``gradient_bucket_bytes``."""
+def test_the_runtimes_ddp_holds_the_gradients_once() -> None:
+    """The cost model counts a replicated stage's gradients once (``sharding.static_bytes``):
+    DDP as the runtime builds it (``data_parallel.replicate``: gradients as views into its
+    buckets) allocates no second copy, where a plain DDP holds every gradient once more in its
+    25 MiB buckets. A one-process gloo group; the buckets read by the runtime's
+    ``gradient_bucket_bytes``, the model states by ``model_state_bytes``."""
     import socket
 
     import torch
     import torch.distributed as dist
     from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
 
-    from autoplan.cost import sharding
-    from autoplan.runtime.memory import gradient_bucket_bytes
+    from autoplan.runtime.data_parallel import replicate
+    from autoplan.runtime.memory import gradient_bucket_bytes, model_state_bytes
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
+        torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 4096))
         params = sum(p.numel() for p in model.parameters())
-        ddp = nn.parallel.DistributedDataParallel(model)
+        plain = nn.parallel.DistributedDataParallel(model)
+        plain(torch.randn(2, 512)).sum().backward()
+        assert gradient_bucket_bytes(plain) == params * 4  # the copy the runtime avoids
+        model.zero_grad(set_to_none=True)
+
+        other = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 4096))
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        ddp = replicate(other, mesh, torch.device("cpu"), find_unused_parameters=False)
         ddp(torch.randn(2, 512)).sum().backward()
-        buckets = gradient_bucket_bytes(ddp)
-        assert buckets > 26 * 2**20  # more than one 25 MiB bucket
-        with_buckets = sharding.static_bytes(params, 2, 0, 4, 8, gradient_buckets=True)[1]
-        without = sharding.static_bytes(params, 2, 0, 4, 8, gradient_buckets=False)[1]
-        assert with_buckets - without == buckets == params * 4
-        assert gradient_bucket_bytes(model) == 0
+        assert gradient_bucket_bytes(ddp) == 0
+        # parameters + gradients, each once: nothing else holds them.
+        assert model_state_bytes([other], [], [ddp]) == 2 * params * 4
     finally:
         dist.destroy_process_group()

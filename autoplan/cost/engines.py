@@ -24,13 +24,16 @@ schedule of forward and backward passes, but not every term the same way:
   gradient. So one copy beside the saved one, two when a replica's micro-batch has several
   samples.
 
-- Gradient buckets (``CostModel.static_bytes``). autoplan's runtime wraps a replicated
-  stage in DDP (``autoplan.runtime.data_parallel``), whose reducer allocates flat buckets
-  (25 MiB each) holding every gradient once more beside the parameters' ``.grad`` (its
-  ``gradient_as_bucket_view`` is off), from the wrapping on: with replicas at ZeRO 0 or 1, a
-  GPU holds its gradients twice. DeepSpeed's engine (ZeRO 0) flattens the gradients into a
-  temporary buffer for the all-reduce after the last backward, when the activations are
-  freed: it does not add to the peak.
+- Not a difference: gradients are held once by both. autoplan's runtime wraps a replicated
+  stage in DDP with ``gradient_as_bucket_view`` (``autoplan.runtime.data_parallel``), so the
+  parameters' ``.grad`` are views into its all-reduce buckets (without it the buckets hold
+  every gradient once more, from the wrapping on); its groups executor packs transient
+  buckets for its own sums (``autoplan.runtime.grad_sync``). DeepSpeed's engine (ZeRO 0)
+  flattens the gradients into a temporary buffer for the all-reduce after the last backward,
+  when the activations are freed: it does not add to the peak.
+
+- Pipeline receive buffers (``CostModel.transfer_buffer_bytes``): torch's pipelining keeps
+  one per micro-batch; DeepSpeed's pipe engine only those in flight.
 
 Everything else (blocking pipeline transfers, the 1F1B order, tp collectives, the optimizer
 step) is costed the same for both; ``autoplan.cost.model`` says where its forms are
@@ -55,8 +58,6 @@ class EngineTraits:
     # micro-batch of several samples adds a contiguous copy of transposed logits.
     loss_temporaries: int
     copies_transposed_logits: bool
-    # Whether replicated stages keep a second copy of their gradients in all-reduce buckets.
-    keeps_gradient_buckets: bool
 
     def loss_copies(self, one_sample: bool) -> int:
         """Logits-sized fp32 temporaries of the loss, for a micro-batch of one sample or more
@@ -69,12 +70,10 @@ ENGINES: dict[Engine, EngineTraits] = {
         overlaps_grad_reduce=True,
         loss_temporaries=2,
         copies_transposed_logits=False,
-        keeps_gradient_buckets=True,
     ),
     "megatron-deepspeed": EngineTraits(
         overlaps_grad_reduce=False,
         loss_temporaries=1,
         copies_transposed_logits=True,
-        keeps_gradient_buckets=False,
     ),
 }

@@ -523,27 +523,17 @@ class CostModel:
 
     # ---- pieces shared by the search and the evaluation --------------------------------
     def static_bytes(
-        self, params_per_gpu: float, replicas: int, zero: int, expert_parallel: int = 1
+        self, params_per_gpu: float, replicas: int, zero: int
     ) -> tuple[float, float, float]:
         """(weights, gradients, optimizer states) bytes of ``params_per_gpu`` parameters at
-        ZeRO level ``zero`` (``sharding``; a bool reads as level 0 or 1) of a stage at
-        ``expert_parallel``."""
+        ZeRO level ``zero`` (``sharding``; a bool reads as level 0 or 1)."""
         return sharding.static_bytes(
             params_per_gpu,
             self._sharding_ranks(replicas),
             int(zero),
             self.dtype_bytes,
             self.optimizer_bytes_per_param,
-            self._gradient_buckets(expert_parallel),
         )
-
-    def _gradient_buckets(self, expert_parallel: int = 1) -> bool:
-        """Whether the engine keeps a replicated stage's gradients twice (DDP's buckets). Not
-        at ep > 1: autoplan's runtime runs expert parallelism on the groups executor
-        (``autoplan.runtime.trainer``), whose gradient sum packs transient buckets of at most
-        ``grad_sync.BUCKET_ELEMENTS`` (no DDP)."""
-        ep = max(expert_parallel, self.expert_parallel)
-        return ENGINES[self.engine].keeps_gradient_buckets and ep == 1
 
     def _sharding_ranks(self, replicas: int) -> int:
         """The ranks that shard one parameter's states: replicas × cp, over ep in a view of
@@ -558,7 +548,6 @@ class CostModel:
             int(zero),
             self.dtype_bytes,
             self.optimizer_bytes_per_param,
-            self._gradient_buckets(),
         )
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 (the model lives as long as one solve)
@@ -947,9 +936,7 @@ class CostModel:
             ranks = stage.replicas * stage.cp // stage.ep
             for g, group in enumerate(stage.groups):
                 k = group.device_class
-                weights, grads, opt = self.static_bytes(
-                    params[g], ranks, stage.zero_stage, self.stage_expert_parallel(stage)
-                )
+                weights, grads, opt = self.static_bytes(params[g], ranks, stage.zero_stage)
                 mem = RankMemory(
                     pipeline_rank=r,
                     gpu_type=self.classes[k].gpu.name,

@@ -6,14 +6,15 @@ its P parameters (its tp shard) in the training dtype of d bytes with o optimize
 ====  =====================  ==========  ==========  ======================================
 z     weights                gradients   optimizer   what runs (torch 2.13, FSDP2)
 ====  =====================  ==========  ==========  ======================================
-0     P d                    P d (+P d)  P o         DDP all-reduce after the last backward
-1     P d                    P d (+P d)  P o / n     DDP + ZeroRedundancyOptimizer
+0     P d                    P d         P o         DDP all-reduce after the last backward
+1     P d                    P d         P o / n     DDP + ZeroRedundancyOptimizer
 2     P d / n (+ P d)        P d / n     P o / n     fully_shard, reshard_after_forward=False
 3     P d / n                P d / n     P o / n     fully_shard, reshard_after_forward=True
 ====  =====================  ==========  ==========  ======================================
 
-Where the engine keeps gradient buckets (``autoplan.cost.engines``: DDP's, with replicas at
-level 0 or 1), the gradients are held twice: ``P d`` more (``bucket_copy``).
+At levels 0 and 1 the gradients are held once by both engines (``autoplan.cost.engines``):
+autoplan's DDP makes them views into its all-reduce buckets, DeepSpeed flattens them after the
+last backward.
 
 At level 2 the stage's gathered parameters (``gathered_bytes``: P d) are held from each
 micro-batch's forward to its backward, which under 1F1B is always: they count with the
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 __all__ = [
     "ZERO_LEVELS",
-    "bucket_copy",
     "exposed_ms",
     "gathered_bytes",
     "static_bytes",
@@ -62,28 +62,19 @@ def _shards(replicas: int, level: int) -> int:
     return replicas if replicas > 1 and level >= 1 else 1
 
 
-def bucket_copy(replicas: int, level: int, gradient_buckets: bool) -> bool:
-    """Whether the gradients are held twice: an engine that keeps gradient buckets, replicas
-    to all-reduce them over, and ZeRO 0 or 1 (levels 2 and 3 reduce-scatter instead)."""
-    return gradient_buckets and replicas > 1 and level <= 1
-
-
 def static_bytes(
     params_per_gpu: float,
     replicas: int,
     level: int,
     dtype_bytes: int,
     optimizer_bytes_per_param: float,
-    gradient_buckets: bool = False,
 ) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer states) bytes one GPU holds at ZeRO ``level``; the
-    gradients twice where ``bucket_copy`` says so."""
+    """(weights, gradients, optimizer states) bytes one GPU holds at ZeRO ``level``."""
     n = _shards(replicas, level)
     full = params_per_gpu * dtype_bytes
     optimizer = params_per_gpu * optimizer_bytes_per_param / n
     if n == 1 or level <= 1:
-        copies = 2 if bucket_copy(replicas, level, gradient_buckets) else 1
-        return full, copies * full, optimizer
+        return full, full, optimizer
     return full / n, full / n, optimizer
 
 
@@ -99,13 +90,10 @@ def static_bytes_per_param(
     level: int,
     dtype_bytes: int,
     optimizer_bytes_per_param: float,
-    gradient_buckets: bool = False,
 ) -> float:
     """Bytes per parameter held for the whole step: ``static_bytes`` and ``gathered_bytes``
     of one."""
-    static = sum(
-        static_bytes(1.0, replicas, level, dtype_bytes, optimizer_bytes_per_param, gradient_buckets)
-    )
+    static = sum(static_bytes(1.0, replicas, level, dtype_bytes, optimizer_bytes_per_param))
     return static + gathered_bytes(1.0, replicas, level, dtype_bytes)
 
 

@@ -8,7 +8,10 @@ built with ``find_unused_parameters=True``: that switches off DDP's first-iterat
 rebuild, which miscounts the parameters when a schedule runs the backwards of several
 micro-batches (the ``params_.size() == rebuilt_param_indices_.size()`` assert in torch 2.13;
 ``static_graph=True`` avoids the assert but gave the last stage wrong gradients in our float64
-test). The price is one walk of the autograd graph per step.
+test). The price is one walk of the autograd graph per step. The gradients are views into
+DDP's all-reduce buckets (``gradient_as_bucket_view``): otherwise the buckets hold every
+gradient once more beside ``.grad`` for the whole run, a second copy the plan would have to
+count (``autoplan.cost.engines``).
 
 DDP cannot hold DTensor parameters, so with tensor parallelism the replicas use FSDP2
 ``fully_shard`` over the "dp" sub-mesh instead (``fsdp.shard_stage``, chosen by
@@ -42,6 +45,7 @@ def replicate(
         process_group=dp_mesh.get_group(),
         device_ids=[device.index] if device.type == "cuda" else None,
         find_unused_parameters=find_unused_parameters,
+        gradient_as_bucket_view=True,
     )
 
 
