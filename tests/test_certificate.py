@@ -58,7 +58,8 @@ def test_a_time_limited_search_is_never_proven() -> None:
         options = EXACT.model_copy(update={"time_limit_s": limit})
         model = cost_model(profile, cluster, options)
         result = solve_candidates(model, batch, options)
-        assert result.lower_bound_ms <= exact * (1 + 1e-9), limit
+        # The plan states its time to six decimals; the search's bound is unrounded.
+        assert result.lower_bound_ms <= exact * (1 + 1e-9) + 1e-6, limit
         if not result.timed_out or not any(c.cost.feasible for c in result.candidates):
             continue
         stopped += 1

@@ -41,8 +41,14 @@ layers cost at least the c least). With r_{k,t} ranks of each kind, Σ_t t r_{k,
 layers covered are Σ r_{k,t} n_{k,t}(X) ≤ Σ_k N_k max_t n_{k,t}(X) / t; a plan needs all L, so
 its X is at least the least X where that reaches L (a threshold among the prefix sums of the
 sorted works). It is the work bound's integrality gap: at a few layers per GPU one layer more
-on the slowest rank is most of the iteration. m × time(B / m) does not fall as m grows
-(per-sample time does not grow with the share), so the least m of the space bounds every m.
+on the slowest rank is most of the iteration. Transfers block both sides
+(``autoplan.cost.zero_bubble``): with two ranks or more, every rank sends and receives at
+least once per micro-batch (a forward out and its gradient back, or the reverse), each at
+least the least boundary transfer between two such ranks; with one rank, that rank holds
+every layer. So the bound is also at least min(one rank's whole work, X + 2 m × that
+transfer). m × time(B / m) does not fall as m grows (per-sample time does not grow with the
+share), nor does m × transfer(B / m) (a latency per transfer plus bytes that scale with the
+samples), so the least m of the space bounds every m.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from autoplan.cost.model import CostModel
+from autoplan.cost.model import CostModel, LinkSide
 from autoplan.plan.schema import SearchRecord
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import class_tp_choices, divisors
@@ -272,6 +278,22 @@ def _cover_threshold(
     return thresholds[low] if low < len(thresholds) else math.inf
 
 
+def _least_transfer_ms(model: CostModel, b: int, classes: list[int]) -> float:
+    """The least time one boundary transfer of a b-sample micro-batch can take between two
+    dp-1 ranks (each one tp group holding the whole micro-batch) of ``classes``: over every
+    ordered pair of classes, ``CostModel.boundary_ms`` with each side's samples b, at the
+    smallest boundary activation of the model."""
+    layers = model.profile.layers[:-1]
+    if not layers:
+        return 0.0
+    size = min(x.output_activation_bytes for x in layers) / model.profile.micro_batch_size
+
+    def side(k: int) -> LinkSide:
+        return LinkSide((k,), b, b, k if model.classes[k].num_nodes == 1 else None)
+
+    return min(model.boundary_ms(side(a), side(z), size) for a in classes for z in classes)
+
+
 HEAVY_SETS = 8
 """How many sets of heaviest layers the zero-bubble bound tries: all but the 0..7 lightest
 (an embedding, a final norm, a head: what every rank could otherwise claim); fewer layers
@@ -310,7 +332,13 @@ def zero_bubble_bound_ms(model: CostModel, batch: int, options: SolveOptions) ->
         usable = sorted({k for k, _, _, _ in kinds})
         passes = min(2 * model.pass_overhead_ms(k) for k in usable)
         step = min(model.step_overhead_ms(k) for k in usable)
-        found = work + m * passes + step
+        # One rank holds every layer, or each rank also spends two transfers per micro-batch.
+        single = min(
+            (sum(works) for k, _, works, params in kinds if sum(params) <= model.usable_bytes(k)),
+            default=math.inf,
+        )
+        apart = work + 2 * m * _least_transfer_ms(model, batch // m, usable)
+        found = max(work, min(single, apart)) + m * passes + step
     cache[key] = found
     return found
 
