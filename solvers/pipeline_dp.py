@@ -326,10 +326,13 @@ def _open_floor(
     free = capacity[None, :] - np.array([label.used for label in labels], dtype=np.int64)
     table = source.prefix_table(free)
     rest = table[np.arange(len(labels)), [label.start for label in labels]]
-    # Per label, the ratio over the options that fit in its free resources.
-    ratios = [
-        float(source.fill_ratio(row[None, :], np.all(uses <= row, axis=1))[0]) for row in free
+    # Per label, the ratio over the options that fit in its free resources: once per distinct
+    # free vector (many labels share one; a search cut late leaves 100k+ labels open).
+    rows, which = np.unique(free, axis=0, return_inverse=True)
+    per_row = [
+        float(source.fill_ratio(row[None, :], np.all(uses <= row, axis=1))[0]) for row in rows
     ]
+    ratios = [per_row[x] for x in np.asarray(which).reshape(-1).tolist()]
     return min(
         pipeline_objective(
             max(label.max_stage, pre), label.sum_stage + pre * ratio, label.max_tail, m
