@@ -695,7 +695,11 @@ class CostModel:
 
     def boundary_ms(self, sender: LinkSide, receiver: LinkSide, bytes_per_sample: float) -> float:
         """One-way time of a micro-batch's boundary activation between two stages (module
-        docstring); the gradient back takes the same."""
+        docstring); the gradient back takes the same. One copy of the activation crosses the
+        link, as Megatron-DeepSpeed (partitioned over tp) and autoplan's groups executor (tp
+        rank 0 sends) move it. Not modelled: autoplan's mesh executor without sequence
+        parallelism sends it from every tp rank (a ``PipelineStage`` per tp index), tp copies
+        through a node's inter-node link."""
         if bytes_per_sample <= 0:
             return 0.0
         if sender.single_node_class is not None and (
