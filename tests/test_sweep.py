@@ -235,6 +235,7 @@ def test_the_command_prints_rows_and_writes_csv_and_png(tmp_path: Path) -> None:
         (["--nodes", "2", "--tokens", "nan"], "--tokens must be 1 to"),
         (["--nodes", "2", "--time-limit", "0"], "--time-limit must be more than 0"),
         (["--nodes", "2", "--space", "flat"], "space"),
+        (["--nodes", "2", "--engine", "horovod"], "--engine must be one of autoplan"),
         (["--nodes", "2", "--tokens", "many"], "Invalid value for '--tokens'"),
     ],
 )
@@ -247,6 +248,25 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, extra: list[str], mes
     assert "Traceback" not in result.output
     assert lines[-1].startswith("error: ") and message in lines[-1], lines
     assert not csv_path.exists()
+
+
+def test_an_engine_that_hides_nothing_never_sweeps_faster(tmp_path: Path) -> None:
+    """The same sweep for Megatron-DeepSpeed (its gradient all-reduce after the last
+    backward): every configuration at least as slow as for autoplan's runtime."""
+    times = {}
+    for engine in ("autoplan", "megatron-deepspeed"):
+        out = tmp_path / f"{engine}.csv"
+        args = ["sweep", str(GPT2), "--cluster", "a100-v100", "--nodes", "1,2"]
+        args += ["--global-batch", "64", "--engine", engine, "--csv", str(out)]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        with open(out, newline="") as handle:
+            times[engine] = [float(r["iteration_time_ms"]) for r in csv.DictReader(handle)]
+    assert len(times["autoplan"]) == 2
+    pairs = list(zip(times["autoplan"], times["megatron-deepspeed"], strict=True))
+    assert all(theirs >= ours * (1 - 1e-9) for ours, theirs in pairs)
+    # Here data parallelism's all-reduce is part of every best plan: it shows.
+    assert any(theirs > ours * 1.01 for ours, theirs in pairs), pairs
 
 
 def test_the_progress_bar_starts_at_0_of_n_never_none(tmp_path: Path) -> None:

@@ -23,7 +23,14 @@ from autoplan.cli.app import command, exit_fast_when_done
 from autoplan.cli.view_cmd import Format, FormatOption
 from autoplan.errors import InputError
 from autoplan.files import atomic_output, check_outputs, file_sha256
-from autoplan.inputs import catalog_path, check_flags, cluster_path, read_cluster, read_profile
+from autoplan.inputs import (
+    catalog_path,
+    check_flags,
+    cluster_path,
+    engine_choice,
+    read_cluster,
+    read_profile,
+)
 from autoplan.names import shown
 
 __all__ = ["sweep"]
@@ -155,6 +162,14 @@ def sweep(
             help="Stop each search once its plan is proven within this fraction of optimal.",
         ),
     ] = 0.0,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="The engine that will run the plans, whose costs each search minimises: "
+            "autoplan or megatron-deepspeed (as for solve).",
+        ),
+    ] = "autoplan",
     output: FormatOption = Format.text,
 ) -> None:
     """Solve a profile on a cluster scaled to several sizes; print throughput, MFU, time to
@@ -189,6 +204,7 @@ def sweep(
             "space": space,
             "time_limit_s": time_limit,
             "gap": gap,
+            "engine": engine_choice(engine),
             "top_k": 1,  # a sweep shows only each configuration's best
         }
     )
