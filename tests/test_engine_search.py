@@ -19,6 +19,7 @@ from autoplan.errors import InputError
 from autoplan.files import read_json_model, write_json_model
 from autoplan.profile.schema import Profile
 from autoplan.runtime.check import check_runnable
+from autoplan.simulate.engine import simulate_plan
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 from tests.test_solver_oracle import brute_force, brute_force_hetero, instances
@@ -113,6 +114,10 @@ def test_the_plan_records_its_engine_and_is_priced_by_it(tmp_path: Path) -> None
     assert math.isclose(
         again.iteration_ms_by_engine["autoplan"], ours.plan.prediction.iteration_time_ms
     )
+    # The simulator plays each plan as its engine runs it: within 2% of its prediction.
+    for priced in (plan, autoplan_plan):
+        played = simulate_plan(priced).iteration_time_ms
+        assert abs(played / priced.prediction.iteration_time_ms - 1) <= 0.02
     # autoplan's runtime refuses a plan priced for another engine, in one line with the fix.
     with pytest.raises(InputError, match="--engine autoplan"):
         check_runnable(plan)

@@ -161,6 +161,26 @@ def test_sends_all_reduce_and_optimizer_by_hand() -> None:
     assert rank0.communication_ms == pytest.approx(0.5 + 0.5 + 0.5 + 0.5 + 2.0)
 
 
+def test_a_megatron_deepspeed_plan_reduces_after_the_last_backward_by_hand() -> None:
+    """The case above priced for Megatron-DeepSpeed (``inputs.engine``): its all-reduce starts
+    when the last backward ends. Rank 0: 0B1 ends at 9, all-reduce [9, 11], optimizer
+    [11, 11.5]; rank 1: 1B1 ends at 7, all-reduce [7, 9]."""
+    plan = _with(
+        _plan("1f1b", [(1, 1), (1, 1)], 2, send_ms=0.5, data_parallel=2, dp_allreduce_ms=2.0),
+        optimizer_ms=0.5,
+    )
+    inputs = plan.inputs.model_copy(update={"engine": "megatron-deepspeed"})
+    result = simulate_plan(plan.model_copy(update={"inputs": inputs}))
+    reduces = [
+        (e.start_ms, e.end_ms)
+        for rank in result.ranks
+        for e in rank.replicas[0].events
+        if e.name == "dp all-reduce"
+    ]
+    assert reduces == [(9.0, 11.0), (7.0, 9.0)]
+    assert result.iteration_time_ms == pytest.approx(11.5)
+
+
 def test_every_action_appears_once() -> None:
     result = simulate_plan(_plan("interleaved_1f1b", [(1, 2)] * 8, 8, 2, send_ms=0.1))
     names = [e.name for r in result.replicas for e in r.events if e.track == "compute"]

@@ -38,9 +38,11 @@ backward but the last under DDP's ``no_sync`` and lets DDP's hooks all-reduce du
 one (torch 2.13, ``distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``). A
 collective needs every member, so the all-reduce starts when the last replica starts its last
 backward (B or W: the weight gradients are what it reduces) and ends no earlier than the last
-replica ends it: it hides under one backward at most (the pipeline engines of DeepSpeed reduce
-after the schedule instead; the difference is one backward). Then every replica steps its
-optimizer (``breakdown.optimizer_ms``).
+replica ends it: it hides under one backward at most. A plan priced for Megatron-DeepSpeed
+(``inputs.engine``) is played as that engine runs it: its pipeline engine reduces after the
+schedule (``ReduceGrads`` after the last ``BackwardPass``), so the all-reduce starts when the last
+replica ends its last backward. Then every replica steps its optimizer
+(``breakdown.optimizer_ms``).
 
 Why hand-written: the model is a worklist over fixed action lists; a general discrete-event
 library (e.g. SimPy) would add a dependency and coroutines for nothing. The result does not
@@ -199,13 +201,15 @@ def simulate_replicas(
     allreduce_ms: list[float] | None = None,
     optimizer_ms: float = 0.0,
     stage_rank: list[int] | None = None,
+    reduce_after_backward: bool = False,
 ) -> list[list[list[SimulatedEvent]]]:
     """Timed events ``[rank][replica]`` of every replica, in start order (module docstring).
 
     ``order[r]`` runs on pipeline rank r, whose replicas take ``shares[r]`` samples of every
     micro-batch; ``stage_timings[s]`` gives stage s's times; ``allreduce_ms[r]`` rank r's
     gradient all-reduce (none when omitted); ``stage_rank[s]`` the rank of stage s (default
-    ``s % pp``; the V schedules' from ``Parallelism.rank_of_stage``). The order must be valid
+    ``s % pp``; the V schedules' from ``Parallelism.rank_of_stage``); ``reduce_after_backward``
+    starts the all-reduce after the last backward instead of with it. The order must be valid
     (see validate_order).
     """
     pp = len(order)
@@ -329,7 +333,8 @@ def simulate_replicas(
 
     for p in range(pp):
         reduce_ms = allreduce_ms[p] if allreduce_ms else 0.0
-        reduce_start = max(start for start, _ in last_backward[p])
+        starts, ends = zip(*last_backward[p], strict=True)
+        reduce_start = max(ends) if reduce_after_backward else max(starts)
         reduce_end = max(reduce_start + reduce_ms, *(end for _, end in last_backward[p]))
         for d in range(len(shares[p])):
             step_start = max(free_ms[p][d], reduce_end) if reduce_ms > 0 else free_ms[p][d]
@@ -472,6 +477,7 @@ def simulate_plan(plan: Plan) -> SimulationResult:
         allreduce_ms=allreduce_ms,
         optimizer_ms=0.0 if asynchronous else plan.prediction.breakdown.optimizer_ms,
         stage_rank=stage_rank,
+        reduce_after_backward=plan.inputs.engine == "megatron-deepspeed",
     )
     activation_bytes, source = activation_bytes_per_replica(order, timings, memory)
     notes = [note for note in [allreduce_note] if note]
