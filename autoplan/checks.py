@@ -30,6 +30,7 @@ __all__ = [
     "ZOO_MODEL_NAMES",
     "all_plan_problems",
     "check_plan",
+    "check_runtime_engine",
     "is_factory_name",
     "model_name_problem",
     "model_name_syntax_problem",
@@ -185,6 +186,17 @@ def simulation_size_problem(plan: Plan) -> str | None:
         f"{par.num_micro_batches} micro-batches × {par.num_stages} stages); simulate plays at "
         f"most {limits.MAX_SIMULATED_ACTIONS:,} (solve with fewer micro-batches to look at it)"
     )
+
+
+def check_runtime_engine(plan: Plan) -> None:
+    """Raise InputError (one line) unless ``plan`` is priced for autoplan's runtime, which
+    ``run`` and ``launch`` start: a plan priced for another engine would be trained with its
+    prediction compared against unlike figures (``autoplan.cost.engines``)."""
+    if plan.inputs.engine != "autoplan":
+        raise InputError(
+            f"the plan is priced for {plan.inputs.engine}, not autoplan's runtime: re-price it "
+            "with `autoplan cost PLAN --engine autoplan -o NEW` and run that"
+        )
 
 
 def check_factory_trust(

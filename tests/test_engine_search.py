@@ -123,6 +123,9 @@ def test_the_plan_records_its_engine_and_is_priced_by_it(tmp_path: Path) -> None
         check_runnable(plan)
     path = tmp_path / "plan.json"
     write_json_model(path, plan)
+    launched = CliRunner().invoke(app, ["launch", str(path), "-o", str(tmp_path / "scripts")])
+    assert launched.exit_code == 2 and "--engine autoplan" in launched.output
+    assert not (tmp_path / "scripts").exists()
     shown = CliRunner().invoke(app, ["show", str(path)])
     assert shown.exit_code == 0, shown.output
     assert "priced for" in shown.output

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from autoplan import limits
-from autoplan.checks import check_factory_trust, is_factory_name
+from autoplan.checks import check_factory_trust, check_runtime_engine, is_factory_name
 from autoplan.cli.app import command
 from autoplan.errors import InputError
 from autoplan.files import check_output_path, write_text_atomic
@@ -187,6 +187,7 @@ def launch_command(
     if report is not None and (not report or not report.isprintable()):
         raise InputError(f"--report {shown(report)} is not a usable path")
     plan = read_plan(plan_path)
+    check_runtime_engine(plan)
     check_factory_trust(
         plan.inputs.model.name,
         trusted=trust_factory,

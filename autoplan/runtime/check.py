@@ -12,6 +12,7 @@ import logging
 
 from torch import nn
 
+from autoplan.checks import check_runtime_engine
 from autoplan.errors import InputError
 from autoplan.names import is_hf_name
 from autoplan.plan.schema import Plan, Replica, Stage
@@ -208,12 +209,7 @@ def check_runnable(plan: Plan) -> None:
     micro-batch; replicas whose ranks match the rank map, the same replicas for every stage of
     a pipeline rank (interleaving); tp degrees that split whole heads; ZeRO-1 only over
     replicas of one tp; a schedule its micro-batches fit; a plan priced for this runtime."""
-    if plan.inputs.engine != "autoplan":
-        # Its prediction is another engine's: the run report would compare unlike figures.
-        raise InputError(
-            f"the plan is priced for {plan.inputs.engine}, not autoplan's runtime: re-price it "
-            "with `autoplan cost PLAN --engine autoplan -o NEW` and run that"
-        )
+    check_runtime_engine(plan)
     model = meta_model(plan)
     _check_same_config(plan, model)
     num_layers = len(pipeline_layers(model))
