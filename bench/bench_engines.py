@@ -18,6 +18,7 @@ from rich.table import Table
 
 from autoplan.cost.engines import ENGINES
 from autoplan.plan.schema import Engine, Plan
+from autoplan.plan.stage_spec import format_stage_specs, plan_stage_specs
 from autoplan.price.configuration import price_configuration
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, solve
@@ -33,17 +34,10 @@ TIME_LIMIT_S = 60.0
 
 
 def _stages(plan: Plan) -> str:
-    """The plan as ``cost --stages`` reads it, short."""
+    """The plan as ``cost --stages`` reads it (what ``show`` prints beside it)."""
     par = plan.parallelism
-    parts = []
-    for stage in plan.stages:
-        kinds: dict[tuple[str, int, int], int] = {}
-        for replica in stage.replicas:
-            key = (replica.gpu_type, replica.tensor_parallel_degree, replica.micro_batch_size)
-            kinds[key] = kinds.get(key, 0) + 1
-        replicas = "+".join(f"{gpu}*{n}(tp{tp},mb{mb})" for (gpu, tp, mb), n in kinds.items())
-        parts.append(f"{replicas}:L{stage.layer_start}-{stage.layer_end - 1}:z{stage.zero_stage}")
-    return f"pp={par.pipeline_degree} m={par.num_micro_batches} | " + " | ".join(parts)
+    specs = format_stage_specs(plan_stage_specs(plan))
+    return f"pp={par.pipeline_degree} m={par.num_micro_batches} | {specs}"
 
 
 def _priced(profile: Profile, plan: Plan) -> dict[Engine, float]:

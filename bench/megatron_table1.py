@@ -118,13 +118,8 @@ class MegatronPrediction:
     cost: PlanCost
 
     @property
-    def iteration_ms(self) -> float:
-        """The iteration, its dp all-reduce not overlapped (module docstring)."""
-        return self.cost.iteration_ms
-
-    @property
     def tflops_per_gpu(self) -> float:
-        seconds = self.iteration_ms / 1000
+        seconds = self.cost.iteration_ms / 1000
         return megatron_flops_per_iteration(self.row) / seconds / self.row.gpus / 1e12
 
     @property

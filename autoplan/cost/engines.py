@@ -1,8 +1,9 @@
 """The training engines a plan's cost is computed for, and where they differ in a cost term.
 
-A plan is searched for and run by autoplan's own runtime (``autoplan run``); users also price
-configurations of, and compare measured runs from, Megatron-DeepSpeed. The two run the same
-schedule of forward and backward passes, but not every term the same way:
+A plan is searched for the engine that will run it (``solve --engine``): autoplan's own
+runtime (``autoplan run``, the default) or Megatron-DeepSpeed, whose measured runs ``autoplan
+fidelity`` prices too. The two run the same schedule of forward and backward passes, but not
+every term the same way:
 
 - The gradient all-reduce. autoplan's runtime wraps each replica in DDP, whose buckets
   all-reduce while the last micro-batch's backward still produces the earlier layers'
@@ -58,6 +59,9 @@ class EngineTraits:
     # micro-batch of several samples adds a contiguous copy of transposed logits.
     loss_temporaries: int
     copies_transposed_logits: bool
+    # Whether the pipeline keeps a receive buffer for every micro-batch (torch's pipelining)
+    # rather than for those in flight only (``CostModel.transfer_buffer_bytes``).
+    keeps_receive_buffers: bool
 
     def loss_copies(self, one_sample: bool) -> int:
         """Logits-sized fp32 temporaries of the loss, for a micro-batch of one sample or more
@@ -70,10 +74,12 @@ ENGINES: dict[Engine, EngineTraits] = {
         overlaps_grad_reduce=True,
         loss_temporaries=2,
         copies_transposed_logits=False,
+        keeps_receive_buffers=True,
     ),
     "megatron-deepspeed": EngineTraits(
         overlaps_grad_reduce=False,
         loss_temporaries=1,
         copies_transposed_logits=True,
+        keeps_receive_buffers=False,
     ),
 }

@@ -327,9 +327,9 @@ class CostModel:
         self.engine: Engine = "autoplan"  # whose runtime runs the plan (``with_engine``)
 
     def with_engine(self, engine: Engine) -> CostModel:
-        """This model costing plans as ``engine`` runs them (``ENGINES``): the search and
-        ``autoplan run`` use "autoplan"; ``autoplan fidelity`` and ``autoplan cost --engine``
-        price a Megatron-DeepSpeed run as that engine runs it."""
+        """This model costing plans as ``engine`` runs them (``ENGINES``): the search reads
+        ``SolveOptions.engine`` ("autoplan", what ``autoplan run`` runs, by default); ``autoplan
+        fidelity`` prices the published Megatron-DeepSpeed runs as that engine runs them."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
         view = copy.copy(self)
@@ -638,7 +638,7 @@ class CostModel:
         flight. Megatron-DeepSpeed's pipeline engine keeps only its in-flight pipe buffers,
         whose inputs the saved activations count and whose outputs it frees after sending
         (partitioned over tp): nothing more."""
-        if self.engine != "autoplan" or micro_batches <= 0:
+        if not ENGINES[self.engine].keeps_receive_buffers or micro_batches <= 0:
             return 0.0
         layers = self.profile.layers
         per_sample = 0.0
