@@ -19,6 +19,7 @@ import re
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -29,7 +30,8 @@ from autoplan.errors import InputError
 from autoplan.export import NotExpressibleError, export_plan, layer_kinds
 from autoplan.export.megatron import ARRAY_NAME, megatron_layer_split
 from autoplan.files import read_json_model, write_json_model
-from autoplan.plan.schema import Plan
+from autoplan.plan.schema import AsyncPB, Plan
+from autoplan.schedule.names import ScheduleName
 from tests.plan_factory import CPU_GPU, ReplicaSpec, make_plan, make_stages_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -651,3 +653,55 @@ def test_best_expressible_of_a_pinned_plan_may_beat_it(tmp_path: Path) -> None:
     )
     assert ratio < 1.0
     assert f"ratio {ratio:.3f} to the plan's" in result.stdout
+
+
+SCHEDULE_SHAPES: dict[str, dict[str, Any]] = {
+    "gpipe": {"layer_split": [2, 2]},
+    "1f1b": {"layer_split": [2, 2]},
+    "interleaved_1f1b": {"layer_split": [1, 1, 1, 1], "virtual_stages_per_rank": 2},
+    "interleaved_zero_bubble": {"layer_split": [1, 1, 1, 1], "virtual_stages_per_rank": 2},
+    "zbv": {"layer_split": [1, 1, 1, 1], "virtual_stages_per_rank": 2},
+    "dualpipev": {"layer_split": [1, 1, 1, 1], "virtual_stages_per_rank": 2},
+}
+RUNS = {
+    "megatron": {"gpipe", "1f1b", "interleaved_1f1b"},
+    "torchtitan": set(SCHEDULE_SHAPES),
+    "deepspeed": {"gpipe", "1f1b"},
+}
+
+
+@pytest.mark.parametrize("target", sorted(RUNS))
+@pytest.mark.parametrize("schedule", sorted(SCHEDULE_SHAPES))
+def test_every_schedule_is_exported_under_its_own_name_or_refused(
+    schedule: ScheduleName, target: str
+) -> None:
+    # A launcher given a schedule it lacks would run another one: refused, never mapped.
+    plan = make_plan(schedule=schedule, dtype="bf16", **SCHEDULE_SHAPES[schedule])
+    kinds = layer_kinds(plan, None)
+    if schedule not in RUNS[target]:
+        refusal = f"its schedule is {schedule}|interleaves the pipeline"
+        with pytest.raises(NotExpressibleError, match=refusal):
+            export_plan(plan, target, kinds)
+        return
+    text = export_plan(plan, target, kinds).text
+    if target != "torchtitan":
+        return  # exported without refusal; their files are checked by the tests above
+    config = check_torchtitan(plan, text)
+    names = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+    names.update(
+        interleaved_zero_bubble="InterleavedZeroBubble", zbv="ZBVZeroBubble", dualpipev="DualPipeV"
+    )
+    parallelism = config["parallelism"]
+    assert parallelism["pipeline_parallel_schedule"] == names[schedule]
+    # Every stage in stage order; torchtitan places V schedules' stages in a V itself.
+    assert len(parallelism["module_fqns_per_model_part"]) == len(plan.stages)
+
+
+@pytest.mark.parametrize("target", sorted(RUNS))
+def test_an_asynchronous_plan_is_refused_by_every_target(target: str) -> None:
+    plan = make_plan([2, 2], dtype="bf16")
+    parallelism = plan.parallelism.model_dump()
+    parallelism.update(schedule="async_pb", async_pb=AsyncPB(momentum=0.9).model_dump())
+    plan = Plan.model_validate({**plan.model_dump(), "parallelism": parallelism})
+    with pytest.raises(NotExpressibleError, match="its schedule is async_pb"):
+        export_plan(plan, target, layer_kinds(plan, None))

@@ -33,17 +33,21 @@ from autoplan.export.expressible import (
     ExportResult,
     NotExpressibleError,
     PlanShape,
+    check_schedule,
     plan_shape,
     tf32_note,
 )
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import LayerKind
+from autoplan.schedule.names import ScheduleName
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import PIPELINE_DEGREES
 
 __all__ = ["TARGET", "deepspeed_config", "export_deepspeed", "restrictions"]
 
 TARGET = "deepspeed"
+# DeepSpeed's pipeline engine runs one 1F1B-like schedule (GPipe plans run as it, noted).
+SCHEDULES: tuple[ScheduleName, ...] = ("gpipe", "1f1b")
 _PRECISIONS = ("bf16", "fp16", "fp32", "tf32")
 
 
@@ -71,6 +75,7 @@ def _check(shape: PlanShape) -> None:
             "it interleaves the pipeline (interleaved 1F1B); DeepSpeed's pipeline engine runs "
             "one stage per rank"
         )
+    check_schedule(shape.schedule, TARGET, SCHEDULES)
     if pp > 1 and shape.tensor_parallel_degree > 1:
         raise _fail(
             f"it combines tp {shape.tensor_parallel_degree} with pp {pp}; DeepSpeed's config "

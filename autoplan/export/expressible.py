@@ -31,6 +31,7 @@ __all__ = [
     "NotExpressibleError",
     "PlanShape",
     "TransformerLayout",
+    "check_schedule",
     "layer_kinds",
     "plan_shape",
     "tf32_note",
@@ -54,6 +55,17 @@ class NotExpressibleError(InputError):
         self.target = target
         self.part = part
         super().__init__(f"{target} cannot run this plan: {part}")
+
+
+def check_schedule(schedule: ScheduleName, target: str, runs: Sequence[ScheduleName]) -> None:
+    """NotExpressibleError unless ``target`` runs ``schedule`` (``runs``: the plan schedules
+    it has, by autoplan's names). A launcher given a schedule it lacks would run another one,
+    with another bubble and memory than the plan was priced with, so it is refused, not
+    mapped."""
+    if schedule not in runs:
+        raise NotExpressibleError(
+            target, f"its schedule is {schedule}; {target} runs {_listing(list(runs))}"
+        )
 
 
 class _Strict(BaseModel):

@@ -34,6 +34,7 @@ from autoplan.export.expressible import (
     NotExpressibleError,
     PlanShape,
     TransformerLayout,
+    check_schedule,
     plan_shape,
     tf32_note,
     transformer_layout,
@@ -41,6 +42,7 @@ from autoplan.export.expressible import (
 from autoplan.names import printable
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import LayerKind
+from autoplan.schedule.names import ScheduleName
 from autoplan.solve.options import SolveOptions
 
 __all__ = [
@@ -54,6 +56,9 @@ __all__ = [
 ]
 
 TARGET = "megatron"
+# Megatron-LM's schedules: 1F1B (GPipe plans run as it, noted) and interleaved 1F1B; its
+# zero-bubble schedules live in forks (sail-sg's), not in Megatron-LM itself.
+SCHEDULES: tuple[ScheduleName, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
 ARRAY_NAME = "MEGATRON_ARGS"
 _PRECISION_FLAG = {"bf16": "--bf16", "fp16": "--fp16", "fp32": None, "tf32": None}
 
@@ -143,6 +148,7 @@ def megatron_args(plan: Plan, kinds: list[LayerKind] | None) -> list[list[str]]:
     """Megatron-LM's arguments for the plan, one argument and its values per entry;
     NotExpressibleError naming what Megatron-LM cannot run."""
     shape = plan_shape(plan, TARGET)
+    check_schedule(shape.schedule, TARGET, SCHEDULES)
     if shape.dtype not in _PRECISION_FLAG:
         raise NotExpressibleError(
             TARGET, f"its dtype is {shape.dtype}; Megatron-LM trains in fp32, bf16 or fp16"

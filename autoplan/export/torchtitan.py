@@ -37,6 +37,7 @@ from autoplan.export.expressible import (
     NotExpressibleError,
     PlanShape,
     TransformerLayout,
+    check_schedule,
     plan_shape,
     tf32_note,
     transformer_layout,
@@ -44,6 +45,7 @@ from autoplan.export.expressible import (
 from autoplan.names import printable
 from autoplan.plan.schema import Plan
 from autoplan.profile.schema import LayerKind
+from autoplan.schedule.names import ScheduleName
 from autoplan.solve.options import SolveOptions
 
 __all__ = [
@@ -56,8 +58,17 @@ __all__ = [
 ]
 
 TARGET = "torchtitan"
-# PyTorch's schedule class names, which torchtitan's pipeline_parallel_schedule takes.
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+# PyTorch's schedule class names, which torchtitan's pipeline_parallel_schedule takes
+# (torch.distributed.pipelining.schedules.get_schedule_class); torchtitan places the stages
+# of ZBVZeroBubble and DualPipeV in a V itself, as the plan's ranks do.
+SCHEDULE_NAMES: dict[ScheduleName, str] = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved_1f1b": "Interleaved1F1B",
+    "interleaved_zero_bubble": "InterleavedZeroBubble",
+    "zbv": "ZBVZeroBubble",
+    "dualpipev": "DualPipeV",
+}
 _PARAM_DTYPE = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}
 
 TomlValue = int | str | bool | list[str] | list[list[str]]
@@ -85,6 +96,7 @@ def torchtitan_config(plan: Plan, kinds: list[LayerKind] | None) -> dict[str, di
     """The sections and keys of torchtitan's job config for the plan; NotExpressibleError
     naming what torchtitan cannot run."""
     shape = plan_shape(plan, TARGET)
+    check_schedule(shape.schedule, TARGET, list(SCHEDULE_NAMES))
     if shape.dtype not in _PARAM_DTYPE:
         raise NotExpressibleError(
             TARGET,
