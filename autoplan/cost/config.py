@@ -49,13 +49,17 @@ class StageChoice:
     """Layers [layer_start, layer_end) on ``groups``; ``zero_stage`` shards across all the
     stage's replicas: 1 the optimizer states, 2 also the gradients, 3 also the parameters;
     ``ep`` splits the routed experts of its MoE layers over expert groups of ep replicas
-    inside each replica group (``autoplan.cost.expert_parallel``)."""
+    inside each replica group (``autoplan.cost.expert_parallel``); with ``experts`` (one
+    entry per group), the expert groups span the groups instead, each taking replicas / k of
+    every group (k = the stage's replicas / ep expert groups), a rank of group g holding
+    ``experts[g]`` experts of each MoE layer (experts placed by speed)."""
 
     layer_start: int
     layer_end: int
     groups: tuple[ReplicaGroup, ...]
     zero_stage: int = 0
     ep: int = 1
+    experts: tuple[int, ...] = ()
 
     @property
     def zero1(self) -> bool:
@@ -151,6 +155,7 @@ class PlanConfig:
             )
             zero = f" z{stage.zero_stage}" if stage.zero_stage else ""
             zero += f" ep{stage.ep}" if stage.ep > 1 else ""
+            zero += f"[{'+'.join(map(str, stage.experts))}]" if stage.experts else ""
             parts.append(f"{stage.layer_start}-{stage.layer_end}: {groups}{zero}")
         return " | ".join(parts)
 

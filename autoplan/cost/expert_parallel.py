@@ -25,11 +25,38 @@ ZeRO-1 with ep shards the optimizer states of every parameter over the r/ep repl
 expert index (those holding the same experts: Megatron-LM's expert data-parallel group), so
 one GPU keeps (N + E/ep) / (r/ep) parameters' states: ``CostModel`` divides its sharding ranks
 by ep. ZeRO-2/3 are not composed with ep (the validator refuses them).
+
+**Experts placed by speed** (``StageChoice.experts``, an ``ExpertSpan``). In a stage that
+mixes GPU types, an expert group may span them: each of the stage's k = r/ep expert groups
+takes ``count`` replicas of every group of the stage, and every rank of group g holds x_g
+experts of each MoE layer (Σ count_g · x_g = E, each x_g >= 1), so a faster type can hold
+more. With s_g the samples of each of g's replicas and S = Σ count_g · s_g those of one expert
+group, per micro-batch and MoE layer:
+
+- **Work.** Each rank of g runs its x_g experts on the slots of all S samples: the layer's
+  expert FLOPs (E · ``expert_forward_flops``, a fraction φ of the layer's on one GPU of its tp
+  group: tp leaves experts whole) become x_g · S / (E · s_g) of what its own share needs, so
+  its compute time is t · (1 − φ + φ · x_g · S / (E · s_g)) (the same φ on every type: the
+  time of a layer's part scales with its FLOPs). Balanced where x_g / E = s_g / S on the
+  types, i.e. experts in proportion to the samples, which balanced shares put in proportion
+  to speed; with even experts the slower type runs as many expert slots as the faster.
+- **Communication.** With d the bytes of one expert's slots per sample (``dispatch_bytes`` /
+  (E · profile samples)), a rank of g sends (E − x_g) · s_g · d (its tokens for the others'
+  experts) and receives x_g · (S − s_g) · d (the others' tokens for its experts), in ep − 1
+  pairwise steps: (ep − 1) · α + max(sent, received) / β, β the bandwidth one GPU gets on the
+  inter-node link between the types' nodes (every GPU of a node exchanging at once). An
+  all-to-all ends when its busiest rank does: every rank pays the largest. Even placement on
+  equal shares gives (ep − 1)/ep · B / β, the formula above.
+- **Memory.** A rank of g holds x_g / E of the routed experts' parameters (weights,
+  gradients, Adam states; ZeRO-1 over the k replicas holding the same experts). Its saved
+  activations are counted at its own share as with even ep: exact at the balanced split,
+  where x_g · S = E · s_g.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from autoplan.cost.devices import DeviceClass
 from autoplan.cost.layers import LayerCost
@@ -37,10 +64,15 @@ from autoplan.profile.schema import LayerProfile, Profile
 
 __all__ = [
     "ALLTOALLS_PER_PASS",
+    "ExpertMember",
+    "ExpertSpan",
     "alltoall_ms",
     "expert_counts",
+    "expert_fractions",
     "expert_layer_cost",
     "layer_alltoall_ms",
+    "span_alltoall_ms",
+    "span_layer_cost",
 ]
 
 ALLTOALLS_PER_PASS = 2  # dispatch and combine, in the forward and again in the backward
@@ -99,3 +131,120 @@ def expert_layer_cost(
 def expert_counts(profile: Profile) -> set[int]:
     """The routed-expert counts of the profile's MoE layers (empty for a dense model)."""
     return {layer.experts.num_experts for layer in profile.layers if layer.experts is not None}
+
+
+@dataclass(frozen=True, order=True)
+class ExpertMember:
+    """The ranks of one replica group of a stage inside each expert group that spans its
+    groups: ``count`` replicas of class ``device_class``, each taking ``micro_batch_size``
+    samples of every micro-batch and holding ``experts`` routed experts of each MoE layer."""
+
+    device_class: int
+    micro_batch_size: int
+    experts: int
+    count: int
+
+
+@dataclass(frozen=True, order=True)
+class ExpertSpan:
+    """One expert group that spans a mixed stage's groups, member by member (module
+    docstring: experts placed by speed)."""
+
+    members: tuple[ExpertMember, ...]
+
+    @property
+    def ep(self) -> int:
+        """Ranks (replicas) of the expert group."""
+        return sum(m.count for m in self.members)
+
+    @property
+    def samples(self) -> int:
+        """Samples of one micro-batch the expert group's replicas take together (S)."""
+        return sum(m.count * m.micro_batch_size for m in self.members)
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts the expert group holds together (E)."""
+        return sum(m.count * m.experts for m in self.members)
+
+
+def span_alltoall_ms(
+    span: ExpertSpan,
+    bytes_per_expert_sample: float,
+    links: tuple[tuple[float, float], ...],
+) -> float:
+    """One all-to-all of ``span`` (module docstring): the busiest rank's pairwise steps;
+    ``links[g]`` is (bandwidth GB/s, latency us) one GPU of member g gets."""
+    if span.ep <= 1 or bytes_per_expert_sample <= 0:
+        return 0.0
+    experts, samples = span.num_experts, span.samples
+    worst = 0.0
+    for member, (bandwidth, latency) in zip(span.members, links, strict=True):
+        sent = (experts - member.experts) * member.micro_batch_size * bytes_per_expert_sample
+        received = member.experts * (samples - member.micro_batch_size) * bytes_per_expert_sample
+        time = (span.ep - 1) * latency / 1e3 + max(sent, received) / (bandwidth * 1e6)
+        worst = max(worst, time)
+    return worst
+
+
+def expert_fractions(layer: LayerProfile, tp: int) -> tuple[float, float]:
+    """(forward, backward) share of ``layer``'s FLOPs on one GPU of a tp group that are its
+    routed experts' (tp leaves experts whole: they sit in the layer's unsharded part, where
+    the profile records the split)."""
+    experts = layer.experts
+    if experts is None:
+        return 0.0, 0.0
+    tpp = layer.tensor_parallel if tp > 1 else None
+
+    def per_gpu(total: int, sharded: int | None) -> float:
+        # A profile without the split treats the whole layer as sharded (``layer_cost``):
+        # the experts then divide by tp with the rest, and their share is unchanged.
+        if tpp is None or sharded is None:
+            return float(total)
+        part = min(sharded, total)
+        return total - part + part / tp
+
+    forward = per_gpu(layer.forward_flops, tpp.sharded_forward_flops if tpp else None)
+    backward = per_gpu(layer.backward_flops, tpp.sharded_backward_flops if tpp else None)
+    routed_forward = experts.num_experts * experts.expert_forward_flops
+    routed_backward = experts.num_experts * experts.expert_backward_flops
+    return (
+        min(1.0, routed_forward / forward) if forward > 0 else 0.0,
+        min(1.0, routed_backward / backward) if backward > 0 else 0.0,
+    )
+
+
+def span_layer_cost(
+    cost: LayerCost,
+    layer: LayerProfile,
+    span: ExpertSpan,
+    member: int,
+    tp: int,
+    links: tuple[tuple[float, float], ...],
+    profile_micro_batch_size: int,
+) -> LayerCost:
+    """``cost`` (the layer at ep 1 for member ``member``'s share) with its experts placed by
+    ``span`` (module docstring): expert work scaled to the rank's experts and the expert
+    group's slots, the busiest rank's all-to-alls added to both passes, the routed experts'
+    parameters cut to the rank's."""
+    experts = layer.experts
+    if experts is None:
+        return cost
+    own = span.members[member]
+    if experts.num_experts != span.num_experts:
+        raise ValueError(
+            f"the expert group holds {span.num_experts} experts; the layer has "
+            f"{experts.num_experts}"
+        )
+    ratio = own.experts * span.samples / (span.num_experts * own.micro_batch_size)
+    forward_share, backward_share = expert_fractions(layer, tp)
+    per_sample = experts.dispatch_bytes / (experts.num_experts * profile_micro_batch_size)
+    exchange = ALLTOALLS_PER_PASS * span_alltoall_ms(span, per_sample, links)
+    return dataclasses.replace(
+        cost,
+        forward_compute_ms=cost.forward_compute_ms * (1 + forward_share * (ratio - 1)) + exchange,
+        backward_compute_ms=cost.backward_compute_ms * (1 + backward_share * (ratio - 1))
+        + exchange,
+        params_per_gpu=cost.params_per_gpu
+        - experts.expert_param_count * (1 - own.experts / experts.num_experts),
+    )

@@ -69,7 +69,12 @@ from autoplan.cost.comm import p2p_ms, ring_allreduce_ms
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.devices import DeviceClass, block_sizes, device_classes
 from autoplan.cost.engines import ENGINES, Engine
-from autoplan.cost.expert_parallel import expert_layer_cost
+from autoplan.cost.expert_parallel import (
+    ExpertMember,
+    ExpertSpan,
+    expert_layer_cost,
+    span_layer_cost,
+)
 from autoplan.cost.layers import (
     LayerCost,
     layer_cost,
@@ -390,6 +395,42 @@ class CostModel:
         """The ep a stage runs at: its own, or the view's where it says 1."""
         return stage.ep if stage.ep > 1 else self.expert_parallel
 
+    def expert_span(self, stage: StageChoice) -> ExpertSpan | None:
+        """The expert group of a stage whose experts are placed by speed
+        (``StageChoice.experts``), None for even placement; raises ValueError where its
+        groups do not cut into ``ep``-replica expert groups."""
+        if not stage.experts:
+            return None
+        groups = stage.replicas // stage.ep  # expert groups
+        if (
+            len(stage.experts) != len(stage.groups)
+            or stage.ep < 2
+            or stage.replicas % stage.ep
+            or any(g.replicas % groups for g in stage.groups)
+        ):
+            raise ValueError(
+                f"experts {stage.experts} of a stage of {stage.replicas} replicas at ep "
+                f"{stage.ep}: each of its {len(stage.groups)} groups must give every one of "
+                "replicas / ep expert groups the same number of replicas"
+            )
+        return ExpertSpan(
+            tuple(
+                ExpertMember(g.device_class, g.micro_batch_size, x, g.replicas // groups)
+                for g, x in zip(stage.groups, stage.experts, strict=True)
+            )
+        )
+
+    def span_links(self, span: ExpertSpan) -> tuple[tuple[float, float], ...]:
+        """(bandwidth GB/s, latency us) one GPU of each member of ``span`` gets in its
+        all-to-alls: the inter-node link joining the members' nodes, shared by every GPU of
+        the node (all exchange at once; ``autoplan.cost.expert_parallel``)."""
+        names = {n for m in span.members for n in self.classes[m.device_class].groups}
+        bandwidth = self.cluster.inter_node_bandwidth(names)
+        latency = self.cluster.inter_node_latency(names)
+        return tuple(
+            (bandwidth / self.classes[m.device_class].gpus_per_node, latency) for m in span.members
+        )
+
     # ---- per-layer tables -------------------------------------------------------------
     @functools.lru_cache(maxsize=8192)  # noqa: B019 (the model lives as long as one solve)
     def tables(
@@ -400,18 +441,27 @@ class CostModel:
         sequence_parallel: bool | None = None,
         cp: int = 1,
         expert_parallel: int | None = None,
+        span: tuple[ExpertSpan, int] | None = None,
     ) -> CostTables:
         """Per-layer costs and their prefix sums for one (class, tp, micro-batch size), with
         sequence parallelism on or off (None: the model's ``sequence_parallel``), at
         context-parallel degree ``cp`` (times the model's) and expert-parallel degree
-        ``expert_parallel`` (None: the model's ``expert_parallel``)."""
+        ``expert_parallel`` (None: the model's ``expert_parallel``); with ``span`` (an
+        expert group spanning a mixed stage and this group's member in it), the experts
+        placed by it instead (``autoplan.cost.expert_parallel``)."""
         if sequence_parallel is None:
             sequence_parallel = self.sequence_parallel
         cp *= self.context_parallel
         ep = self.expert_parallel if expert_parallel is None else expert_parallel
         dc = self.classes[device_class]
 
+        links = None if span is None else self.span_links(span[0])
+
         def with_experts(layer: LayerProfile, cost: LayerCost) -> LayerCost:
+            if span is not None and links is not None:
+                return span_layer_cost(
+                    cost, layer, span[0], span[1], tp, links, self.profile.micro_batch_size
+                )
             return expert_layer_cost(
                 cost, layer, dc, tp, ep, micro_batch_size, self.profile.micro_batch_size
             )
@@ -790,6 +840,7 @@ class CostModel:
     ) -> GroupCost:
         """One group's per-micro-batch figures on the stage's layers, layer by layer."""
         sp = self.sequence_parallel if sequence_parallel is None else sequence_parallel
+        span = self.expert_span(stage)
         return self._group_cost(
             stage.layer_start,
             stage.layer_end,
@@ -801,6 +852,7 @@ class CostModel:
             sp,
             group.cp,
             self.stage_expert_parallel(stage),
+            None if span is None else (span, stage.groups.index(group)),
         )
 
     # The figures depend on none of the group's replicas, the stage's ZeRO level or the rest of
@@ -818,11 +870,12 @@ class CostModel:
         sequence_parallel: bool,
         cp: int = 1,
         expert_parallel: int = 1,
+        span: tuple[ExpertSpan, int] | None = None,
     ) -> GroupCost:
         group = ReplicaGroup(device_class, tp, 1, micro_batch_size, r, offload, cp)
         stage = StageChoice(layer_start, layer_end, (group,))
         tables = self.tables(
-            device_class, tp, micro_batch_size, sequence_parallel, cp, expert_parallel
+            device_class, tp, micro_batch_size, sequence_parallel, cp, expert_parallel, span
         )
         units = layers = tables.layers[layer_start:layer_end]
         if tables.blocks:  # the times of whole blocks as blocks (block_parts)
