@@ -45,7 +45,7 @@ from autoplan.files import atomic_output, file_sha256, read_json_model, write_js
 from autoplan.plan.fingerprint import edited_since_costed, stale_timings_message
 from autoplan.plan.schema import Engine, Plan
 from autoplan.plan.stage_spec import StageSpec
-from autoplan.price.configuration import Priced, price_configuration
+from autoplan.price.configuration import PipelineKnobs, Priced, price_configuration
 from autoplan.profile.schema import DType, Profile
 from autoplan.simulate import SimulationResult, simulate_plan
 from autoplan.solve import SolveOptions
@@ -204,15 +204,17 @@ def price(
         hardware,
         plan=given,
         stages=stages,
+        knobs=PipelineKnobs(
+            global_batch=global_batch,
+            num_micro_batches=num_micro_batches,
+            micro_batch_size=micro_batch_size,
+            schedule=schedule,
+            pipeline_degree=pipeline_degree,
+            recompute=recompute,
+            zero_stage=zero,
+            sequence_parallel=sequence_parallel,
+        ),
         profile_sha256=sha256,
-        global_batch=global_batch,
-        num_micro_batches=num_micro_batches,
-        micro_batch_size=micro_batch_size,
-        schedule=schedule,
-        pipeline_degree=pipeline_degree,
-        recompute=recompute,
-        zero_stage=zero,
-        sequence_parallel=sequence_parallel,
         engine=engine,
     )
 

@@ -36,7 +36,7 @@ from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel, PlanCost
 from autoplan.errors import InputError
 from autoplan.plan.stage_spec import parse_stages
-from autoplan.price.configuration import config_from_specs
+from autoplan.price.configuration import PipelineKnobs, config_from_specs
 
 __all__ = [
     "MEASURED_GPU_NAMES",
@@ -171,13 +171,10 @@ def read_measured_runs(path: str | Path) -> list[MeasuredRun]:
 
 def pinned_config(run: MeasuredRun, model: CostModel) -> PlanConfig:
     """The run's plan as a configuration of ``model``'s cluster (module docstring)."""
-    return config_from_specs(
-        model,
-        parse_stages(run.stages),
-        global_batch=run.global_batch,
-        micro_batch_size=run.micro_batch_per_replica,
-        schedule="1f1b",
+    knobs = PipelineKnobs(
+        global_batch=run.global_batch, micro_batch_size=run.micro_batch_per_replica
     )
+    return config_from_specs(model, parse_stages(run.stages), knobs)
 
 
 def cost_run(run: MeasuredRun, model: CostModel) -> tuple[PlanConfig, PlanCost]:

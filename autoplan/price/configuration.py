@@ -33,6 +33,7 @@ from autoplan.solve.emit import emit_plan
 from autoplan.solve.placement import place
 
 __all__ = [
+    "PipelineKnobs",
     "Priced",
     "config_from_plan",
     "config_from_specs",
@@ -42,6 +43,26 @@ __all__ = [
 
 # Splits of mixed stages tried before giving up and asking for explicit counts (``A*2+B*1``).
 _MAX_SPLITS = 20_000
+
+
+@dataclass(frozen=True)
+class PipelineKnobs:
+    """What stage specs leave to the caller: the batch, the plan-wide knobs, and each stage's
+    defaults where its spec does not say (``:mbB``, ``:full``, ``:zZ``).
+
+    The micro-batches are ``num_micro_batches``, or ``global_batch`` over one micro-batch's
+    samples; ``micro_batch_size`` is the samples of EACH replica per micro-batch (Megatron-LM's
+    --micro-batch-size); ``pipeline_degree`` the pipeline ranks (default: one per stage; fewer
+    for the multi-stage schedules, whose rank r runs stages r, r + pp, ...)."""
+
+    global_batch: int | None = None
+    num_micro_batches: int | None = None
+    micro_batch_size: int = 1
+    schedule: str = "1f1b"
+    pipeline_degree: int | None = None
+    recompute: str = "none"
+    zero_stage: int = 0
+    sequence_parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,32 +211,19 @@ def _assignments(
 
 
 def config_from_specs(
-    model: CostModel,
-    specs: list[StageSpec],
-    *,
-    global_batch: int | None = None,
-    num_micro_batches: int | None = None,
-    micro_batch_size: int = 1,
-    schedule: str = "1f1b",
-    pipeline_degree: int | None = None,
-    recompute: str = "none",
-    zero_stage: int = 0,
-    sequence_parallel: bool = False,
+    model: CostModel, specs: list[StageSpec], knobs: PipelineKnobs = PipelineKnobs()
 ) -> PlanConfig:
-    """The configuration ``specs`` describe on ``model``'s cluster.
-
-    ``micro_batch_size``: samples per micro-batch of each replica where a stage does not say
-    (``:mbB``); ``pipeline_degree``: pipeline ranks (default: one per stage; fewer for the
-    multi-stage schedules, whose rank r runs stages r, r + pp, ...). The micro-batches are
-    ``num_micro_batches``, or ``global_batch`` over one micro-batch's samples.
+    """The configuration ``specs`` describe on ``model``'s cluster, run with ``knobs``.
     Raises InputError naming what does not fit."""
+    global_batch, num_micro_batches = knobs.global_batch, knobs.num_micro_batches
+    micro_batch_size, schedule = knobs.micro_batch_size, knobs.schedule
     layers = model.num_layers
     if specs[-1].last_layer != layers - 1:
         raise InputError(
             f"--stages end at layer {specs[-1].last_layer}; the model's last layer is "
             f"{layers - 1} (layers 0-{layers - 1}, {layers} layers)"
         )
-    pp = pipeline_degree or len(specs)
+    pp = knobs.pipeline_degree or len(specs)
     if len(specs) % pp:
         raise InputError(f"{len(specs)} stages do not divide among {pp} pipeline ranks")
     chunks = len(specs) // pp
@@ -262,19 +270,19 @@ def config_from_specs(
             f"--global-batch {global_batch} != {num_micro_batches} micro-batches × "
             f"{samples[0]} samples"
         )
-    defaults = (micro_batch_size, recompute)
+    defaults = (micro_batch_size, knobs.recompute)
     for groups in _assignments(model, specs, pp, defaults):
         stages = tuple(
             StageChoice(
                 spec.first_layer,
                 spec.last_layer + 1,
                 groups[stage_rank(s, pp, v_shape=v_shape)],
-                zero_stage if spec.zero_stage is None else spec.zero_stage,
+                knobs.zero_stage if spec.zero_stage is None else spec.zero_stage,
                 spec.expert_parallel_degree or 1,
             )
             for s, spec in enumerate(specs)
         )
-        config = PlanConfig(num_micro_batches, schedule, chunks, stages, sequence_parallel)
+        config = PlanConfig(num_micro_batches, schedule, chunks, stages, knobs.sequence_parallel)
         tp = max(g.tp for stage in stages for g in stage.groups)
         if tp > 1 and not any(layer.tensor_parallel for layer in model.profile.layers):
             # Without the split every tp rank would run whole layers: not tensor parallelism.
@@ -397,20 +405,14 @@ def price_configuration(
     *,
     plan: Plan | None = None,
     stages: str | Sequence[StageSpec] | None = None,
+    knobs: PipelineKnobs = PipelineKnobs(),
     profile_sha256: str = "",
-    global_batch: int | None = None,
-    num_micro_batches: int | None = None,
-    micro_batch_size: int = 1,
-    schedule: str = "1f1b",
-    pipeline_degree: int | None = None,
-    recompute: str = "none",
-    zero_stage: int = 0,
-    sequence_parallel: bool = False,
     engine: Engine | None = None,
 ) -> Priced:
     """Price ``plan`` (on its own cluster unless ``cluster`` is given) or ``stages`` (text or
-    specs, on ``cluster``), checked as ``solve``'s plans are, memory fit aside (see ``Priced``),
-    as ``engine`` runs it (default: the plan's own engine; autoplan's runtime for stages).
+    specs, on ``cluster``, run with ``knobs``), checked as ``solve``'s plans are, memory fit
+    aside (see ``Priced``), as ``engine`` runs it (default: the plan's own engine; autoplan's
+    runtime for stages).
 
     Raises InputError for what cannot be priced, PlanInvalidError for a plan that breaks the
     validator's rules."""
@@ -434,18 +436,7 @@ def price_configuration(
         if not specs:
             raise InputError("no stages to price")
         model = cost_model(profile, hardware, SolveOptions(engine=engine or "autoplan"))
-        config = config_from_specs(
-            model,
-            specs,
-            global_batch=global_batch,
-            num_micro_batches=num_micro_batches,
-            micro_batch_size=micro_batch_size,
-            schedule=schedule,
-            pipeline_degree=pipeline_degree,
-            recompute=recompute,
-            zero_stage=zero_stage,
-            sequence_parallel=sequence_parallel,
-        )
+        config = config_from_specs(model, specs, knobs)
         pinned = {"stages": format_stage_specs(specs)}
     inputs = PlanInputs(
         model=profile.model,
