@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from autoplan.cli import app
 from autoplan.errors import InfeasibleError
 from autoplan.files import read_json_model
-from autoplan.plan.schema import Plan, SearchRecord
+from autoplan.plan.schema import PLAN_SCHEMA_VERSION, Plan, SearchRecord
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.certificate import search_record, work_bound_ms, zero_bubble_bound_ms
 from autoplan.solve.progress import watching
@@ -157,7 +157,7 @@ def test_a_version_2_plan_reads_with_no_certificate(tmp_path) -> None:
     old = tmp_path / "old.json"
     old.write_text(json.dumps(data))
     plan = read_json_model(old, Plan)
-    assert plan.schema_version == 3 and plan.search is None
+    assert plan.schema_version == PLAN_SCHEMA_VERSION and plan.search is None
     shown = runner.invoke(app, ["show", str(old)])
     assert shown.exit_code == 0, shown.output
     assert "no bound recorded" in shown.stdout

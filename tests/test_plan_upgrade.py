@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from autoplan.cli import app
 from autoplan.files import read_json_model
 from autoplan.inputs import read_plan
+from autoplan.plan.schema import PLAN_SCHEMA_VERSION
 from autoplan.plan.validate import plan_problems
 from autoplan.profile.schema import Profile
 
@@ -32,7 +33,7 @@ def test_a_version_1_plan_keeps_its_stages_ranks_and_shares(name: str) -> None:
     plan = read_plan(DATA / name)
     par = old["parallelism"]
     dp, tp = par["data_parallel_degree"], par["tensor_parallel_degree"]
-    assert plan.schema_version == 3
+    assert plan.schema_version == PLAN_SCHEMA_VERSION
     assert plan.parallelism.pipeline_degree == par["pipeline_degree"]
     assert plan.parallelism.micro_batch_size == sum(par["replica_micro_batch_sizes"])
     types = {entry["rank"]: entry["gpu_type"] for entry in old["rank_map"]}

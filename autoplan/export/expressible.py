@@ -158,6 +158,14 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
     of the grid's order). Which ZeRO levels a target runs is the target's check."""
     stages = plan.stages
     for stage in stages:
+        group = stage.replicas[: stage.expert_parallel_degree]
+        if group[0].routed_experts is not None:
+            held = " + ".join(f"{r.routed_experts} on {r.gpu_type}" for r in group)
+            raise NotExpressibleError(
+                target,
+                f"stage {stage.index} places experts by GPU speed ({held} per expert group); "
+                f"{target} gives every rank of an expert group experts / ep",
+            )
         if len(stage.gpu_types) > 1:
             types = _listing(stage.gpu_types)
             raise NotExpressibleError(target, f"stage {stage.index} mixes GPU types ({types})")

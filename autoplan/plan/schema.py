@@ -68,7 +68,7 @@ __all__ = [
     "ZeroStage",
 ]
 
-PLAN_SCHEMA_VERSION: Final = 3
+PLAN_SCHEMA_VERSION: Final = 4
 
 Recompute = Literal["none", "selective", "full"]
 # The training engine a plan is priced for (``autoplan.cost.engines`` says what differs).
@@ -214,6 +214,15 @@ class Replica(_Strict):
         default=False,
         description="Saved activations (what recompute keeps) move to host memory after "
         "forward and back before backward, over the host link.",
+    )
+    routed_experts: int | None = Field(
+        default=None,
+        ge=1,
+        le=limits.MAX_FILE_INT,
+        description="Routed experts of each MoE layer its ranks hold where its stage's expert "
+        "groups span GPU types and place experts by speed (the replicas of one expert group "
+        "hold consecutive experts, in replica order, summing to the layer's experts); None: "
+        "experts / ep, the same on every replica.",
     )
 
     @model_validator(mode="after")
@@ -519,7 +528,7 @@ class SearchRecord(_Strict):
 class Plan(_Strict):
     """A complete, executable parallelization plan."""
 
-    schema_version: Literal[3] = Field(
+    schema_version: Literal[4] = Field(
         default=PLAN_SCHEMA_VERSION, description="Version of this schema."
     )
     inputs: PlanInputs

@@ -8,6 +8,9 @@ type's share, and the GPUs the plan leaves unused are listed as idle.
 
 Version 2 maps onto version 3 with no search record (``search: null``): the plan was written
 before the search kept its proven bound, so nothing says how far from optimal it is.
+
+Version 3 maps onto version 4 unchanged: version 4 adds each replica's ``routed_experts``
+(experts placed by GPU speed), and a version-3 plan's experts are even (``null``).
 """
 
 from __future__ import annotations
@@ -121,4 +124,7 @@ def upgrade_plan_data(data: dict[str, Any]) -> dict[str, Any]:
         # Version 3 adds the search's certificate; an older plan has none (it may have been
         # stopped by the time limit: it is not called optimal).
         data = {**data, "schema_version": 3, "search": None}
+    if data.get("schema_version") == 3:
+        # Version 4 adds Replica.routed_experts, absent (even experts) in version 3.
+        data = {**data, "schema_version": 4}
     return data

@@ -132,17 +132,26 @@ def _check_experts_without_sp(plan: Plan, profile: Profile | None, problems: lis
 
 def _check_expert_parallel(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
     """ep cuts a stage's replicas into expert groups of ep consecutive replicas, each of one
-    GPU type, tp and share (its ranks exchange equal slot buffers); ep divides the experts of
-    every MoE layer of the stage (with the profile: and the model has some); ZeRO 0 or 1 with
-    it (``autoplan.cost.expert_parallel``)."""
+    GPU type, tp and share (its ranks exchange equal slot buffers), unless its replicas say
+    which experts they hold (``routed_experts``: experts placed by speed, ``_check_uneven_
+    experts``); ep divides the experts of every MoE layer of the stage (with the profile: and
+    the model has some); ZeRO 0 or 1 with it (``autoplan.cost.expert_parallel``)."""
     for stage in plan.stages:
         ep = stage.expert_parallel_degree
+        uneven = [r.routed_experts for r in stage.replicas]
         if ep == 1:
+            if any(x is not None for x in uneven):
+                problems.append(
+                    f"stage {stage.index} (ep 1): its replicas list routed_experts; only a "
+                    "stage with ep > 1 places experts"
+                )
             continue
         where = f"stage {stage.index} (ep {ep})"
         replicas = stage.replicas
         if len(replicas) % ep:
             problems.append(f"{where}: ep must divide its {len(replicas)} replicas")
+        elif any(x is not None for x in uneven):
+            _check_uneven_experts(stage, profile, where, problems)
         else:
             for start in range(0, len(replicas), ep):
                 kinds = {
@@ -172,8 +181,52 @@ def _check_expert_parallel(plan: Plan, profile: Profile | None, problems: list[s
         # only groups its ZeRO-1 shards by expert index. A model without any may not.
         if not any(layer.experts is not None for layer in profile.layers):
             problems.append(f"{where}: the model has no mixture-of-experts layers")
+        if any(x is not None for x in uneven):
+            continue  # the sums of routed_experts are checked against the experts instead
         for count in sorted(c for c in counts if c % ep):
             problems.append(f"{where}: ep must divide the {count} experts of its MoE layers")
+
+
+def _check_uneven_experts(
+    stage: Stage, profile: Profile | None, where: str, problems: list[str]
+) -> None:
+    """Experts placed by speed: every replica says how many experts it holds (at least one);
+    every expert group holds each layer's experts once (its replicas' counts sum to the
+    experts of every MoE layer of the model) and in the same order (the replicas at one place
+    of their groups hold the same experts: their gradients are summed together); its ranks
+    share tp and cp (each tp rank exchanges with the same tp rank of the others), while GPU
+    types and shares may differ (the exchange's split sizes follow them)."""
+    ep = stage.expert_parallel_degree
+    held = [r.routed_experts for r in stage.replicas]
+    if any(x is None for x in held):
+        problems.append(
+            f"{where}: some replicas list routed_experts and some do not; all or none do"
+        )
+        return
+    first = held[:ep]
+    for start in range(0, len(held), ep):
+        group = stage.replicas[start : start + ep]
+        if held[start : start + ep] != first:
+            problems.append(
+                f"{where}: expert group of replicas {start}-{start + ep - 1} holds "
+                f"{held[start : start + ep]} experts; the first holds {first} (every expert "
+                "group places the experts alike)"
+            )
+        shapes = {(r.tensor_parallel_degree, r.context_parallel_degree) for r in group}
+        if len(shapes) > 1:
+            problems.append(
+                f"{where}: expert group of replicas {start}-{start + ep - 1} mixes (tp, cp) "
+                f"{sorted(shapes)}; its ranks exchange tp rank by tp rank"
+            )
+    total = sum(x for x in first if x is not None)
+    counts: set[int] = set()
+    if profile is not None:
+        counts = {layer.experts.num_experts for layer in profile.layers if layer.experts}
+    for count in sorted(counts - {total}):
+        problems.append(
+            f"{where}: an expert group's routed_experts sum to {total}; the model's MoE "
+            f"layers have {count}"
+        )
 
 
 def _check_sequence_parallel(plan: Plan, problems: list[str]) -> None:
@@ -581,7 +634,7 @@ def _replica_kinds(plan: Plan) -> list[_Kind]:
 
 def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
     """The independent lower bound on one GPU of this replica kind (module docstring)."""
-    pipeline_rank, _, tp, _ = kind
+    pipeline_rank, gpu_type, tp, share = kind
     moment_bytes = _ADAM_MOMENT_BYTES.get(profile.dtype, _ADAM_MOMENT_BYTES_DEFAULT)
     total = 0.0
     for stage in plan.stages:
@@ -589,10 +642,21 @@ def _memory_floor_bytes(plan: Plan, profile: Profile, kind: _Kind) -> int:
             continue
         layers = profile.layers[stage.layer_start : stage.layer_end]
         params: float = sum(layer.param_count for layer in layers)
-        # Expert parallelism leaves each GPU 1/ep of the routed experts.
+        # Expert parallelism leaves each GPU 1/ep of the routed experts, or, placed by
+        # speed, its replica's (the fewest of the kind's replicas in this stage).
         ep = stage.expert_parallel_degree
         experts = sum(layer.experts.expert_param_count for layer in layers if layer.experts)
-        params -= experts * (1 - 1 / ep)
+        kept = 1 / ep
+        counts = [layer.experts.num_experts for layer in layers if layer.experts]
+        held = [
+            r.routed_experts
+            for r in stage.replicas
+            if (r.gpu_type, r.tensor_parallel_degree, r.micro_batch_size) == (gpu_type, tp, share)
+            and r.routed_experts is not None
+        ]
+        if held and counts:
+            kept = min(held) / max(counts)
+        params -= experts * (1 - kept)
         per_gpu = params / tp
         optimizer = 2 * moment_bytes * per_gpu
         # cp ranks shard ZeRO's states as replicas do.

@@ -313,7 +313,7 @@ def config_from_plan(model: CostModel, plan: Plan) -> PlanConfig:
     class_of_node = {node.name: class_of_group[node.group] for node in model.cluster.nodes()}
     stages = []
     for stage in plan.stages:
-        counts: dict[tuple[int, int, int, str, bool, int], int] = {}
+        counts: dict[tuple[int, int, int, str, bool, int, int | None], int] = {}
         for replica in stage.replicas:
             k = class_of_node.get(replica.node)
             if k is None:
@@ -332,21 +332,29 @@ def config_from_plan(model: CostModel, plan: Plan) -> PlanConfig:
                 replica.recompute,
                 replica.offload,
                 replica.context_parallel_degree,
+                replica.routed_experts,
             )
             counts[key] = counts.get(key, 0) + 1
         groups = tuple(
             ReplicaGroup(k, tp, n, mbs, recompute, offload, cp)
-            for (k, tp, mbs, recompute, offload, cp), n in counts.items()
+            for (k, tp, mbs, recompute, offload, cp, _), n in counts.items()
         )
-        stages.append(
-            StageChoice(
-                stage.layer_start,
-                stage.layer_end,
-                groups,
-                stage.zero_stage,
-                stage.expert_parallel_degree,
-            )
+        # Experts placed by speed: each group's experts per rank (its replicas' own).
+        held = tuple(key[-1] for key in counts)
+        experts = () if None in held else tuple(x for x in held if x is not None)
+        choice = StageChoice(
+            stage.layer_start,
+            stage.layer_end,
+            groups,
+            stage.zero_stage,
+            stage.expert_parallel_degree,
+            experts,
         )
+        try:
+            model.expert_span(choice)
+        except ValueError as error:
+            raise InputError(f"stage {stage.index}: {error}") from None
+        stages.append(choice)
     par = plan.parallelism
     return PlanConfig(
         par.num_micro_batches,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from autoplan.cost.config import PlanConfig
+from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.model import CostModel, PlanCost, RankMemory
 from autoplan.cost.zero_bubble import group_weight_gradient_ms
 from autoplan.plan.fingerprint import costed_sha256
@@ -44,6 +44,22 @@ def _round(value: float) -> float:
     if value == 0 or not math.isfinite(value) or abs(value) >= 1:
         return round(value, 6)
     return round(value, max(6, 5 - math.floor(math.log10(abs(value)))))
+
+
+def _replica_order(stage: StageChoice) -> list[tuple[int, int]]:
+    """(group, replica) of each of the stage's replicas in plan order: group by group, or,
+    where its expert groups span its groups (``StageChoice.experts``), expert group by expert
+    group, each taking replicas / k of every group in turn (the plan's expert groups are ep
+    consecutive replicas)."""
+    if not stage.experts:
+        return [(g, r) for g, group in enumerate(stage.groups) for r in range(group.replicas)]
+    k = stage.replicas // stage.ep  # expert groups
+    order = []
+    for e in range(k):
+        for g, group in enumerate(stage.groups):
+            count = group.replicas // k
+            order.extend((g, e * count + r) for r in range(count))
+    return order
 
 
 def model_flops_per_iteration(model: CostModel, global_batch_size: int) -> float:
@@ -136,6 +152,17 @@ def emit_plan(
     pp = config.pipeline_degree
     placement = place(model, config)
     nodes, rank_map, ranks = build_rank_map(placement)
+    # A stage whose expert groups span its groups lists its replicas in another order than
+    # group by group (``_replica_order``): its ranks' dp_index follow that order.
+    dp_index: dict[int, int] = {}
+    for p, stage in enumerate(config.stages[:pp]):
+        if stage.experts:
+            for index, (g, r) in enumerate(_replica_order(stage)):
+                dp_index.update(dict.fromkeys(ranks[p][g][r], index))
+    rank_map = [
+        e.model_copy(update={"dp_index": dp_index[e.rank]}) if e.rank in dp_index else e
+        for e in rank_map
+    ]
     parallelism = Parallelism(
         pipeline_degree=pp,
         virtual_stages_per_rank=config.chunks,
@@ -156,34 +183,35 @@ def emit_plan(
         ]
         replicas = []
         replica_timings = []
-        for g, (group, group_cost) in enumerate(zip(stage.groups, stage_cost.groups, strict=True)):
-            for r, slots in enumerate(placement[p][g]):
-                replicas.append(
-                    Replica(
-                        gpu_type=slots.node.gpu,
-                        node=slots.node.name,
-                        tensor_parallel_degree=group.tp,
-                        context_parallel_degree=group.cp,
-                        ranks=ranks[p][g][r],
-                        micro_batch_size=group.micro_batch_size,
-                        recompute=group.recompute,  # type: ignore[arg-type]
-                        offload=group.offload,
-                    )
+        for g, r in _replica_order(stage):
+            group, group_cost, slots = stage.groups[g], stage_cost.groups[g], placement[p][g][r]
+            replicas.append(
+                Replica(
+                    gpu_type=slots.node.gpu,
+                    node=slots.node.name,
+                    tensor_parallel_degree=group.tp,
+                    context_parallel_degree=group.cp,
+                    ranks=ranks[p][g][r],
+                    micro_batch_size=group.micro_batch_size,
+                    recompute=group.recompute,  # type: ignore[arg-type]
+                    offload=group.offload,
+                    routed_experts=stage.experts[g] if stage.experts else None,
                 )
-                replica_timings.append(
-                    ReplicaTiming(
-                        forward_ms=_round(group_cost.forward_ms),
-                        backward_ms=_round(group_cost.backward_ms),
-                        saved_activation_bytes=round(group_cost.saved_bytes),
-                        measured_layers=sum(
-                            layer.measured
-                            for layer in model.tables(
-                                group.device_class, group.tp, group.micro_batch_size
-                            ).layers[stage.layer_start : stage.layer_end]
-                        ),
-                        weight_gradient_ms=weight_ms[g],
-                    )
+            )
+            replica_timings.append(
+                ReplicaTiming(
+                    forward_ms=_round(group_cost.forward_ms),
+                    backward_ms=_round(group_cost.backward_ms),
+                    saved_activation_bytes=round(group_cost.saved_bytes),
+                    measured_layers=sum(
+                        layer.measured
+                        for layer in model.tables(
+                            group.device_class, group.tp, group.micro_batch_size
+                        ).layers[stage.layer_start : stage.layer_end]
+                    ),
+                    weight_gradient_ms=weight_ms[g],
                 )
+            )
         stages.append(
             Stage(
                 index=s,

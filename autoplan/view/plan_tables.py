@@ -251,10 +251,24 @@ def _expert_text(plan: Plan) -> str:
     """', expert parallelism ep 4 on 2 stages' (each degree), or '' without ep."""
     degrees = sorted({s.expert_parallel_degree for s in plan.stages} - {1})
     counts = [sum(s.expert_parallel_degree == d for s in plan.stages) for d in degrees]
+    uneven = sum(s.replicas[0].routed_experts is not None for s in plan.stages)
     return "".join(
         f", expert parallelism ep {d} on {n} stage{'s' if n > 1 else ''}"
         for d, n in zip(degrees, counts, strict=True)
-    )
+    ) + (f" (experts by GPU speed on {counted(uneven, 'stage')})" if uneven else "")
+
+
+def _zero_and_experts(stage: Stage) -> str | Figure:
+    """The ZeRO column: the level, with 'ep E' where the stage splits experts, and where its
+    experts are placed by speed, what each rank of an expert group holds ('5 H100 + 3 A100')."""
+    ep = stage.expert_parallel_degree
+    if ep == 1:
+        return Figure(str(stage.zero_stage), stage.zero_stage, "") if stage.zero_stage else "no"
+    text = f"{stage.zero_stage or 'no'} · ep {ep}"
+    group = stage.replicas[:ep]
+    if group[0].routed_experts is not None:
+        text += " (" + " + ".join(f"{r.routed_experts} {r.gpu_type}" for r in group) + ")"
+    return text
 
 
 def stages_section(plan: Plan) -> Section:
@@ -295,9 +309,7 @@ def stages_section(plan: Plan) -> Section:
                 replica.recompute + (" +offload" if replica.offload else "")
                 for replica in stage.replicas
             ),
-            (Figure(str(stage.zero_stage), stage.zero_stage, "") if stage.zero_stage else "no")
-            if stage.expert_parallel_degree == 1
-            else f"{stage.zero_stage or 'no'} · ep {stage.expert_parallel_degree}",
+            _zero_and_experts(stage),
             *times,
             _time_source(count, timing),
         )

@@ -1,0 +1,157 @@
+"""Experts placed by speed in plans: the emitted replicas (expert group by expert group, each
+replica's ``routed_experts``), the validator's rules, ``show``, ``autoplan cost`` reading the
+plan back to the same figures, a version-3 plan read as version 4, and the exports refusing
+in one line. moe-tiny (4 experts), profiled on fake tensors, on two made-up GPU types."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autoplan.cluster.catalog import gpu_specs
+from autoplan.cost.config import PlanConfig, StageChoice
+from autoplan.cost.model import CostModel
+from autoplan.cost.offload import group_of
+from autoplan.errors import InputError
+from autoplan.export import NotExpressibleError, export_plan, layer_kinds
+from autoplan.inputs import read_plan
+from autoplan.plan.schema import PLAN_SCHEMA_VERSION, Plan, PlanInputs
+from autoplan.plan.validate import plan_problems
+from autoplan.price.configuration import config_from_plan
+from autoplan.profile.profiler import profile_model
+from autoplan.profile.schema import Profile
+from autoplan.runtime.check import check_runnable
+from autoplan.solve.emit import emit_plan
+from autoplan.view.plan_tables import stages_section
+from tests.synthetic_profiles import gpu, make_cluster
+
+FAST = gpu("Fast", 100.0, 80.0)
+SLOW = gpu("Slow", 50.0, 80.0)
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    return profile_model("moe-tiny", 16, 2, "fp32")
+
+
+def _model(profile: Profile) -> CostModel:
+    cluster = make_cluster([("f", FAST, 2, 1), ("s", SLOW, 2, 1)])
+    return CostModel(profile, cluster, gpu_specs(cluster))
+
+
+def _config(profile: Profile, experts: tuple[int, ...] = (3, 1)) -> PlanConfig:
+    """One stage: 2 Fast replicas of 2 samples and 2 Slow of 1, two expert groups of one
+    of each, holding ``experts`` experts per rank by group."""
+    groups = (group_of(0, 1, 2, 2, "none"), group_of(1, 1, 2, 1, "none"))
+    stage = StageChoice(0, len(profile.layers), groups, 0, ep=2, experts=experts)
+    return PlanConfig(2, "1f1b", 1, (stage,))
+
+
+def _plan(profile: Profile, experts: tuple[int, ...] = (3, 1)) -> Plan:
+    model = _model(profile)
+    config = _config(profile, experts)
+    inputs = PlanInputs(
+        model=profile.model,
+        profile_sha256="test",
+        seq_len=profile.seq_len,
+        dtype=profile.dtype,
+        cluster=model.cluster,
+        global_batch_size=12,
+        strategy="optimal",
+    )
+    return emit_plan(model, config, model.evaluate(config), inputs, [])
+
+
+def test_replicas_go_expert_group_by_expert_group(profile: Profile) -> None:
+    plan = _plan(profile)
+    (stage,) = plan.stages
+    assert [r.gpu_type for r in stage.replicas] == ["Fast", "Slow", "Fast", "Slow"]
+    assert [r.routed_experts for r in stage.replicas] == [3, 1, 3, 1]
+    assert [r.micro_batch_size for r in stage.replicas] == [2, 1, 2, 1]
+    # Each rank's dp_index is its replica's place in that order.
+    for index, replica in enumerate(stage.replicas):
+        assert [plan.rank_map[rank].dp_index for rank in replica.ranks] == [index]
+    assert plan.schema_version == PLAN_SCHEMA_VERSION == 4
+    assert plan_problems(plan, profile) == []
+
+
+def test_cost_reads_the_plan_back_to_its_figures(profile: Profile) -> None:
+    plan = _plan(profile)
+    model = _model(profile)
+    config = config_from_plan(model, plan)
+    assert config.stages[0].experts == (3, 1)
+    assert model.evaluate(config).iteration_ms == pytest.approx(
+        model.evaluate(_config(profile)).iteration_ms
+    )
+
+
+@pytest.mark.parametrize(
+    ("held", "message"),
+    [
+        ([3, 2, 3, 2], "routed_experts sum to 5; the model's MoE layers have 4"),
+        ([3, 1, 1, 3], "holds [1, 3] experts; the first holds [3, 1]"),
+        ([3, 1, 3, None], "some replicas list routed_experts and some do not"),
+    ],
+)
+def test_the_validator_checks_the_experts_held(
+    profile: Profile, held: list[int | None], message: str
+) -> None:
+    plan = _plan(profile)
+    stage = plan.stages[0]
+    replicas = [
+        r.model_copy(update={"routed_experts": x})
+        for r, x in zip(stage.replicas, held, strict=True)
+    ]
+    broken = plan.model_copy(update={"stages": [stage.model_copy(update={"replicas": replicas})]})
+    assert any(message in problem for problem in plan_problems(broken, profile)), plan_problems(
+        broken, profile
+    )
+
+
+def test_even_experts_may_not_mix_types_and_ep_1_places_none(profile: Profile) -> None:
+    plan = _plan(profile)
+    stage = plan.stages[0]
+    even = [r.model_copy(update={"routed_experts": None}) for r in stage.replicas]
+    broken = plan.model_copy(update={"stages": [stage.model_copy(update={"replicas": even})]})
+    assert any("an expert group is one kind" in p for p in plan_problems(broken, profile))
+    one = plan.model_copy(
+        update={"stages": [stage.model_copy(update={"expert_parallel_degree": 1})]}
+    )
+    assert any("only a stage with ep > 1 places experts" in p for p in plan_problems(one))
+
+
+def test_show_draws_what_each_rank_holds(profile: Profile) -> None:
+    section = stages_section(_plan(profile))
+    assert "no · ep 2 (3 Fast + 1 Slow)" in str(section.rows)
+
+
+def test_a_version_3_plan_reads_as_version_4(profile: Profile, tmp_path: Path) -> None:
+    data = json.loads(_plan(profile).model_dump_json())
+    # A version-3 plan had no routed_experts: its expert groups were one kind (here: none).
+    data["schema_version"] = 3
+    data["stages"][0]["expert_parallel_degree"] = 1
+    for replica in data["stages"][0]["replicas"]:
+        del replica["routed_experts"]
+    path = tmp_path / "v3.json"
+    path.write_text(json.dumps(data))
+    plan = read_plan(path)
+    assert plan.schema_version == 4
+    assert all(r.routed_experts is None for r in plan.stages[0].replicas)
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_exports_refuse_experts_by_speed_in_one_line(profile: Profile, target: str) -> None:
+    plan = _plan(profile)
+    with pytest.raises(NotExpressibleError) as refused:
+        export_plan(plan, target, layer_kinds(plan, profile))
+    text = str(refused.value)
+    assert "places experts by GPU speed (3 on Fast + 1 on Slow" in text and "\n" not in text
+
+
+def test_run_refuses_experts_by_speed_in_one_line(profile: Profile) -> None:
+    with pytest.raises(InputError) as refused:
+        check_runnable(_plan(profile))
+    text = str(refused.value)
+    assert "stage 0 places experts by GPU speed" in text and "\n" not in text
