@@ -17,6 +17,7 @@ import math
 
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.model import CostModel
+from autoplan.solve.expert_span import ExpertSpanSource, span_options
 from autoplan.solve.hetero import HeteroSource
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import divisors
@@ -28,10 +29,16 @@ __all__ = ["brute_force_stage_degrees"]
 
 
 def brute_force_stage_degrees(
-    model: CostModel, batch: int, options: SolveOptions, degrees: list[tuple[int, int]]
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    degrees: list[tuple[int, int]],
+    spans: bool = False,
 ) -> float:
     """The best feasible iteration time (ms) with each stage at any (cp, ep) of ``degrees``
-    (module docstring); inf where none fits."""
+    (module docstring), and with ``spans`` also any mixed allocation with its experts placed
+    by speed, every expert-group count and integer split (``autoplan.solve.expert_span``,
+    its stage rule); inf where none fits."""
     best = math.inf
     n = model.num_layers
     totals = [c.total_gpus for c in model.classes]
@@ -53,10 +60,25 @@ def brute_force_stage_degrees(
                 (cp, ep, HeteroSource(view, batch, m, schedule, at_ep), allocations)
                 for cp, ep, view, at_ep, allocations in kinds
             ]
+            plain = HeteroSource(model, batch, m, schedule, options)
+            span_source = ExpertSpanSource(plain, degree_options(options, 2) or options)
+            mixed = [a for a in _allocations(model, batch // m) if len(a) == 2]
+            spanning = spans and degree_options(options, 2) is not None
+            every_span = span_options(model, mixed) if spanning else []
             for sizes in compositions(n, pp):
                 bounds = [0, *itertools.accumulate(sizes)]
 
-                def extend(s, used, stages, m=m, pp=pp, bounds=bounds, sources=sources) -> None:
+                def extend(
+                    s,
+                    used,
+                    stages,
+                    m=m,
+                    pp=pp,
+                    bounds=bounds,
+                    sources=sources,
+                    every_span=every_span,
+                    span_source=span_source,
+                ) -> None:
                     nonlocal best
                     if s == pp:
                         config = PlanConfig(m, "1f1b" if pp <= m else "gpipe", 1, tuple(stages))
@@ -83,6 +105,24 @@ def brute_force_stage_degrees(
                             groups = tuple(dataclasses.replace(g, cp=cp) for g in groups)
                             stage = StageChoice(bounds[s], bounds[s + 1], groups, zero, ep)
                             extend(s + 1, use, [*stages, stage])
+                    for option in every_span:
+                        use = list(used)
+                        for k, t, count in option.allocation:
+                            use[k] += t * count
+                        if any(u > total for u, total in zip(use, totals, strict=True)):
+                            continue
+                        spanned = span_source.stage(option, bounds[s], bounds[s + 1], flight)
+                        if spanned is None:
+                            continue
+                        stage = StageChoice(
+                            bounds[s],
+                            bounds[s + 1],
+                            spanned.groups,
+                            spanned.zero,
+                            option.ep,
+                            option.experts,
+                        )
+                        extend(s + 1, use, [*stages, stage])
 
                 extend(0, [0] * len(totals), [])
     return best

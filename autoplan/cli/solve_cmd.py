@@ -173,6 +173,15 @@ def solve_command(
             "1: none). Default: searched over the divisors of the experts.",
         ),
     ] = None,
+    experts_by_speed: Annotated[
+        bool,
+        typer.Option(
+            "--experts-by-speed/--even-experts",
+            help="Search expert groups spanning a mixed stage's GPU types with experts placed "
+            "by speed (the default), or keep every expert group one type with experts even "
+            "(what autoplan run and the exports execute).",
+        ),
+    ] = True,
     context_parallel: Annotated[
         int | None,
         typer.Option(
@@ -296,6 +305,7 @@ def solve_command(
             "offload": offload,
             "sequence_parallel": sequence_parallel,
             "expert_parallel": expert_parallel,
+            "experts_by_speed": experts_by_speed,
             "cp": context_parallel,
             "layer_split": _layer_split(layer_split),
             "strategy": strategy,

@@ -239,7 +239,7 @@ def check_runnable(plan: Plan) -> None:
     if uneven:
         raise InputError(
             f"stage {uneven[0]} places experts by GPU speed (routed_experts), which autoplan's "
-            "runtime does not execute yet: it gives every rank of an expert group experts / ep"
+            "runtime does not execute yet: solve with --even-experts"
         )
     _check_stage_layout(plan)
     _check_shares(plan)

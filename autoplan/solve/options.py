@@ -59,6 +59,12 @@ class SolveOptions(BaseModel):
         description="Expert-parallel degree of every stage (None: searched over the divisors "
         "of the experts; 1 for a dense model).",
     )
+    experts_by_speed: bool = Field(
+        default=True,
+        description="Search expert groups that span a mixed stage's two GPU types, each rank "
+        "holding its own number of experts (autoplan.solve.expert_span); False: experts even "
+        "within expert groups of one type.",
+    )
     cp: int | None = Field(
         default=None,
         ge=1,

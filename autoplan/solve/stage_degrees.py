@@ -22,6 +22,13 @@ for every option: ep only adds to a layer's time (its all-to-alls), and a cp ran
 1/c of the tokens is at least 1/c of the whole's (the cost model scales a layer's work by 1/c,
 its fixed costs do not shrink, the ring only adds), so its c GPUs spend at least as much.
 
+Experts placed by speed (``autoplan.solve.expert_span``, on unless ``--even-experts``): where ep
+is searched, the mixed allocations of the plain view with their expert groups spanning the two
+GPU types, every expert-group count and integer split of the experts its own option, joined as
+one more source (its payload says its ep and split). Its floors are its own; the prefix bound
+holds for it too: a sample's expert work moves to the other type but is done once, each part at
+least its own type's per-sample time.
+
 Degrees (module functions): cp 1 and the powers of two up to ``MAX_CONTEXT_PARALLEL`` that
 divide some class's GPUs per node and whose 2·c load-balanced chunks divide the sequence, for a
 model with an attention core, searched from ``SolveOptions.cp_min_seq_len`` tokens
@@ -42,6 +49,7 @@ from autoplan.cost.config import ReplicaGroup
 from autoplan.cost.expert_parallel import expert_counts
 from autoplan.cost.model import CostModel
 from autoplan.errors import InputError
+from autoplan.solve.expert_span import ExpertSpanSource
 from autoplan.solve.hetero import HeteroSource, SourceType
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import divisors
@@ -132,11 +140,18 @@ class StageDegreeSource:
         num_micro_batches: int,
         schedule: str,
         variants: list[_Variant],
+        spans: SolveOptions | None = None,
     ) -> None:
-        self._sources = [
+        self._sources: list[HeteroSource | ExpertSpanSource] = [
             HeteroSource(v.view, batch, num_micro_batches, schedule, v.options) for v in variants
         ]
         self.base = self._sources[0]
+        assert isinstance(self.base, HeteroSource)
+        if spans is not None:
+            # Experts placed by speed: the mixed allocations of the plain view, each split
+            # its own option (``autoplan.solve.expert_span``); counted as a variant at cp 1.
+            self._sources.append(ExpertSpanSource(self.base, spans))
+            variants = [*variants, dataclasses.replace(variants[0], ep=0)]
         self._variants = variants
         # (variant, its source's option) of each of this source's options, and its GPUs.
         self._options: list[tuple[int, int]] = []
@@ -187,8 +202,8 @@ class StageDegreeSource:
         index, own = self._options[option]
         found = self._sources[index].cost(own, i, j, position, next_key)
         variant = self._variants[index]
-        if found is None or (variant.cp, variant.ep) == (1, 1):
-            return found
+        if found is None or (variant.cp, variant.ep) in ((1, 1), (1, 0)):
+            return found  # plain, or experts placed by speed (its payload says its ep)
         assert isinstance(found.payload, tuple)  # HeteroSource's (groups, ZeRO level)
         groups: tuple[ReplicaGroup, ...] = found.payload[0]
         at_cp = tuple(dataclasses.replace(g, cp=variant.cp) for g in groups)
@@ -205,6 +220,11 @@ def stage_source(model: CostModel, options: SolveOptions) -> SourceType:
     eps = [1]
     if model.expert_parallel == 1 and options.expert_parallel is None:
         eps = expert_degrees(model, options)
+    # Experts placed by speed (``autoplan.solve.expert_span``) where ep is searched freely
+    # and composes with the ZeRO level asked for.
+    spans = None
+    if len(eps) > 1 and options.strategy == "optimal" and options.experts_by_speed:
+        spans = degree_options(options, 2)
     if len(cps) * len(eps) == 1:
         return HeteroSource
     variants = []
@@ -222,6 +242,6 @@ def stage_source(model: CostModel, options: SolveOptions) -> SourceType:
     ) -> StageDegreeSource:
         # ``model`` and ``options`` are the variants' first (the views are made once, so
         # their cost tables are computed once for every micro-batch count).
-        return StageDegreeSource(batch, m, schedule, variants)
+        return StageDegreeSource(batch, m, schedule, variants, spans)
 
     return make

@@ -1,0 +1,150 @@
+"""Experts placed by speed in the search (``autoplan.solve.expert_span``): every mixed
+allocation's expert-group counts and integer splits are stage options of the heterogeneous
+DP, and its best equals brute force over the space with them (``tests/stage_degrees_oracle``
+with ``spans``), on small instances where they win and where they do not; the plan of a win
+is emitted, valid and drawn; ``--even-experts`` leaves them out.
+
+The instances: an embedding and two MoE blocks (8 experts holding 90% of 80 M parameters
+each, half the block's FLOPs) on one node of G0 (100 TFLOP/s) and one of G1 (50), n GPUs
+each. At 1.3 GiB a GPU, batch 3, two G0 and one G1 replica of one sample each, expert groups
+of all three ranks, 3 + 3 + 2 experts: no GPU holds a block's experts whole, per-type expert
+groups leave the G1 replica alone, and even experts cannot split 8 three ways."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from autoplan.plan.validate import plan_problems
+from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
+from autoplan.solve.expert_span import span_options
+from autoplan.solve.hetero import HeteroSource
+from autoplan.view.plan_tables import stages_section
+from tests.stage_degrees_oracle import brute_force_stage_degrees
+from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
+from tests.test_uneven_experts_cost import moe_layer
+
+OPTIONS = SolveOptions(top_k=1, zero_bubble=False, sequence_parallel=False)
+DEGREES = [(1, 1), (1, 2), (1, 4), (1, 8)]
+
+
+def _model(memory_gib: float, gpus: int, inter_gb_per_s: float):
+    layers = [
+        layer(0, flops=10**10, params=10**6, saved=10**7, output=10**6, kind="embedding"),
+        moe_layer(1),
+        moe_layer(2),
+    ]
+    cluster = make_cluster(
+        [
+            ("g0", gpu("G0", tflops=100.0, memory_gib=memory_gib), gpus, 1),
+            ("g1", gpu("G1", tflops=50.0, memory_gib=memory_gib), gpus, 1),
+        ],
+        intra_gb_per_s=100.0,
+        inter_gb_per_s=inter_gb_per_s,
+    )
+    return cost_model(make_profile(layers), cluster, OPTIONS)
+
+
+def _best(model, batch: int, options: SolveOptions = OPTIONS):
+    found = [c for c in solve_candidates(model, batch, options).candidates if c.cost.feasible]
+    return found[0] if found else None
+
+
+def test_every_split_of_every_expert_group_count_is_an_option() -> None:
+    model = _model(1.3, 2, 100.0)
+    source = HeteroSource(model, 4, 1, "1f1b", OPTIONS)
+    spans = [s for s in span_options(model, source.allocations) if s.allocation[0][1] == 1]
+    # Two G0 replicas and one G1: one expert group of 3 ranks, 2·x1 + x2 = 8.
+    three = [s for s in spans if [n for _, _, n in s.allocation] == [2, 1]]
+    assert sorted(s.experts for s in three) == [(1, 6), (2, 4), (3, 2)]
+    # One of each: 7 splits of 8; two of each: k = 1 (2·x1 + 2·x2 = 8) and k = 2 (x1 + x2).
+    one = [s for s in spans if [n for _, _, n in s.allocation] == [1, 1]]
+    assert sorted(s.experts for s in one) == [(x, 8 - x) for x in range(1, 8)]
+    two = {(s.groups, s.experts) for s in spans if [n for _, _, n in s.allocation] == [2, 2]}
+    assert {(1, (x, 4 - x)) for x in range(1, 4)} | {(2, (x, 8 - x)) for x in range(1, 8)} == two
+
+
+@pytest.mark.parametrize("inter_gb_per_s", [100.0, 10.0])
+def test_experts_by_speed_win_where_no_even_placement_fits_well(inter_gb_per_s: float) -> None:
+    model = _model(1.3, 2, inter_gb_per_s)
+    best = _best(model, 3)
+    assert best is not None
+    (stage,) = best.config.stages
+    assert (stage.ep, stage.experts) == (3, (3, 2)), best.config.summary()
+    even = _best(model, 3, OPTIONS.model_copy(update={"experts_by_speed": False}))
+    assert even is not None and all(not s.experts for s in even.config.stages)
+    assert best.iteration_ms < even.iteration_ms
+    # Both are the optimum of their space.
+    with_spans = brute_force_stage_degrees(model, 3, OPTIONS, DEGREES, spans=True)
+    without = brute_force_stage_degrees(model, 3, OPTIONS, DEGREES)
+    assert math.isclose(best.iteration_ms, with_spans, rel_tol=1e-9)
+    assert math.isclose(even.iteration_ms, without, rel_tol=1e-9)
+
+
+CASES = list(itertools.product((0.8, 1.0, 1.3, 1.6), (1, 2), (3, 6)))
+
+
+@pytest.mark.parametrize(("memory_gib", "gpus", "batch"), CASES)
+def test_the_search_with_experts_by_speed_equals_brute_force(
+    memory_gib: float, gpus: int, batch: int
+) -> None:
+    inter = 100.0 if (gpus + batch) % 2 else 10.0
+    model = _model(memory_gib, gpus, inter)
+    best = _best(model, batch)
+    expected = brute_force_stage_degrees(model, batch, OPTIONS, DEGREES, spans=True)
+    if best is None:
+        assert math.isinf(expected)
+    else:
+        assert math.isclose(best.iteration_ms, expected, rel_tol=1e-9), best.config.summary()
+
+
+def test_the_plan_of_a_win_is_valid_and_drawn() -> None:
+    model = _model(1.3, 2, 100.0)
+    plan = solve(model.profile, model.cluster, 3, OPTIONS)
+    (stage,) = plan.stages
+    assert [r.gpu_type for r in stage.replicas] == ["G0", "G0", "G1"]
+    assert [r.routed_experts for r in stage.replicas] == [3, 3, 2]
+    assert plan_problems(plan, model.profile) == []
+    assert "1 · ep 3 (3 G0 + 3 G0 + 2 G1)" in str(stages_section(plan).rows)
+
+
+def test_experts_placed_by_memory_too() -> None:
+    """tests/test_expert_parallel_cost.py's instance: G0 is fast with 0.44 GiB, G1 half as
+    fast with 8 GiB and a slow intra-node link. One stage of 4 G0 and 4 G1 replicas, expert
+    groups of one of each holding 1 + 3 of the 4 experts, beats the best of each stage its
+    own even ep (342 ms): the small GPU keeps one expert, the large one three."""
+    from tests.test_expert_parallel_cost import _moe
+
+    layers = [
+        layer(0, flops=10**10, params=10**6, saved=10**7, output=10**6, kind="embedding"),
+        *(
+            _moe(layer(i, flops=4 * 10**11, params=80 * 10**6, saved=10**7, output=10**6), 4, 0.9,
+                 8 * 10**6)
+            for i in (1, 2)
+        ),
+    ]  # fmt: skip
+    cluster = make_cluster(
+        [
+            ("g0", gpu("G0", tflops=50.0, memory_gib=0.44, bandwidth=1000.0), 4, 1),
+            ("g1", gpu("G1", tflops=25.0, memory_gib=8.0, bandwidth=1000.0), 4, 1),
+        ],
+        intra_gb_per_s=100.0,
+        inter_gb_per_s=10.0,
+    )
+    slow = [
+        g if g.name == "g0" else g.model_copy(update={"intra_node_bandwidth_gb_per_s": 0.5})
+        for g in cluster.node_groups
+    ]
+    model = cost_model(
+        make_profile(layers), cluster.model_copy(update={"node_groups": slow}), OPTIONS
+    )
+    best = _best(model, 8)
+    assert best is not None
+    (stage,) = best.config.stages
+    assert (stage.ep, stage.experts) == (2, (1, 3)), best.config.summary()
+    expected = brute_force_stage_degrees(model, 8, OPTIONS, [(1, 1), (1, 2), (1, 4)], spans=True)
+    assert math.isclose(best.iteration_ms, expected, rel_tol=1e-9)
+    even = brute_force_stage_degrees(model, 8, OPTIONS, [(1, 1), (1, 2), (1, 4)])
+    assert best.iteration_ms < 0.8 * even
