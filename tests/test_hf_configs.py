@@ -65,6 +65,8 @@ def build(folder: str) -> torch.nn.Module:
         ("opt-350m", 331_196_416),
         ("opt-1.3b", 1_315_758_080),
         ("phi-3-mini-4k", 3_821_079_552),
+        ("qwen3-8b", 8_190_735_360),
+        ("qwen3-0.6b", 596_049_920),
     ],
 )
 def test_parameter_counts_equal_the_published_ones(folder: str, published: int) -> None:
@@ -74,7 +76,12 @@ def test_parameter_counts_equal_the_published_ones(folder: str, published: int) 
 
 @pytest.mark.parametrize(
     ("folder", "zoo"),
-    [("gpt2", "gpt2-small"), ("opt-350m", "opt-350m"), ("llama-3-8b", "llama3-8b")],
+    [
+        ("gpt2", "gpt2-small"),
+        ("opt-350m", "opt-350m"),
+        ("llama-3-8b", "llama3-8b"),
+        ("qwen3-8b", "qwen3-8b"),
+    ],
 )
 def test_a_config_of_a_zoo_model_builds_the_zoo_model(folder: str, zoo: str) -> None:
     with torch.device("meta"):
@@ -106,6 +113,13 @@ def test_families_build_their_published_structure() -> None:
     biases = [getattr(qwen, p).bias is not None for p in ("q", "k", "v", "out")]
     assert biases == [True, True, True, False]
     assert qwen.window is None
+    # Qwen3: no biases; a query and a key RMSNorm of the head width (128, not 1024 / 16),
+    # shared by every head; no window (use_sliding_window is false).
+    qwen3 = build("qwen3-0.6b").layers["block_0"].attn
+    assert [getattr(qwen3, p).bias for p in ("q", "k", "v", "out")] == [None] * 4
+    assert qwen3.q_norm.weight.shape == qwen3.k_norm.weight.shape == (128,)
+    assert (qwen3.q.out_features, qwen3.window) == (16 * 128, None)
+    assert build("qwen2-7b").layers["block_0"].attn.q_norm is None
     # Mistral and Phi-3: every block slides its window.
     mistral, phi3 = build("mistral-7b-v0.1"), build("phi-3-mini-4k")
     assert {mistral.layers[f"block_{i}"].attn.window for i in range(32)} == {4096}
@@ -153,6 +167,26 @@ def test_partial_rotary_leaves_the_other_dimensions_alone() -> None:
     rotated = apply_rotary(x, 10000.0, rotary_dims=4)
     torch.testing.assert_close(rotated[..., 4:], x[..., 4:], rtol=0, atol=0)
     assert not torch.allclose(rotated[..., :4], x[..., :4])
+
+
+def test_qwen3_heads_are_normalised_one_by_one_before_rope(tmp_path: Path) -> None:
+    """tiny-qwen3 (its norms' epsilon made negligible): each head's query and key pass an
+    RMSNorm of the head width, so scaling the projection rows of one head (its 32 output
+    features) changes nothing; scaling a single feature of it does (the norm divides by the
+    head's root mean square, not by each feature)."""
+    torch.manual_seed(0)
+    config = json.loads((DATA / "tiny-qwen3" / "config.json").read_text())
+    spec = get_model_spec(_write(tmp_path, {**config, "rms_norm_eps": 1e-30}))
+    attn = spec.build().double().layers["block_0"].attn
+    x = torch.randn(2, 6, 64, dtype=torch.float64)
+    before = attn(x)
+    with torch.no_grad():
+        attn.q.weight[32:64] *= 10.0  # query head 1
+        attn.k.weight[:32] *= 0.1  # key head 0
+    torch.testing.assert_close(attn(x), before, rtol=1e-9, atol=1e-9)
+    with torch.no_grad():
+        attn.q.weight[40] *= 10.0
+    assert not torch.allclose(attn(x), before)
 
 
 def test_sliding_window_blocks_see_only_the_last_window_of_tokens() -> None:

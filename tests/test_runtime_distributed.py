@@ -39,6 +39,7 @@ pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
 HF_GEMMA2 = f"hf:{ROOT / 'tests' / 'data' / 'hf' / 'tiny-gemma2' / 'config.json'}"
+HF_QWEN3 = f"hf:{ROOT / 'tests' / 'data' / 'hf' / 'tiny-qwen3' / 'config.json'}"
 
 
 def _uniform_plans() -> dict[str, Plan]:
@@ -178,6 +179,17 @@ def _uniform_plans() -> dict[str, Plan]:
             schedule="1f1b",
             num_micro_batches=2,
         ),
+        # Qwen3 shape: per-head query and key norms whose weight every tp rank holds whole
+        # while seeing its own heads (its gradient summed over tp), heads wider than hidden /
+        # heads; with sequence parallelism, whose norms over the sequence must leave them be.
+        "hf_qwen3_pp2_tp2_sp": make_plan(
+            [2, 2],
+            model=HF_QWEN3,
+            tensor_parallel=2,
+            schedule="1f1b",
+            num_micro_batches=2,
+            sequence_parallel=True,
+        ),
         # Llama: grouped-query attention (2 kv heads split over tp 2), RoPE, SwiGLU's gate.
         "llama_pp2_tp2_selective": make_plan(
             [3, 3],
@@ -239,6 +251,15 @@ def _heterogeneous_plans() -> dict[str, Plan]:
         "groups_mixed_tp_stage": make_stages_plan(
             [3, 3],
             [[ReplicaSpec(1, 1), ReplicaSpec(2, 3, "full")], [ReplicaSpec(1, 4)]],
+            schedule="1f1b",
+            num_micro_batches=2,
+        ),
+        # (d') Qwen3 shape, one stage of a tp-1 and a tp-2 replica: the per-head norms'
+        # gradients summed over the tp-2 replica's ranks, then across the two replicas.
+        "groups_qwen3_mixed_tp_stage": make_stages_plan(
+            [2, 2],
+            [[ReplicaSpec(1, 1), ReplicaSpec(2, 1)], [ReplicaSpec(1, 2)]],
+            model=HF_QWEN3,
             schedule="1f1b",
             num_micro_batches=2,
         ),

@@ -59,6 +59,14 @@ def _plans() -> dict[str, Plan]:
             num_micro_batches=2,
             sequence_parallel=True,
         ),
+        # One stage of a tp-1 and a tp-2 replica: the tp-2 replica's norm gradients are
+        # partial sums per rank (each saw its tokens), completed before the replicas' sum.
+        "sp_groups_mixed_tp_stage": make_stages_plan(
+            [3, 3],
+            [[ReplicaSpec(1, 1), ReplicaSpec(2, 1)], [ReplicaSpec(1, 2)]],
+            num_micro_batches=2,
+            sequence_parallel=True,
+        ),
     }
 
 

@@ -235,6 +235,24 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def _sum_partial_gradients(modules: dict[int, nn.Module]) -> None:
+    """Sum over its tp group every gradient DTensor left as a partial sum per rank.
+
+    A weight every tp rank holds whole but applies to its own part of an activation (a
+    per-head norm on its heads, a sequence-parallel norm on its tokens) gets, from DTensor, a
+    ``Partial`` gradient: each rank's share of the sum. The reductions below read each rank's
+    local gradient as the replica's whole one, so the partial sums are completed first, over
+    the replica's tp group only (every rank of it holds the same stage modules, visited in one
+    order: the collectives match)."""
+    for stage in sorted(modules):
+        for param in modules[stage].parameters():
+            grad = param.grad
+            if not isinstance(param, DTensor) or not isinstance(grad, DTensor):
+                continue
+            if any(placement.is_partial() for placement in grad.placements):
+                param.grad = grad.redistribute(grad.device_mesh, param.placements)
+
+
 class GradientSync:
     """Runs this rank's part of the plan's reductions on its stage modules' gradients."""
 
@@ -281,6 +299,7 @@ class GradientSync:
     @torch.no_grad()
     def synchronize(self, modules: dict[int, nn.Module], groups: ProcessGroups) -> None:
         """Replace every gradient piece this rank holds by its sum over all holders."""
+        _sum_partial_gradients(modules)
         for bucket in self.buckets:
             if self.rank not in bucket.ranks:
                 continue

@@ -63,7 +63,7 @@ def sequence_parallel_plan(
             RowwiseParallel(output_layouts=_SEQUENCE) if type(style) is RowwiseParallel else style
         )
     for name, module in layer.named_modules():
-        if name and is_norm(module):
+        if name and is_norm(module) and name not in out:  # per-head norms keep their style
             out[name] = SequenceParallel()
         children = {child for child, _ in module.named_children()}
         if name and children & column_names:

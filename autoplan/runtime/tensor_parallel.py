@@ -5,7 +5,8 @@ In each block, the projections that fan out (q, k, v, the MLP's up and gate) are
 output columns (``ColwiseParallel``) and the ones that fan back in (attention out, MLP down) by
 input rows (``RowwiseParallel``), so each attention or MLP sub-layer costs one all-reduce forward
 and one backward. The zoo's attention reshapes with ``view(..., -1, head_dim)``, so it works on
-the tp-local heads unchanged.
+the tp-local heads unchanged; per-head norms (``HEAD_NORMS``) hold their weight whole and sum
+its gradient over the group.
 
 The token embedding and the output head are split by vocabulary, as Megatron-LM does: the
 embedding table by rows (``RowwiseParallel`` on ``nn.Embedding``: each rank looks up the ids in
@@ -37,6 +38,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 
@@ -46,6 +48,7 @@ from autoplan.runtime.model_stage import pipeline_layers
 
 __all__ = [
     "COLUMN_PROJECTIONS",
+    "HEAD_NORMS",
     "REPLICATED_LINEARS",
     "ROW_PROJECTIONS",
     "VOCAB_EMBEDDINGS",
@@ -64,6 +67,12 @@ ROW_PROJECTIONS = frozenset({"out", "down", "o", "o_proj", "down_proj", "w2"})
 # Linears every tp rank holds whole: a mixture-of-experts router and shared-expert gate
 # (hidden × experts, too small to split; the routed experts are split by expert parallelism).
 REPLICATED_LINEARS = frozenset({"router", "shared_gate"})
+# Norms over one head's width, applied to each head of a column-split projection's output
+# (Qwen3's query and key norms, as the zoo and Hugging Face name them): every tp rank holds the
+# weight whole but sees only its own heads, so the weight's gradient is a partial sum per rank.
+# They run as a norm sequence-parallel over the heads' dimension (``SequenceParallel`` with
+# sequence_dim 2 of (batch, seq, heads, head width)): DTensor sums that gradient over tp.
+HEAD_NORMS = frozenset({"q_norm", "k_norm"})
 # Leaf names of the token embedding (nn.Embedding) and of the output head (nn.Linear over the
 # vocabulary), as the zoo (``token``, ``output``) and Hugging Face name them. Position and
 # token-type embeddings have other names and stay replicated.
@@ -197,6 +206,10 @@ def _tp_plan(
             plan[name] = RowwiseParallel()
         elif leaf not in REPLICATED_LINEARS:
             unknown.append(name)
+    if plan:
+        for name, module in layer.named_modules():
+            if name.rsplit(".", 1)[-1] in HEAD_NORMS and sp.is_norm(module):
+                plan[name] = SequenceParallel(sequence_dim=2, use_local_output=True)
     if plan and unknown:
         raise InputError(
             f"{layer_name}: cannot tell how to split linear layer(s) {', '.join(unknown)} for "

@@ -4,8 +4,9 @@ The config is read as data (no ``transformers``, no code from the model's reposi
 mapped onto the zoo's own modules, so that parameter counts equal the published ones and the
 profiler and runtime treat the model as any zoo model:
 
-- ``llama`` (Llama 2, 3, 3.1, 3.2), ``mistral``, ``qwen2`` (Qwen2, Qwen2.5), ``phi3``,
-  ``gemma`` and ``gemma2`` → :class:`~autoplan.zoo.llama.LlamaConfig`;
+- ``llama`` (Llama 2, 3, 3.1, 3.2), ``mistral``, ``qwen2`` (Qwen2, Qwen2.5), ``qwen3`` (its
+  per-head query and key RMSNorms), ``phi3``, ``gemma`` and ``gemma2`` →
+  :class:`~autoplan.zoo.llama.LlamaConfig`;
 - ``gpt2`` and ``gpt_neox`` (GPT-NeoX-20B, Pythia) → :class:`~autoplan.zoo.gpt.GPTConfig`;
 - ``opt`` → :class:`~autoplan.zoo.opt.OPTConfig`.
 
@@ -17,8 +18,9 @@ they run as plain RoPE.
 
 Mixture-of-experts decoders → :class:`~autoplan.zoo.moe.MoEConfig`: ``mixtral`` (8 experts of
 ``intermediate_size``, top-k renormalised), ``qwen2_moe`` (``moe_intermediate_size`` experts,
-a gated shared expert, dense MLPs in ``mlp_only_layers`` and off the ``decoder_sparse_step``)
-and DeepSeekMoE's ``deepseek`` (``n_routed_experts`` fine-grained experts, ``n_shared_experts``
+a gated shared expert, dense MLPs in ``mlp_only_layers`` and off the ``decoder_sparse_step``),
+``qwen3_moe`` (the same placement of experts, Qwen3's attention, no shared expert) and
+DeepSeekMoE's ``deepseek`` (``n_routed_experts`` fine-grained experts, ``n_shared_experts``
 fused into one shared MLP, dense blocks before ``first_k_dense_replace`` and off the
 ``moe_layer_freq``). The configs do not state a capacity factor: the zoo's default applies.
 Other mixture-of-experts families (DeepSeek-V2/V3's latent attention, DBRX, …) are refused.
@@ -51,9 +53,20 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "HFModel", "config_file", "read_hf_model"]
 
 HFConfig = GPTConfig | LlamaConfig | OPTConfig | MoEConfig
 
-_LLAMA_FAMILY = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma2")
+_LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2")
 # Mixture-of-experts families read, each with the dense family its attention is read as.
-_MOE_FAMILY = {"mixtral": "mistral", "qwen2_moe": "qwen2", "deepseek": "llama"}
+_MOE_FAMILY = {
+    "mixtral": "mistral",
+    "qwen2_moe": "qwen2",
+    "qwen3_moe": "qwen3",
+    "deepseek": "llama",
+}
+# Families whose decoder layers place experts as Qwen2-MoE's does (decoder_sparse_step,
+# mlp_only_layers) and whose configs name the expert width moe_intermediate_size.
+_QWEN_MOE = ("qwen2_moe", "qwen3_moe")
+# Families whose attention windows are switched on by use_sliding_window (off by default) and
+# cover the blocks from max_window_layers on.
+_QWEN_WINDOWS = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 SUPPORTED_MODEL_TYPES = (*_LLAMA_FAMILY, *_MOE_FAMILY, "gpt2", "gpt_neox", "opt")
 
 # model_type of mixture-of-experts families, and the keys that count experts in any config.
@@ -61,7 +74,6 @@ _EXPERT_MODEL_TYPES = frozenset(
     {
         "mixtral",
         "qwen2_moe",
-        "qwen3_moe",
         "deepseek_v2",
         "deepseek_v3",
         "dbrx",
@@ -267,7 +279,7 @@ def _sliding_window(
     of ``model_type`` applies ``sliding_window``."""
     if model_type in ("llama", "gemma", "deepseek"):
         return None, None
-    if model_type in ("qwen2", "qwen2_moe") and not fields.flag("use_sliding_window", False):
+    if model_type in _QWEN_WINDOWS and not fields.flag("use_sliding_window", False):
         return None, None
     # Hugging Face's defaults where a config leaves the key out (Phi-3's and Mixtral's: none).
     default = None if model_type in ("phi3", "mixtral") else 4096
@@ -280,7 +292,7 @@ def _sliding_window(
         return window, listed
     if model_type == "gemma2":  # even blocks local, odd ones global
         return window, tuple(range(0, num_layers, 2))
-    if model_type in ("qwen2", "qwen2_moe"):  # the first max_window_layers attend to all
+    if model_type in _QWEN_WINDOWS:  # the first max_window_layers attend to all
         first = fields.whole("max_window_layers", 28, high=limits.MAX_LAYERS)
         return window, tuple(range(first, num_layers))
     return window, None
@@ -328,6 +340,7 @@ def _llama_family(fields: _Fields, model_type: str) -> LlamaConfig:
             offset_norms=gemma,
             sandwich_norms=model_type == "gemma2",
             final_logit_softcap=softcap,
+            qk_norm=model_type == "qwen3",
         )
     except ValueError as error:  # the shapes do not fit together (heads, kv heads, …)
         raise fields.fail(str(error)) from None
@@ -337,7 +350,7 @@ def _dense_blocks(fields: _Fields, model_type: str, num_layers: int) -> tuple[in
     """Blocks whose MLP is dense, as Hugging Face's decoder layer of ``model_type`` decides."""
     if model_type == "mixtral":
         return ()
-    if model_type == "qwen2_moe":
+    if model_type in _QWEN_MOE:
         step = fields.whole("decoder_sparse_step", 1, high=limits.MAX_LAYERS)
         listed = fields.data.get("mlp_only_layers") or []
         if not isinstance(listed, list) or not all(
@@ -366,11 +379,14 @@ def _moe_family(fields: _Fields, model_type: str) -> MoEConfig:
         shared_ffn: int | None = None
         gate = False
         normalize = True
-    elif model_type == "qwen2_moe":
+    elif model_type in _QWEN_MOE:
         window, layers = base.sliding_window, base.sliding_window_layers
         experts = fields.whole("num_experts")
         expert_ffn = fields.whole("moe_intermediate_size")
-        shared_ffn = fields.optional_whole("shared_expert_intermediate_size")
+        # Qwen3-MoE has no shared expert (its config has no such width).
+        shared_ffn = None
+        if model_type == "qwen2_moe":
+            shared_ffn = fields.optional_whole("shared_expert_intermediate_size")
         gate = shared_ffn is not None
         normalize = fields.flag("norm_topk_prob", False)
     else:

@@ -40,7 +40,8 @@ class LlamaConfig:
 
     Parameters: V·h (embedding) + l·(h·heads·d + 2h·kv·d + heads·d·h + 3h·f + norms) + h (final
     norm) + V·h (head, unless tied), with d the head width (h / heads unless given), kv the
-    key/value heads, norms 2h per block (4h with ``sandwich_norms``), plus the biases asked for.
+    key/value heads, norms 2h per block (4h with ``sandwich_norms``, 2d more with
+    ``qk_norm``), plus the biases asked for.
     """
 
     num_layers: int
@@ -75,6 +76,8 @@ class LlamaConfig:
     """A norm after attention and after the MLP too, before each residual add (Gemma 2)."""
     final_logit_softcap: float | None = None
     """Logits become cap · tanh(logits / cap) (Gemma 2: 30)."""
+    qk_norm: bool = False
+    """Each head's query and key pass an RMSNorm of the head width before RoPE (Qwen3)."""
 
     def __post_init__(self) -> None:
         if self.attention_head_dim is None and self.hidden_size % self.num_heads:
@@ -117,8 +120,9 @@ class OffsetRMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-def _norm(config: LlamaConfig) -> nn.Module:
-    size, eps = config.hidden_size, config.norm_eps
+def _norm(config: LlamaConfig, size: int | None = None) -> nn.Module:
+    """The model's RMSNorm over ``size`` features (default: the hidden width)."""
+    size, eps = size or config.hidden_size, config.norm_eps
     return OffsetRMSNorm(size, eps) if config.offset_norms else nn.RMSNorm(size, eps=eps)
 
 
@@ -150,6 +154,10 @@ class GroupedQueryAttention(nn.Module):
         self.k = nn.Linear(hidden, config.num_kv_heads * head_dim, bias=config.qkv_bias)
         self.v = nn.Linear(hidden, config.num_kv_heads * head_dim, bias=config.qkv_bias)
         self.out = nn.Linear(config.num_heads * head_dim, hidden, bias=config.out_bias)
+        # One weight of the head width, shared by every head (so tp ranks, each holding some
+        # heads, hold it whole: ``autoplan.runtime.tensor_parallel`` sums its gradient).
+        self.q_norm = _norm(config, head_dim) if config.qk_norm else None
+        self.k_norm = _norm(config, head_dim) if config.qk_norm else None
 
     def _rope(self, x: torch.Tensor) -> torch.Tensor:
         return apply_rotary(
@@ -160,8 +168,11 @@ class GroupedQueryAttention(nn.Module):
         batch, seq, _ = x.shape
         # -1 heads: under tensor parallelism each projection holds only the local heads.
         shape = (batch, seq, -1, self.head_dim)
-        q = self._rope(self.q(x).view(shape).transpose(1, 2))
-        k = self._rope(self.k(x).view(shape).transpose(1, 2))
+        q, k = self.q(x).view(shape), self.k(x).view(shape)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = self._rope(q.transpose(1, 2))
+        k = self._rope(k.transpose(1, 2))
         v = self.v(x).view(shape).transpose(1, 2)
         # The group size is the same on every shard, since tp divides both head counts.
         group = self.num_heads // self.num_kv_heads
