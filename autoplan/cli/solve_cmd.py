@@ -179,7 +179,7 @@ def solve_command(
             "--experts-by-speed/--even-experts",
             help="Search expert groups spanning a mixed stage's GPU types with experts placed "
             "by speed (the default), or keep every expert group one type with experts even "
-            "(what autoplan run and the exports execute).",
+            "(what the Megatron-LM export can write).",
         ),
     ] = True,
     context_parallel: Annotated[

@@ -235,12 +235,6 @@ def check_runnable(plan: Plan) -> None:
             "the plan runs sequence parallelism on a mixture-of-experts model, which autoplan's "
             "runtime does not execute: solve with --no-sp"
         )
-    uneven = [s.index for s in plan.stages if s.replicas[0].routed_experts is not None]
-    if uneven:
-        raise InputError(
-            f"stage {uneven[0]} places experts by GPU speed (routed_experts), which autoplan's "
-            "runtime does not execute yet: solve with --even-experts"
-        )
     _check_stage_layout(plan)
     _check_shares(plan)
     _check_replicas(plan)

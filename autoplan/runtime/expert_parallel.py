@@ -18,6 +18,14 @@ summed only over the replicas holding the same experts in the stage's other expe
 (``expert_reductions``); the gradient sync of every other parameter leaves experts out.
 Routing is computed from each replica's own tokens: with a capacity that drops picks, which
 picks drop depends on how the batch is split, as in any expert-parallel trainer.
+
+Experts placed by speed (``Replica.routed_experts``): the replica at place p of its expert
+group keeps the x_p experts after those of places 0..p-1, and its slot buffer has its own
+capacity C_p (its own share of tokens). ``_UnevenExchange`` first gathers the group's
+capacities (one integer each), then sends block j (x_j experts × C_p slots) to place j with
+``all_to_all_single``'s split sizes and receives x_p × C_j slots from each place j; its experts
+run on all Σ C_j slots; the combine sends each place its slots back with the split sizes
+reversed (the autograd backward of each exchange reverses them again).
 """
 
 from __future__ import annotations
@@ -74,13 +82,76 @@ def _combine(group: dist.ProcessGroup, ep: int, done: torch.Tensor) -> torch.Ten
     return returned.view(ep * local, slots // ep, hidden)
 
 
+class _UnevenExchange:
+    """One MoE layer's exchanges at place ``place`` of an expert group whose places hold
+    ``held`` experts each (module docstring: experts placed by speed). The capacities gathered
+    by ``dispatch`` are those ``combine`` sends back by: the two run in turn in one forward."""
+
+    def __init__(self, group: dist.ProcessGroup, held: tuple[int, ...], place: int) -> None:
+        self.group = group
+        self.held = held
+        self.place = place
+        self.capacities: list[int] = []
+
+    def dispatch(self, slots: torch.Tensor) -> torch.Tensor:
+        """(E, C_p, h) slots by expert → (x_p, Σ C_j, h): this rank's experts, every rank's
+        slots."""
+        experts, capacity, hidden = slots.shape
+        mine = torch.tensor([capacity], dtype=torch.int64)
+        gathered = [torch.zeros_like(mine) for _ in self.held]
+        dist.all_gather(gathered, mine, group=self.group)
+        self.capacities = [int(c.item()) for c in gathered]
+        own = self.held[self.place]
+        received = dist_fn.all_to_all_single(
+            slots.new_empty(own * sum(self.capacities), hidden),
+            slots.reshape(experts * capacity, hidden),
+            output_split_sizes=[own * c for c in self.capacities],
+            input_split_sizes=[x * capacity for x in self.held],
+            group=self.group,
+        )
+        # From place j: x_p experts × C_j slots; each expert's slots side by side by place.
+        blocks = received.split([own * c for c in self.capacities])
+        by_place = [b.view(own, c, hidden) for b, c in zip(blocks, self.capacities, strict=True)]
+        return torch.cat(by_place, dim=1)
+
+    def combine(self, done: torch.Tensor) -> torch.Tensor:
+        """(x_p, Σ C_j, h) results → (E, C_p, h): each place's slots back, by expert."""
+        own, _, hidden = done.shape
+        capacity = self.capacities[self.place]
+        outgoing = torch.cat(
+            [part.reshape(-1, hidden) for part in done.split(self.capacities, dim=1)]
+        )
+        returned = dist_fn.all_to_all_single(
+            done.new_empty(sum(self.held) * capacity, hidden),
+            outgoing,
+            output_split_sizes=[x * capacity for x in self.held],
+            input_split_sizes=[own * c for c in self.capacities],
+            group=self.group,
+        )
+        return returned.view(sum(self.held), capacity, hidden)
+
+
 def apply_expert_parallel(
-    model: nn.Module, group: dist.ProcessGroup, ep: int, expert_index: int
+    model: nn.Module,
+    group: dist.ProcessGroup,
+    ep: int,
+    expert_index: int,
+    held: tuple[int, ...] | None = None,
 ) -> None:
     """Keep expert block ``expert_index`` of every MoE layer of ``model`` (in place) and route
-    its tokens over ``group`` (module docstring)."""
+    its tokens over ``group`` (module docstring); with ``held`` (the experts of each place of
+    the expert group, placed by speed), the experts of place ``expert_index``."""
     for module in model.modules():
         if not isinstance(module, MoE):
+            continue
+        if held is not None:
+            if sum(held) != module.num_experts:
+                raise ValueError(f"experts held {held} do not make the {module.num_experts}")
+            first = sum(held[:expert_index])
+            module.experts.keep_experts(first, first + held[expert_index])
+            exchange = _UnevenExchange(group, held, expert_index)
+            module.exchange = exchange.dispatch
+            module.exchange_back = exchange.combine
             continue
         if module.num_experts % ep:
             raise ValueError(f"ep {ep} does not divide the {module.num_experts} experts")

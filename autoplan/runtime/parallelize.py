@@ -74,6 +74,8 @@ class ExpertParallel:
     """ep: the experts are split in this many blocks."""
     index: int
     """The block of experts this rank keeps."""
+    held: tuple[int, ...] | None = None
+    """Experts placed by speed: how many each place of the expert group keeps (None: E/ep)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,10 @@ def _groups_layout(
         ep = stage.expert_parallel_degree
         group = world.get(expert_group_ranks(stage, place.replica, place.tp_index))
         assert group is not None  # ep > 1 ranks
-        expert = ExpertParallel(group, ep, place.replica % ep)
+        first = place.replica - place.replica % ep
+        counts = [r.routed_experts for r in stage.replicas[first : first + ep]]
+        held = None if None in counts else tuple(x for x in counts if x is not None)
+        expert = ExpertParallel(group, ep, place.replica % ep, held)
     data_parallel = None
     if sharded is not None:
         data_parallel = DataParallel(
@@ -237,7 +242,7 @@ def parallelize_stage(
         apply_context_parallel(model, layout.cp_group, plan.inputs.seq_len)
     if layout.expert is not None:
         expert = layout.expert
-        apply_expert_parallel(model, expert.group, expert.degree, expert.index)
+        apply_expert_parallel(model, expert.group, expert.degree, expert.index, expert.held)
     apply_recompute(model, replica.recompute)
     apply_offload(model, replica.offload)
     model.to(device)

@@ -1,0 +1,107 @@
+"""Experts placed by speed, executed: moe-tiny (float64, 4 experts, top 2, a deterministic
+seeded router) trained under torchrun on gloo with expert groups whose places hold 3 and 1
+experts and take 2 and 1 samples of every micro-batch (so their slot buffers differ too: the
+exchanges' split sizes are uneven both ways) equals single-process training within 1e-10: ep 2
+alone, and ep 2 over dp 4 (two expert groups, expert gradients summed across them, ZeRO-1
+over the replicas of one place).
+
+Each rank's dump holds its experts (place 0: experts 0-2, place 1: expert 3), compared with
+those rows of the single process's gradient; every expert is held and checked somewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoplan.files import read_json_model
+from autoplan.plan.schema import Plan
+from autoplan.plan.validate import plan_problems
+from autoplan.runtime.report import RunReport
+from tests.distributed_driver import STEPS
+from tests.plan_factory import make_plan
+from tests.single_process_reference import reference_training
+from tests.torchrun_plans import run_plans
+
+pytestmark = pytest.mark.distributed
+
+TOLERANCE = 1e-10
+HELD = (3, 1)
+
+
+def _placed(plan: Plan) -> Plan:
+    """``plan`` with its one stage at ep 2, places holding ``HELD`` experts."""
+    (stage,) = plan.stages
+    replicas = [
+        r.model_copy(update={"routed_experts": HELD[i % 2]}) for i, r in enumerate(stage.replicas)
+    ]
+    placed = stage.model_copy(update={"expert_parallel_degree": 2, "replicas": replicas})
+    return plan.model_copy(update={"stages": [placed]})
+
+
+def _plans() -> dict[str, Plan]:
+    return {
+        "ep2_3plus1": _placed(
+            make_plan(
+                [6],
+                model="moe-tiny",
+                data_parallel=2,
+                replica_micro_batch_sizes=[2, 1],
+                num_micro_batches=2,
+            )
+        ),
+        "ep2_dp4_3plus1_zero1": _placed(
+            make_plan(
+                [6],
+                model="moe-tiny",
+                data_parallel=4,
+                replica_micro_batch_sizes=[2, 1, 2, 1],
+                num_micro_batches=2,
+                zero1=True,
+            )
+        ),
+    }
+
+
+def test_the_plans_are_valid() -> None:
+    for plan in _plans().values():
+        assert [r.routed_experts for r in plan.stages[0].replicas][:2] == list(HELD)
+        problems = [p for p in plan_problems(plan, fit=False) if "prediction" not in p]
+        assert not [p for p in problems if "expert" in p], problems
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_plans(_plans(), tmp_path_factory.mktemp("uneven-ep-runs"), timeout_s=300)
+
+
+@pytest.mark.parametrize("name", list(_plans()))
+def test_experts_by_speed_train_as_one_process(runs: Path, name: str) -> None:
+    plan = _plans()[name]
+    losses, reference = reference_training(plan, STEPS)
+    report = read_json_model(runs / name / "report.json", RunReport)
+    for record, expected in zip(report.steps, losses, strict=True):
+        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
+    for step in range(STEPS):
+        covered: set[str] = set()
+        experts_seen: dict[str, set[int]] = {}
+        for rank in range(plan.world_size):
+            place = plan.rank_map[rank].dp_index % 2
+            first = sum(HELD[:place])
+            dumped = torch.load(runs / name / f"rank{rank}_step{step}.pt")
+            for param_name, grad in dumped.items():
+                expected = reference[step][param_name]
+                if ".mlp.experts." in param_name:
+                    assert grad.shape[0] == HELD[place], (param_name, grad.shape)
+                    expected = expected[first : first + HELD[place]]
+                    experts_seen.setdefault(param_name, set()).update(
+                        range(first, first + HELD[place])
+                    )
+                assert grad.shape == expected.shape, param_name
+                error = (grad - expected).abs().max().item()
+                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
+                covered.add(param_name)
+        assert {n for n in reference[step] if "head.output" not in n} <= covered
+        assert experts_seen
+        assert all(seen == set(range(sum(HELD))) for seen in experts_seen.values())
