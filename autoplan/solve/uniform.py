@@ -55,6 +55,7 @@ from autoplan.solve.bounds import (
     rank_bound,
     static_fits,
 )
+from autoplan.solve.flight_bound import order_bound
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.progress import report_found
 from autoplan.solve.space import (
@@ -578,8 +579,16 @@ def uniform_search(
                 heapq.heappush(queue, (p.bound, 1, len(pending)))
                 pending.append(p)
             continue
-        solved += 1
         p = pending[item]
+        if kind == 1:
+            # The order's own bound (``flight_bound``: in-flight memory and where each run of
+            # one class must sit), a few ms against a DP's tens: when it is higher, the
+            # candidate queues again with it and often never comes up.
+            refined = order_bound(model, p, zero_levels(p.dp, True, options))
+            if refined > bound:
+                heapq.heappush(queue, (refined, 3, item))
+                continue
+        solved += 1
         found = _solve_pipeline(model, p, options, threshold())
         if found is not None:
             offer(found[1], found[0])

@@ -1,0 +1,230 @@
+r"""A lower bound on one ordered uniform pipeline that counts each rank's own in-flight memory.
+
+The group and candidate bounds of ``autoplan.solve.bounds`` relax memory to one micro-batch in
+flight on every rank, so they hold for every order of the classes at once. Once the order is
+fixed (a ``Pending``), rank s of class k_s holds f_s micro-batches' saved activations at its
+peak (``in_flight_chunks``: p − s under 1F1B, m under GPipe) and its pipeline transfer
+buffers (``CostModel.transfer_buffer_bytes``: m × its micro-batch × each boundary it has), so
+on GPT-3 175B the first ranks must recompute or hold few layers, which the relaxation misses.
+
+The bound. Let X be the slowest rank's per-micro-batch time of some split. Rank s holds some
+n_s layers in some mode (recompute, offload). Any n layers take at least the sum of the n
+least layer times of the mode, the n least parameter bytes (at the most sharded ZeRO level the
+space allows for the rank), the n least device-resident saved bytes and the n least parked
+bytes (each sorted on its own), so n_s ≤ h_s(X): the most layers for which, in some mode,
+
+    time_n ≤ X,   static_n + buffers_s + f_s · saved_n ≤ usable_k,   f_s · parked_n ≤ host_k
+
+(transients, ZeRO-2/3 collectives, sends and sequence-parallel edges only add). The split
+covers all L layers, each rank at least one, so X ≥ X* = the least X with h_s(X) ≥ 1 for
+every s and Σ_s h_s(X) ≥ L; X* is one of the sorted time prefixes (h only changes there),
+found by bisection. The 1F1B and GPipe objective (m − 1) max a + Σ b + max t then is at least
+(m − 1) X* + Σ_l min_k w_k(l) (every layer at its fastest used class, no recompute), the
+candidate bound of ``bounds.lower_bound`` with X* in place of its rank bounds when larger.
+
+Only for plans of one chunk per rank (the interleaved split is fixed and bounded apart) and
+tables without sub-block starts (whose stage costs are not prefix differences).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import numpy as np
+
+from autoplan.cost.model import CostModel
+from autoplan.cost.offload import (
+    ALL_MODES,
+    group_of,
+    parked_bytes,
+    resident_saved_bytes,
+    split_mode,
+)
+from autoplan.cost.schedule import in_flight_chunks
+from autoplan.solve.bounds import Pending, fastest_work
+
+__all__ = ["flight_bound"]
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_tables(
+    model: CostModel, tp: int, mbs: int, dp: int, levels: tuple[int, ...], k: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per (ZeRO level, mode): prefix sums over the n = 0..L smallest per-layer values, each
+    sorted on its own: static bytes, resident saved bytes, parked bytes, and the least time
+    of n layers (their n least times, and at ZeRO-2/3 at least their collectives)."""
+    layers = model.tables(k, tp, mbs).layers
+
+    def prefix(values) -> np.ndarray:
+        return np.concatenate(([0.0], np.cumsum(np.sort(np.asarray(values, dtype=float)))))
+
+    params = prefix([c.params_per_gpu for c in layers])
+    groups = (group_of(k, tp, dp, mbs, "none"),)  # recompute does not change the all-reduce
+    collective = np.array([model.allreduce_ms(groups, (float(x),)) / 2 for x in params])
+    collective[0] = 0.0
+    out = []
+    for level, mode in itertools.product(levels, ALL_MODES):
+        recompute = split_mode(mode)[0]
+        least = prefix([c.forward_ms() + c.backward_ms(recompute) for c in layers])
+        # ZeRO-2/3: a pass takes at least its collectives (sharding.exposed_ms): one
+        # all-gather forward, one (2) or two (3) more backward, each half an all-reduce of the
+        # rank's parameters, which grows with them.
+        passes = 0 if level <= 1 or dp <= 1 else (2 if level == 2 else 3)
+        if passes:
+            least = np.maximum(least, passes * collective)
+        out.append(
+            (
+                params * model.static_bytes_per_param(dp, level),
+                prefix([resident_saved_bytes(c, mode) for c in layers]),
+                prefix([parked_bytes(c, mode) for c in layers]),
+                least,
+            )
+        )
+    return out
+
+
+@functools.lru_cache(maxsize=65536)
+def _rank_steps(
+    model: CostModel,
+    tp: int,
+    mbs: int,
+    dp: int,
+    levels: tuple[int, ...],
+    k: int,
+    flight: int,
+    reserved: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(budgets ascending, most layers within each): the staircase h(X) of the module
+    docstring for a rank of class k holding ``flight`` micro-batches and ``reserved`` bytes of
+    buffers, at any of the ZeRO ``levels``."""
+    usable = model.usable_bytes(k) - reserved
+    host = model.host_budget_bytes(k)
+    budgets, counts = [], []
+    for static, saved, parked, least in _rank_tables(model, tp, mbs, dp, levels, k):
+        fits = (static + flight * saved <= usable) & (flight * parked <= host)
+        # The prefixes only grow: the layers that fit are the first ``fit``.
+        fit = int(np.argmin(fits)) - 1 if not fits.all() else len(fits) - 1
+        if fit >= 1:
+            budgets.append(least[1 : fit + 1])
+            counts.append(np.arange(1, fit + 1))
+    if not budgets:
+        return np.empty(0), np.empty(0, dtype=np.int64)
+    budget = np.concatenate(budgets)
+    count = np.concatenate(counts)
+    order = np.lexsort((-count, budget))
+    budget, count = budget[order], np.maximum.accumulate(count[order])
+    # Keep the monotone staircase: each budget where the count first rises.
+    rises = np.concatenate(([True], count[1:] > count[:-1]))
+    return budget[rises], count[rises]
+
+
+def rank_groups_of(k: int, tp: int, dp: int, mbs: int):
+    """The one replica group of a uniform rank of class k (recompute does not change its
+    all-reduce)."""
+    return (group_of(k, tp, dp, mbs, "none"),)
+
+
+def _least_boundary_bytes(model: CostModel) -> float:
+    """The least boundary activation a stage can send or receive, per profiled micro-batch."""
+    layers = model.profile.layers[:-1]
+    return min((x.output_activation_bytes for x in layers), default=0.0)
+
+
+def flight_bound(model: CostModel, p: Pending, levels: tuple[int, ...]) -> float:
+    """The module docstring's bound on candidate ``p`` (one chunk per rank) whose stages take
+    ZeRO levels among ``levels``; 0.0 where it does not apply, inf where no split fits."""
+    if p.chunks != 1 or model.tables(p.classes[0], p.tp, p.mbs).start_work:
+        return 0.0
+    pp = len(p.classes)
+    boundary = _least_boundary_bytes(model) * p.m * p.mbs / model.profile.micro_batch_size
+    if model.transfer_buffer_bytes(p.mbs, 1, 2, p.m) == 0.0:
+        boundary = 0.0  # an engine that keeps no receive buffers
+    ranks = []
+    for s, k in enumerate(p.classes):
+        flight = in_flight_chunks(p.schedule, pp, s, p.m)  # type: ignore[arg-type]
+        reserved = boundary * ((s > 0) + (s < pp - 1))
+        ranks.append(_rank_steps(model, p.tp, p.mbs, p.dp, levels, k, flight, reserved))
+    num_layers = model.num_layers
+
+    def enough(budget: float) -> bool:
+        covered = 0
+        for budgets, most in ranks:
+            index = int(np.searchsorted(budgets, budget, side="right")) - 1
+            if index < 0:
+                return False  # every rank holds a layer
+            covered += int(most[index])
+        return covered >= num_layers
+
+    candidates = np.unique(np.concatenate([budgets for budgets, _ in ranks]))
+    if not len(candidates) or not enough(candidates[-1]):
+        return math.inf
+    low, high = 0, len(candidates) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if enough(candidates[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return float(candidates[low])
+
+
+def _runs(classes: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """The maximal runs of equal classes: (first rank, ranks, class)."""
+    out, start = [], 0
+    for s in range(1, len(classes) + 1):
+        if s == len(classes) or classes[s] != classes[start]:
+            out.append((start, s - start, classes[start]))
+            start = s
+    return out
+
+
+def run_bound(model: CostModel, p: Pending) -> tuple[float, float]:
+    """(least slowest rank, least extra fill): each maximal run of r ranks of one class k
+    holds a contiguous range of at least r layers, after at least one layer per earlier rank
+    and before at least one per later rank, and from layer 0 when it is first or to the last
+    layer when it is last. So it holds some window W of r consecutive layers in those limits:
+    its slowest rank takes at least max(max_W w_k, Σ_W w_k / r), and the pipeline's stages
+    together at least Σ_l min_j w_j(l) + Σ_runs Σ_W (w_k − min_j w_j) (the runs' windows
+    are disjoint); each taken at its least over the windows (no recompute, no sends)."""
+    used = tuple(sorted(set(p.classes)))
+    fastest, work = fastest_work(model, p.tp, p.mbs, used)
+    num_layers, pp = len(fastest), len(p.classes)
+    slowest = extra = 0.0
+    for first, r, k in _runs(p.classes):
+        after = pp - first - r
+        lowest = 0 if first == 0 else first
+        highest = num_layers - r if after == 0 else num_layers - after - r
+        if first == 0:
+            highest = 0 if after else highest
+        if after == 0:
+            lowest = num_layers - r if first else 0
+        times = work[k]
+        best_slowest = best_extra = math.inf
+        for start in range(lowest, highest + 1):
+            window = times[start : start + r]
+            best_slowest = min(best_slowest, max(max(window), sum(window) / r))
+            best_extra = min(
+                best_extra,
+                sum(w - f for w, f in zip(window, fastest[start : start + r], strict=True)),
+            )
+        if math.isinf(best_slowest):
+            continue  # the run cannot be placed: the DP finds no split (no bound claimed)
+        slowest = max(slowest, best_slowest)
+        extra += best_extra
+    return slowest, extra
+
+
+def order_bound(model: CostModel, p: Pending, levels: tuple[int, ...]) -> float:
+    """The bound of the module docstring on candidate ``p`` (one chunk per rank) whose stages
+    take ZeRO levels among ``levels``, at least ``p.bound``; inf where no split fits."""
+    if p.chunks != 1 or model.tables(p.classes[0], p.tp, p.mbs).start_work:
+        return p.bound
+    flight = flight_bound(model, p, levels)
+    if math.isinf(flight):
+        return math.inf
+    slowest, extra = run_bound(model, p)
+    used = tuple(sorted(set(p.classes)))
+    fastest, _ = fastest_work(model, p.tp, p.mbs, used)
+    return max(p.bound, (p.m - 1) * max(slowest, flight) + sum(fastest) + extra)
