@@ -19,19 +19,30 @@ recompute) costed at every ep of ``expert_degrees`` below it, at ZeRO-1 and at Z
 the cost model does not compose with ep > 1). Where the shape does not fit at ZeRO-1, the
 experts' weights, gradients and optimizer states are what ep's sharding saves; where ZeRO-3
 makes it fit, its exposed collectives are the price of getting the memory back that way.
+
+Last, experts placed by GPU speed (``autoplan.solve.expert_span``, in the searched row unless
+the even-experts row equals it): the searched plan's mixed stage (its H100 and A100 groups, their
+shares and recompute kept) re-costed with expert groups that span the two types, one replica of
+each per expert group where the counts allow, at every integer split of the 8 experts, beside
+its own per-type expert groups; once on the shipped cluster and once on a copy whose H100 and
+A100 racks are joined at 400 GB/s a node (the H100 rack's own InfiniBand) instead of the
+cluster's 25 GB/s. Each row: the iteration, the all-to-all share (as above), each type's time
+per micro-batch and the fullest GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 
 from rich.console import Console
 from rich.table import Table
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
-from autoplan.cost.config import PlanConfig
+from autoplan.cluster.schema import Cluster, InterNodeLink
+from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.model import CostModel, PlanCost
 from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import Profile
@@ -109,6 +120,74 @@ def _why(model: CostModel, config: PlanConfig) -> Table:
     return table
 
 
+def _spanning(config: PlanConfig, stage: StageChoice, experts: tuple[int, ...]) -> PlanConfig:
+    """``config`` with ``stage``'s expert groups spanning its two groups, one replica of each
+    (gcd of the counts expert groups), holding ``experts`` (empty: the stage as it is)."""
+    if not experts:
+        return config
+    n1, n2 = (g.replicas for g in stage.groups)
+    k = math.gcd(n1, n2)
+    placed = dataclasses.replace(stage, ep=(n1 + n2) // k, zero_stage=1, experts=experts)
+    stages = tuple(placed if s is stage else s for s in config.stages)
+    return dataclasses.replace(config, stages=stages)
+
+
+def _fast_racks(cluster: Cluster) -> Cluster:
+    """``cluster`` with its H100 and A100 racks joined at 400 GB/s a node."""
+    link = InterNodeLink(groups=["h100", "a100"], bandwidth_gb_per_s=400.0)
+    return cluster.model_copy(update={"inter_node_links": [*cluster.inter_node_links, link]})
+
+
+def _by_speed(profile: Profile, cluster: Cluster, config: PlanConfig, title: str) -> Table:
+    """The searched plan's mixed stage at every split of experts spanning its two types
+    (module docstring)."""
+    model = cost_model(profile, cluster, SolveOptions())
+    free = cost_model(_free_alltoalls(profile), cluster, SolveOptions())
+    table = Table(title=title)
+    for column in ("experts", "ep", "iteration", "all-to-all", "share", "per micro-batch",
+                   "fullest GPU"):  # fmt: skip
+        table.add_column(column)
+    mixed = [s for s in config.stages if len(s.classes) == 2 and len(s.groups) == 2]
+    if not mixed or len({g.tp for g in mixed[0].groups}) != 1:
+        table.add_row("the searched plan has no stage of one H100 and one A100 group", *[""] * 6)
+        return table
+    stage = mixed[0]
+    n1, n2 = (g.replicas for g in stage.groups)
+    a1, a2 = n1 // math.gcd(n1, n2), n2 // math.gcd(n1, n2)
+    experts = next(x.experts.num_experts for x in profile.layers if x.experts is not None)
+    splits = [()] + [
+        (x, (experts - a1 * x) // a2)
+        for x in range(1, experts)
+        if experts - a1 * x >= a2 and (experts - a1 * x) % a2 == 0
+    ]
+    names = [model.classes[g.device_class].gpu.name for g in stage.groups]
+    for split in splits:
+        placed = _spanning(config, stage, split)
+        cost = model.evaluate(placed)
+        free_ms = free.evaluate(placed).iteration_ms
+        index = config.stages.index(stage)
+        times = " / ".join(
+            f"{name} {group.work_ms:.0f} ms"
+            for name, group in zip(names, cost.stages[index].groups, strict=True)
+        )
+        held = split or stage.experts
+        label = f"even within each type (ep {stage.ep})"
+        if held:
+            label = " + ".join(f"{x} {name}" for x, name in zip(held, names, strict=True))
+        if not split:
+            label = f"searched: {label}"
+        table.add_row(
+            label,
+            str(placed.stages[index].ep),
+            f"{cost.iteration_ms / 1e3:.3f} s" + ("" if cost.feasible else " (does not fit)"),
+            f"{cost.iteration_ms - free_ms:.0f} ms",
+            f"{(cost.iteration_ms - free_ms) / cost.iteration_ms:.1%}",
+            times,
+            _fullest(cost),
+        )
+    return table
+
+
 def main() -> None:
     """Print the tables (module docstring)."""
     logging.getLogger("autoplan").setLevel(logging.ERROR)
@@ -123,9 +202,10 @@ def main() -> None:
     for column in (*columns, "search"):
         table.add_column(column, overflow="fold")
     base = SolveOptions(time_limit_s=TIME_LIMIT_S, top_k=1)
-    runs = [("searched", base)] + [
-        (f"pinned {ep}", base.model_copy(update={"expert_parallel": ep})) for ep in (1, 4, 8)
-    ]
+    runs = [
+        ("searched", base),
+        ("searched, even experts", base.model_copy(update={"experts_by_speed": False})),
+    ] + [(f"pinned {ep}", base.model_copy(update={"expert_parallel": ep})) for ep in (1, 4, 8)]
     searched: PlanConfig | None = None
     for label, options in runs:
         config, summary, cost, timed_out, took = _best(profile, options)
@@ -148,6 +228,23 @@ def main() -> None:
     assert searched is not None
     if max(stage.ep for stage in searched.stages) > 1:
         console.print(_why(cost_model(profile, cluster, base), searched))
+    console.print(
+        _by_speed(
+            profile,
+            cluster,
+            searched,
+            f"experts by GPU speed: the searched plan's mixed stage with expert groups spanning "
+            f"H100 and A100, on {CLUSTER} (H100-A100 racks joined at 25 GB/s a node)",
+        )
+    )
+    console.print(
+        _by_speed(
+            profile,
+            _fast_racks(cluster),
+            searched,
+            "the same on a copy whose H100 and A100 racks are joined at 400 GB/s a node",
+        )
+    )
 
 
 if __name__ == "__main__":
