@@ -54,7 +54,7 @@ def _replica_order(stage: StageChoice) -> list[tuple[int, int]]:
     if not stage.experts:
         return [(g, r) for g, group in enumerate(stage.groups) for r in range(group.replicas)]
     k = stage.replicas // stage.ep  # expert groups
-    order = []
+    order: list[tuple[int, int]] = []
     for e in range(k):
         for g, group in enumerate(stage.groups):
             count = group.replicas // k

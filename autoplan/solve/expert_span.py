@@ -47,6 +47,9 @@ from solvers.pipeline_dp import StageCostResult
 
 __all__ = ["ExpertSpanSource", "SpanOption", "SpanStage", "span_options"]
 
+# One group of an option's stage: (group, forward + backward ms, parameters per GPU, backward ms)
+_Picked = tuple[ReplicaGroup, float, float, float]
+
 
 @dataclass(frozen=True, order=True)
 class SpanOption:
@@ -198,7 +201,7 @@ class ExpertSpanSource:
             shares = [(x, x)] if n1 * x + n2 * x == b else []
         shares = [(s1, s2) for s1, s2 in shares if s2 >= 1]
 
-        def picked_at(index: int) -> list | None:
+        def picked_at(index: int) -> list[_Picked | None]:
             """Each group's (group, time, parameters, backward) at shares[index]; None for a
             group that does not fit."""
             s1, s2 = shares[index]
@@ -234,19 +237,19 @@ class ExpertSpanSource:
         for index in (low - 1, low):
             if not 0 <= index < len(shares):
                 continue
-            picked = picked_at(index)
-            if picked[0] is None or picked[1] is None:
+            first, second = picked_at(index)
+            if first is None or second is None:
                 continue
-            work = max(p[1] for p in picked)
+            work = max(first[1], second[1])
             if best is not None and work >= best.work_ms:
                 continue
-            groups = (picked[0][0], picked[1][0])
-            params = tuple(p[2] for p in picked)
+            groups = (first[0], second[0])
+            params = (first[2], second[2])
             allreduce = self.model.allreduce_ms(groups, params) if level <= 1 else 0.0
-            tail = self.model.exposed_allreduce_ms(allreduce, min(p[3] for p in picked)) + max(
+            tail = self.model.exposed_allreduce_ms(allreduce, min(first[3], second[3])) + max(
                 self.model.optimizer_ms(p[2], g.device_class, ranks, level)
                 + self.model.step_overhead_ms(g.device_class)
-                for p, g in zip(picked, groups, strict=True)
+                for p, g in zip((first, second), groups, strict=True)
             )
             best = SpanStage(groups, level, work, tail)
         return best
@@ -268,7 +271,7 @@ class ExpertSpanSource:
         flight: int,
         ranks: int,
         level: int,
-    ) -> tuple[ReplicaGroup, float, float, float] | None:
+    ) -> _Picked | None:
         """(group, forward + backward, parameters per GPU, backward) of n replicas of kind
         (k, t) taking ``share`` samples at the fastest recompute mode that fits, or None."""
         model = self.model

@@ -145,12 +145,13 @@ class StageDegreeSource:
         self._sources: list[HeteroSource | ExpertSpanSource] = [
             HeteroSource(v.view, batch, num_micro_batches, schedule, v.options) for v in variants
         ]
-        self.base = self._sources[0]
-        assert isinstance(self.base, HeteroSource)
+        base = self._sources[0]
+        assert isinstance(base, HeteroSource)
+        self.base: HeteroSource = base
         if spans is not None:
             # Experts placed by speed: the mixed allocations of the plain view, each split
             # its own option (``autoplan.solve.expert_span``); counted as a variant at cp 1.
-            self._sources.append(ExpertSpanSource(self.base, spans))
+            self._sources.append(ExpertSpanSource(base, spans))
             variants = [*variants, dataclasses.replace(variants[0], ep=0)]
         self._variants = variants
         # (variant, its source's option) of each of this source's options, and its GPUs.
