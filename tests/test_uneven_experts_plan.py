@@ -14,11 +14,13 @@ from autoplan.cluster.catalog import gpu_specs
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.model import CostModel
 from autoplan.cost.offload import group_of
+from autoplan.errors import InputError
 from autoplan.export import NotExpressibleError, export_plan, layer_kinds
 from autoplan.inputs import read_plan
 from autoplan.plan.schema import PLAN_SCHEMA_VERSION, Plan, PlanInputs
+from autoplan.plan.stage_spec import format_stage_specs, parse_stages, plan_stage_specs
 from autoplan.plan.validate import plan_problems
-from autoplan.price.configuration import config_from_plan
+from autoplan.price.configuration import PipelineKnobs, config_from_plan, config_from_specs
 from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import Profile
 from autoplan.runtime.check import check_runnable
@@ -152,3 +154,30 @@ def test_exports_refuse_experts_by_speed_in_one_line(profile: Profile, target: s
 def test_run_takes_experts_by_speed(profile: Profile) -> None:
     """autoplan's runtime executes them (tests/test_uneven_experts_runtime.py)."""
     assert check_runnable(_plan(profile)) is None
+
+
+def test_the_stage_notation_says_each_types_experts(profile: Profile) -> None:
+    """``show``'s "as cost --stages" line writes each type's experts (``xN``) and parses back
+    to the same configuration and figures; types that disagree on saying theirs are one
+    line."""
+    plan = _plan(profile)
+    text = format_stage_specs(plan_stage_specs(plan))
+    assert text == "Fast*2(mb2,x3)+Slow*2(mb1,x1):L0-5:tp1:ep2"
+    model = _model(profile)
+    config = config_from_specs(model, parse_stages(text), PipelineKnobs(num_micro_batches=2))
+    assert config.stages[0].experts == (3, 1)
+    assert model.evaluate(config).iteration_ms == pytest.approx(
+        model.evaluate(_config(profile)).iteration_ms
+    )
+    with pytest.raises(InputError, match="some types say their experts"):
+        config_from_specs(
+            model,
+            parse_stages("Fast*2(mb2,x3)+Slow*2(mb1):L0-5:tp1:ep2"),
+            PipelineKnobs(num_micro_batches=2),
+        )
+    with pytest.raises(InputError, match="must give every one of"):
+        config_from_specs(
+            model,
+            parse_stages("Fast*2(mb2,x3)+Slow*1(mb2,x1):L0-5:tp1:ep2"),
+            PipelineKnobs(num_micro_batches=2),
+        )

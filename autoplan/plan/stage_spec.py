@@ -15,6 +15,8 @@ The grammar (stages separated by ``|``; fields after the first two in any order)
              | "mb" B                      samples per micro-batch of each replica
              | "none" | "selective" | "full"  activation recompute
              | "offload"                   saved activations parked in host memory
+             | "x" X                       (per type) routed experts each of its replicas
+                                           holds: experts placed by GPU speed, with "ep" E
 
 Layer ranges are inclusive (``L0-11`` is layers 0 to 11, twelve layers), as the stage tables
 of ``autoplan show`` print them. ``RTX-2080+RTX-3090:L0-11:tp8:dp2`` is a stage of two
@@ -53,7 +55,7 @@ _LAYERS = re.compile(r"L(?P<first>\d{1,6})-(?P<last>\d{1,6})")
 _TYPE = re.compile(
     r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,63})(?:\*(?P<count>\d{1,6}))?(?:\((?P<own>[^()]*)\))?"
 )
-_NUMBERED = re.compile(r"(?P<key>tp|cp|dp|mb|ep|z)(?P<value>\d{1,7})")
+_NUMBERED = re.compile(r"(?P<key>tp|cp|dp|mb|ep|z|x)(?P<value>\d{1,7})")
 _MAX_STAGES = limits.MAX_PIPELINE_DEGREE * limits.MAX_VIRTUAL_STAGES
 
 
@@ -83,6 +85,13 @@ class TypeShare(BaseModel):
     )
     recompute: Recompute | None = Field(default=None, description="None: the stage's.")
     offload: bool | None = Field(default=None, description="None: the stage's.")
+    routed_experts: int | None = Field(
+        default=None,
+        ge=1,
+        le=limits.MAX_FILE_INT,
+        description="Routed experts each of its replicas holds (experts placed by GPU speed, "
+        "Replica.routed_experts); None: experts / ep.",
+    )
 
     def text(self) -> str:
         """The type in the grammar of the module docstring."""
@@ -97,6 +106,8 @@ class TypeShare(BaseModel):
             own.append(self.recompute)
         if self.offload:
             own.append("offload")
+        if self.routed_experts is not None:
+            own.append(f"x{self.routed_experts}")
         count = "" if self.replicas is None else f"*{self.replicas}"
         return self.name + count + (f"({','.join(own)})" if own else "")
 
@@ -194,7 +205,7 @@ def _stage(text: str, number: int) -> StageSpec:
         own = _options(
             [o.strip() for o in match["own"].split(",")] if match["own"] else [],
             where,
-            ("tp", "cp", "mb"),
+            ("tp", "cp", "mb", "x"),
         )
         count = match["count"]
         types.append(
@@ -208,6 +219,7 @@ def _stage(text: str, number: int) -> StageSpec:
                     "micro_batch_size": own.get("mb"),
                     "recompute": own.get("recompute"),
                     "offload": own.get("offload"),
+                    "routed_experts": own.get("x"),
                 }
             )
         )
@@ -322,9 +334,11 @@ def written_stage(
     groups: list[tuple[str, int, int, int, str, bool, int]],
     zero_stage: int,
     expert_parallel_degree: int = 1,
+    experts: tuple[int, ...] = (),
 ) -> StageSpec:
     """A stage of ``groups`` (name, replicas, tp, samples each, recompute, offload, cp) as the
-    shortest spec that says it: what all groups share at the stage, the rest per type."""
+    shortest spec that says it: what all groups share at the stage, the rest per type; with
+    ``experts`` (one per group), the experts each group's replicas hold."""
 
     def common(index: int) -> object:
         values = {group[index] for group in groups}
@@ -342,9 +356,12 @@ def written_stage(
                 "recompute": None if recompute is not None else group_recompute,
                 "offload": None if offload is not None else (group_offload or None),
                 "context_parallel_degree": None if cp is not None else group_cp,
+                "routed_experts": held,
             }
         )
-        for name, count, group_tp, group_mbs, group_recompute, group_offload, group_cp in groups
+        for (name, count, group_tp, group_mbs, group_recompute, group_offload, group_cp), held in (
+            zip(groups, experts or [None] * len(groups), strict=True)
+        )
     ]
     return StageSpec.model_validate(
         {
@@ -370,7 +387,7 @@ def plan_stage_specs(plan: Plan) -> list[StageSpec]:
     recompute, offload) counted, in order of first appearance."""
     out = []
     for stage in plan.stages:
-        kinds: dict[tuple[str, int, int, str, bool, int], int] = {}
+        kinds: dict[tuple[str, int, int, str, bool, int, int | None], int] = {}
         for r in stage.replicas:
             key = (
                 r.gpu_type,
@@ -379,11 +396,13 @@ def plan_stage_specs(plan: Plan) -> list[StageSpec]:
                 r.recompute,
                 r.offload,
                 r.context_parallel_degree,
+                r.routed_experts,
             )
             kinds[key] = kinds.get(key, 0) + 1
         groups = [
-            (name, n, tp, mbs, rc, off, cp) for (name, tp, mbs, rc, off, cp), n in kinds.items()
+            (name, n, tp, mbs, rc, off, cp) for (name, tp, mbs, rc, off, cp, _), n in kinds.items()
         ]
+        held = [key[-1] for key in kinds]
         out.append(
             written_stage(
                 stage.layer_start,
@@ -391,6 +410,7 @@ def plan_stage_specs(plan: Plan) -> list[StageSpec]:
                 groups,
                 stage.zero_stage,
                 stage.expert_parallel_degree,
+                () if None in held else tuple(x for x in held if x is not None),
             )
         )
     return out

@@ -175,6 +175,27 @@ def _groups(
     return tuple(groups)
 
 
+def _experts_held(
+    model: CostModel, spec: StageSpec, groups: tuple[ReplicaGroup, ...]
+) -> tuple[int, ...]:
+    """Each group's experts where the spec's types say theirs (``xN``: experts placed by GPU
+    speed), else () (experts / ep)."""
+    held = [t.routed_experts for t in spec.types]
+    if all(x is None for x in held):
+        return ()
+    if any(x is None for x in held):
+        raise InputError(
+            f"--stages L{spec.first_layer}-{spec.last_layer}: some types say their experts (xN) "
+            "and some do not; all or none do"
+        )
+    out = []
+    for group in groups:
+        owner = next(t for t in spec.types if group.device_class in _classes_named(model, t.name))
+        assert owner.routed_experts is not None
+        out.append(owner.routed_experts)
+    return tuple(out)
+
+
 def _assignments(
     model: CostModel,
     specs: list[StageSpec],
@@ -279,9 +300,15 @@ def config_from_specs(
                 groups[stage_rank(s, pp, v_shape=v_shape)],
                 knobs.zero_stage if spec.zero_stage is None else spec.zero_stage,
                 spec.expert_parallel_degree or 1,
+                _experts_held(model, spec, groups[stage_rank(s, pp, v_shape=v_shape)]),
             )
             for s, spec in enumerate(specs)
         )
+        for s, stage in enumerate(stages):
+            try:
+                model.expert_span(stage)
+            except ValueError as error:
+                raise InputError(f"--stages stage {s}: {error}") from None
         config = PlanConfig(num_micro_batches, schedule, chunks, stages, knobs.sequence_parallel)
         tp = max(g.tp for stage in stages for g in stage.groups)
         if tp > 1 and not any(layer.tensor_parallel for layer in model.profile.layers):

@@ -318,6 +318,7 @@ def config_stage_specs(model: CostModel, config: PlanConfig) -> list[StageSpec]:
             ],
             stage.zero_stage,
             stage.ep,
+            stage.experts,
         )
         for stage in config.stages
     ]
