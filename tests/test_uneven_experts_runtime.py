@@ -2,8 +2,9 @@
 seeded router) trained under torchrun on gloo with expert groups whose places hold 3 and 1
 experts and take 2 and 1 samples of every micro-batch (so their slot buffers differ too: the
 exchanges' split sizes are uneven both ways) equals single-process training within 1e-10: ep 2
-alone, and ep 2 over dp 4 (two expert groups, expert gradients summed across them, ZeRO-1
-over the replicas of one place).
+alone, ep 2 over dp 4 (two expert groups, expert gradients summed across them, ZeRO-1 over the
+replicas of one place), and as the search lays out a mixed stage on cpu-hetero's two GPU types
+(replicas fast, slow, fast, slow: expert groups of ranks {0, 2} and {1, 3}, one of each type).
 
 Each rank's dump holds its experts (place 0: experts 0-2, place 1: expert 3), compared with
 those rows of the single process's gradient; every expert is held and checked somewhere."""
@@ -15,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from autoplan.cluster.catalog import example_cluster_path, load_cluster
 from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.plan.validate import plan_problems
 from autoplan.runtime.report import RunReport
 from tests.distributed_driver import STEPS
-from tests.plan_factory import make_plan
+from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
 from tests.torchrun_plans import run_plans
 
@@ -49,6 +51,15 @@ def _plans() -> dict[str, Plan]:
                 data_parallel=2,
                 replica_micro_batch_sizes=[2, 1],
                 num_micro_batches=2,
+            )
+        ),
+        "ep2_types_fast_slow": _placed(
+            make_stages_plan(
+                [6],
+                [[ReplicaSpec(1, 2, node=0), ReplicaSpec(1, 1, node=1)] * 2],
+                model="moe-tiny",
+                num_micro_batches=2,
+                cluster=load_cluster(example_cluster_path("cpu-hetero")),
             )
         ),
         "ep2_dp4_3plus1_zero1": _placed(
