@@ -148,3 +148,12 @@ def test_experts_placed_by_memory_too() -> None:
     assert math.isclose(best.iteration_ms, expected, rel_tol=1e-9)
     even = brute_force_stage_degrees(model, 8, OPTIONS, [(1, 1), (1, 2), (1, 4)])
     assert best.iteration_ms < 0.8 * even
+
+
+def test_even_experts_is_recorded_in_the_plan() -> None:
+    model = _model(1.3, 2, 100.0)
+    even = OPTIONS.model_copy(update={"experts_by_speed": False})
+    plan = solve(model.profile, model.cluster, 3, even)
+    assert plan.inputs.pinned["experts_by_speed"] == "False"
+    assert all(r.routed_experts is None for s in plan.stages for r in s.replicas)
+    assert "experts_by_speed" not in solve(model.profile, model.cluster, 3, OPTIONS).inputs.pinned

@@ -152,4 +152,6 @@ class SolveOptions(BaseModel):
             value = getattr(self, name)
             if value is not None:
                 out[name] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        if not self.experts_by_speed:  # --even-experts: the space without them
+            out["experts_by_speed"] = "False"
         return out
