@@ -45,7 +45,7 @@ from autoplan.cost.offload import (
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.solve.bounds import Pending, fastest_work
 
-__all__ = ["flight_bound"]
+__all__ = ["fill_bound", "flight_bound", "order_bound", "rank_steps", "run_bound"]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -86,7 +86,7 @@ def _rank_tables(
 
 
 @functools.lru_cache(maxsize=65536)
-def _rank_steps(
+def rank_steps(
     model: CostModel,
     tp: int,
     mbs: int,
@@ -145,7 +145,7 @@ def flight_bound(model: CostModel, p: Pending, levels: tuple[int, ...]) -> float
     for s, k in enumerate(p.classes):
         flight = in_flight_chunks(p.schedule, pp, s, p.m)  # type: ignore[arg-type]
         reserved = boundary * ((s > 0) + (s < pp - 1))
-        ranks.append(_rank_steps(model, p.tp, p.mbs, p.dp, levels, k, flight, reserved))
+        ranks.append(rank_steps(model, p.tp, p.mbs, p.dp, levels, k, flight, reserved))
     num_layers = model.num_layers
 
     def enough(budget: float) -> bool:
@@ -216,6 +216,66 @@ def run_bound(model: CostModel, p: Pending) -> tuple[float, float]:
     return slowest, extra
 
 
+DUAL_STEPS = 8
+"""Grid of the fill bound's dual: each class's share of m − 1 in steps of 1 / DUAL_STEPS."""
+
+DUAL_REFINE = 8
+"""Halvings of the step of the fill bound's local search after its grid."""
+
+
+@functools.lru_cache(maxsize=65536)
+def fill_bound(
+    model: CostModel, tp: int, mbs: int, m: int, counts: tuple[tuple[int, int], ...]
+) -> float:
+    """A bound on (m − 1) max_s a_s + Σ_s a_s with r_k ranks of class k (``counts``), each
+    a_s at least its layers' work w_k(l) (no recompute, no sends), through the dual of the
+    fractional split: for every ν ≥ 0 with Σ_k ν_k ≤ m − 1,
+
+        min over splits ≥ Σ_l min_k (1 + ν_k / r_k) w_k(l)
+
+    (the split's linear program: min (m − 1) A + Σ_{s,l} w_s(l) x_sl with Σ_s x_sl = 1 and
+    Σ_l w_s(l) x_sl ≤ A; ν_k / r_k is the price of each class-k rank's cap, shared evenly
+    among a class's ranks as symmetry allows). It counts where the layers must go when the
+    fastest class alone would exceed the slowest rank: ν = 0 is every layer at its fastest.
+    The largest over a grid of ν and a local search from its best point is taken."""
+    classes = [k for k, _ in counts]
+    ranks = np.array([r for _, r in counts], dtype=float)
+    _, work = fastest_work(model, tp, mbs, tuple(sorted(classes)))
+    w = np.array([work[k] for k in classes])  # classes × layers
+    grid = np.array(
+        [
+            c
+            for c in itertools.product(range(DUAL_STEPS + 1), repeat=len(classes))
+            if sum(c) == DUAL_STEPS
+        ],
+        dtype=float,
+    )
+
+    def values(nu: np.ndarray) -> np.ndarray:  # points × classes -> the bound at each
+        return ((1.0 + nu / ranks)[:, :, None] * w[None, :, :]).min(axis=1).sum(axis=1)
+
+    points = grid * (m - 1) / DUAL_STEPS
+    found = values(points)
+    best, value = points[int(found.argmax())], float(found.max())
+    # Then finer: move a share of m − 1 from one class to another while the bound rises
+    # (the dual is concave: a grid point's neighbourhood holds the optimum's).
+    pairs = [(i, j) for i in range(len(classes)) for j in range(len(classes)) if i != j]
+    step = (m - 1) / DUAL_STEPS
+    for _ in range(DUAL_REFINE if pairs else 0):
+        step /= 2
+        for _ in range(2):
+            trials = np.repeat(best[None, :], len(pairs), axis=0)
+            for row, (i, j) in enumerate(pairs):
+                moved = min(step, trials[row, j])
+                trials[row, i] += moved
+                trials[row, j] -= moved
+            found = values(trials)
+            if found.max() <= value:
+                break
+            best, value = trials[int(found.argmax())], float(found.max())
+    return value
+
+
 def order_bound(model: CostModel, p: Pending, levels: tuple[int, ...]) -> float:
     """The bound of the module docstring on candidate ``p`` (one chunk per rank) whose stages
     take ZeRO levels among ``levels``, at least ``p.bound``; inf where no split fits."""
@@ -227,4 +287,6 @@ def order_bound(model: CostModel, p: Pending, levels: tuple[int, ...]) -> float:
     slowest, extra = run_bound(model, p)
     used = tuple(sorted(set(p.classes)))
     fastest, _ = fastest_work(model, p.tp, p.mbs, used)
-    return max(p.bound, (p.m - 1) * max(slowest, flight) + sum(fastest) + extra)
+    counts = tuple((k, p.classes.count(k)) for k in used)
+    fill = fill_bound(model, p.tp, p.mbs, p.m, counts)
+    return max(p.bound, (p.m - 1) * max(slowest, flight) + sum(fastest) + extra, fill)

@@ -43,18 +43,14 @@ from autoplan.cost.offload import group_of
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.sharding import exposed_ms
 from autoplan.solve.bounds import (
-    MODES,
     Group,
     Pending,
     fastest_work,
     group_bound,
-    integral_bound,
     interleaved_sizes,
     lower_bound,
-    occupancy_bound,
-    rank_bound,
-    static_fits,
 )
+from autoplan.solve.compositions import Composition, compositions, orders
 from autoplan.solve.flight_bound import order_bound
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.progress import report_found
@@ -344,63 +340,40 @@ def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[Group]:
     return out
 
 
-def _expand(model: CostModel, g: Group, threshold: float) -> list[Pending]:
-    """The group's candidates whose own bound is below ``threshold``, best bound first."""
+def _expand(
+    model: CostModel, g: Group, threshold: float, levels: tuple[int, ...] = (0, 1, 2, 3)
+) -> list[Pending]:
+    """The group's candidates whose own bound is below ``threshold``, best bound first (all
+    orders of every composition; the search itself expands a composition only when it comes
+    up). ``levels``: the ZeRO levels the stages may take (the default relaxes every level)."""
     out = []
-    usable = [k for k, cap in enumerate(g.caps) if cap > 0]
-    for size in range(1, len(usable) + 1):
-        for subset in itertools.combinations(usable, size):
-            for parts in _compositions(g.pp, size):
-                if any(n > g.caps[k] for k, n in zip(subset, parts, strict=True)):
-                    continue
-                counts = tuple(zip(subset, parts, strict=True))
-                fastest, _ = fastest_work(model, g.tp, g.mbs, subset)
-                rank = max(
-                    rank_bound(model, g.tp, g.mbs, counts),
-                    occupancy_bound(model, g.tp, g.mbs, counts),
-                )
-                integral = integral_bound(model, g.tp, g.mbs, g.dp, g.zero1, counts, g.pp, MODES)
-                if min((g.m - 1) * max(rank, integral) + sum(fastest), g.m * rank) >= threshold:
-                    continue
-                # What fits and the bound without interleaving depend on the class counts
-                # only, not on their order: computed once for every order.
-                first = tuple(subset[o] for o in range(size) for _ in range(parts[o]))
-                probe = Pending(0.0, (), g.tp, g.dp, g.mbs, g.m, "1f1b", 1, g.zero1, first)
-                if not static_fits(model, probe):
-                    continue
-                plain = lower_bound(model, probe)
-                for order in itertools.permutations(range(size)):
-                    classes = tuple(subset[o] for o in order for _ in range(parts[o]))
-                    for schedule, chunks in g.allowed:
-                        p = Pending(
-                            0.0, (), g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes
-                        )
-                        bound = plain if chunks == 1 else lower_bound(model, p)
-                        if bound >= threshold:
-                            continue
-                        key = (g.tp, g.dp, g.mbs, g.pp, schedule, chunks, classes)
-                        out.append(
-                            Pending(
-                                bound,
-                                key,
-                                g.tp,
-                                g.dp,
-                                g.mbs,
-                                g.m,
-                                schedule,
-                                chunks,
-                                g.zero1,
-                                classes,
-                            )
-                        )
+    for composition in compositions(model, g, levels, threshold):
+        out += _orders_of(model, g, composition, threshold)
     out.sort()
     return out
 
 
-def _compositions(total: int, parts: int):
-    for cuts in itertools.combinations(range(1, total), parts - 1):
-        bounds = (0, *cuts, total)
-        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+def _orders_of(
+    model: CostModel, g: Group, composition: Composition, threshold: float
+) -> list[Pending]:
+    """The candidates of one composition (every order, every allowed schedule) whose bound
+    is below ``threshold``: the composition's for one chunk per rank (it does not depend on
+    the order), the interleaved split's own (``bounds.lower_bound``) for more."""
+    out = []
+    for classes in orders(composition.subset, composition.counts):
+        for schedule, chunks in g.allowed:
+            p = Pending(0.0, (), g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes)
+            if chunks == 1:
+                bound = composition.single_ms
+            else:
+                bound = max(composition.interleaved_ms, lower_bound(model, p))
+            if bound >= threshold:
+                continue
+            key = (g.tp, g.dp, g.mbs, g.pp, schedule, chunks, classes)
+            out.append(
+                Pending(bound, key, g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes)
+            )
+    return out
 
 
 def _fixed_split(options: SolveOptions, num_layers: int, pp: int) -> list[int] | None:
@@ -553,6 +526,7 @@ def uniform_search(
     queue: list[tuple[float, int, int]] = [(g.bound, 2, x) for x, g in enumerate(groups)]
     heapq.heapify(queue)
     pending: list[Pending] = []
+    parts: list[tuple[int, Composition]] = []  # (group, composition) of the queue's kind 4
     expanded = 0
     unexplored = math.inf  # the least bound the deadline left in the queue
     while queue:
@@ -574,7 +548,15 @@ def uniform_search(
             if progress is not None:
                 progress(expanded, len(groups))
             expanded += 1
-            for p in _expand(model, groups[item], threshold()):
+            # Its compositions queue with their bound; their orders only when they come up.
+            levels = zero_levels(groups[item].dp, True, options)
+            for composition in compositions(model, groups[item], levels, threshold()):
+                heapq.heappush(queue, (composition.bound, 4, len(parts)))
+                parts.append((item, composition))
+            continue
+        if kind == 4:
+            group, composition = parts[item]
+            for p in _orders_of(model, groups[group], composition, threshold()):
                 considered += 1
                 heapq.heappush(queue, (p.bound, 1, len(pending)))
                 pending.append(p)
