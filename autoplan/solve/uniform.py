@@ -18,9 +18,14 @@ class sequence in it, so whole groups are skipped. The bounds, all valid for any
 any recompute: (1) fractional: spreading layers over the ranks as a linear program, bounded
 through its dual; (2) integral: with budget T a rank holds at most as many layers as the
 cheapest ones that fit in T and in memory; (3) occupancy: every rank holds at least one
-layer, so n ranks of a class need n distinct layers. The best is exact (pruning compares
-with the best found); the alternatives are the best other configurations the search costed,
-not necessarily the global 2nd..k-th.
+layer, so n ranks of a class need n distinct layers. Three levels queue together, best bound
+first: a group, when it comes up, queues its class compositions (``solve.compositions``: the
+ranks per class, bounded in numpy all at once); a composition, when it comes up, queues its
+orders; an order, when it comes up, takes its own bound (``solve.flight_bound``: each rank's
+in-flight memory, the window each run of one class must hold, the fill) and queues again if
+that is higher, else its DP runs. The best is exact (pruning compares with the best found);
+the alternatives are the best other configurations the search costed, not necessarily the
+global 2nd..k-th.
 
 Deterministic: candidates are visited in a fixed order and ties keep a canonical key, so the
 same inputs give the same plan, unless the time limit stops the search (logged).
@@ -523,6 +528,8 @@ def uniform_search(
     # Groups queue first with their cheap bound (kind 2); when one comes up its full bound
     # (the integral one: most of the cost, ~5 ms a group) is computed and, if higher, it
     # queues again with it (kind 0): on 16,384 GPUs most of the 5,792 groups never need it.
+    # A group expanded queues its compositions (kind 4), a composition its orders (kind 1),
+    # an order refined by its own bound queues again (kind 3) if that bound is higher.
     queue: list[tuple[float, int, int]] = [(g.bound, 2, x) for x, g in enumerate(groups)]
     heapq.heapify(queue)
     pending: list[Pending] = []
