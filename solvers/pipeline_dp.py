@@ -39,7 +39,10 @@ label's (2s); a stage whose (m - 1) · max(M, A + 2s, floor + 2s, prefix) + S + 
 + prefix × fill + U >= u is skipped. These bounds are evaluated for every (option, start) of
 a label at once, with numpy; only the survivors are costed, each option from its shortest
 surviving stage to its longest: a cost of None at i promises None at every smaller i (memory only
-grows with more layers), which ends that option.
+grows with more layers), which ends that option. With a ``CompletionBound`` (the run's
+relaxation, ``solvers.relaxed_bound``), the same test is made again with its bound on what
+the stages covering [0, i) add in place of the prefix bound, before costing and on each new
+label.
 
 Deterministic: options and starts are visited in a fixed order, ties keep the first label
 found, and final labels are ranked by (F, insertion order).
@@ -58,6 +61,7 @@ import numpy as np
 from solvers.partition_dp import pipeline_objective
 
 __all__ = [
+    "CompletionBound",
     "PipelineLabel",
     "StageCostResult",
     "StageSource",
@@ -76,6 +80,24 @@ class StageCostResult:
     key: Hashable
     payload: object
     next_added_ms: float = 0.0
+
+
+class CompletionBound(Protocol):
+    """A bound on what the stages in front of partial pipelines add
+    (``solvers.relaxed_bound.RunRelaxation``)."""
+
+    def completion_floors(
+        self,
+        starts: np.ndarray,
+        max_stages: np.ndarray,
+        sum_stages: np.ndarray,
+        max_tails: np.ndarray,
+        free: np.ndarray,
+    ) -> np.ndarray:
+        """Per row, a lower bound on F of every pipeline that completes a partial one
+        covering [start, L) with (M, S, U) and ``free[row]`` resources left (M, S with
+        what the stage in front adds to its first stage's a, as far as known)."""
+        ...
 
 
 class StageSource(Protocol):
@@ -355,6 +377,7 @@ def best_pipelines(
     splits: Iterable[int] | None = None,
     deadline: float | None = None,
     beam: int | None = None,
+    completion: CompletionBound | None = None,
 ) -> tuple[list[PipelineLabel], _Stats]:
     """Up to ``keep`` complete pipelines, best first: the first is optimal among pipelines
     with F < ``upper_bound`` (none when none beats it), the others the best the search
@@ -369,7 +392,11 @@ def best_pipelines(
     ``beam`` makes it a heuristic: at each position only the ``beam`` labels of least
     estimated F (their own plus the prefix bound of what is left) are extended. Quick, and its
     best is a good incumbent for the exact search that follows (a tighter ``upper_bound``
-    prunes far more); never the final answer."""
+    prunes far more); never the final answer.
+
+    ``completion``, if given, bounds what the stages in front of a partial pipeline add
+    (``CompletionBound``): a stage whose label would reach the bound pruned against is not
+    costed, and a new label that does is not kept."""
     m = num_micro_batches
     options = source.options()
     covers = getattr(source, "key_covers", None) or (lambda low, high: False)
@@ -445,6 +472,23 @@ def best_pipelines(
                     reach += label.max_tail
                 reach = np.where(np.isnan(reach), math.inf, reach)
                 candidates = fits[:, None] & stage_ok[None, :] & (reach < limit)
+                if completion is not None:
+                    rows, cols = np.nonzero(candidates)
+                    if len(rows):
+                        # The same figures as ``reach``, with the relaxation's bound on what
+                        # the stages before add in place of the prefix bound.
+                        sent = np.broadcast_to(sends, (len(options),))[rows]
+                        heads = label.first_stage + sent
+                        own = stage[rows, cols]
+                        floor = completion.completion_floors(
+                            cols,
+                            np.maximum(np.maximum(label.max_stage, heads), own),
+                            label.sum_stage + sent + own,
+                            np.full(len(rows), label.max_tail),
+                            free[None, :] - uses[rows],
+                        )
+                        candidates[rows[floor >= limit], cols[floor >= limit]] = False
+                pending: list[PipelineLabel] = []
                 for option in np.flatnonzero(candidates.any(axis=1)).tolist():
                     use = options[option]
                     for i in np.flatnonzero(candidates[option])[::-1].tolist():
@@ -477,19 +521,36 @@ def best_pipelines(
                             >= threshold()
                         ):
                             continue
+                        if i > 0:
+                            pending.append(new)
+                            continue
                         counter += 1
                         new.order = counter
-                        if i == 0:
-                            if exact_stages is not None and position != exact_stages:
-                                continue
-                            finals.append(new)
-                            finals.sort(key=lambda x: (x.objective(m), x.order))
-                            del finals[keep:]
+                        if exact_stages is not None and position != exact_stages:
                             continue
-                        if i not in fronts:
-                            fronts[i] = _Front(len(resources), keys)
-                        if fronts[i].insert(new, m):
-                            stats.labels += 1
+                        finals.append(new)
+                        finals.sort(key=lambda x: (x.objective(m), x.order))
+                        del finals[keep:]
+                if pending and completion is not None:
+                    # The new labels' own figures against what the stages before can add,
+                    # all of this label's at once.
+                    floor = completion.completion_floors(
+                        np.array([x.start for x in pending]),
+                        np.array([x.max_stage for x in pending]),
+                        np.array([x.sum_stage for x in pending]),
+                        np.array([x.max_tail for x in pending]),
+                        capacity[None, :] - np.array([x.used for x in pending], dtype=np.int64),
+                    )
+                    limit = threshold()
+                    pending = [x for x, f in zip(pending, floor.tolist(), strict=True) if f < limit]
+                for new in pending:
+                    counter += 1
+                    new.order = counter
+                    if new.start not in fronts:
+                        fronts[new.start] = _Front(len(resources), keys)
+                    if fronts[new.start].insert(new, m):
+                        stats.labels += 1
+                pending = []
     # The beam drops labels unbounded: no floor is claimed.
     stats.floor_ms = threshold() if beam is None else 0.0
     return finals, stats

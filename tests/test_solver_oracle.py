@@ -190,7 +190,13 @@ def _allocations(model, b: int) -> list[tuple[tuple[int, int, int], ...]]:
 
 def brute_force_hetero(model, batch: int) -> float:
     """Every heterogeneous pipeline of the space, costed by evaluate."""
-    best = math.inf
+    return min(brute_force_hetero_runs(model, batch).values(), default=math.inf)
+
+
+def brute_force_hetero_runs(model, batch: int) -> dict[tuple[int, str], float]:
+    """``brute_force_hetero`` per run of the DP: the best of each (m, schedule), 1F1B for
+    pp <= m and GPipe beyond (``hetero_candidates``' runs); inf where nothing fits."""
+    runs: dict[tuple[int, str], float] = {}
     n = model.num_layers
     totals = [c.total_gpus for c in model.classes]
     for m in divisors(batch):
@@ -198,6 +204,7 @@ def brute_force_hetero(model, batch: int) -> float:
         allocations = _allocations(model, b)
         for pp in range(1, n + 1):
             schedule = "1f1b" if pp <= m else "gpipe"
+            runs.setdefault((m, schedule), math.inf)
             source = HeteroSource(model, batch, m, schedule, OPTIONS)
             for sizes in compositions(n, pp):
                 bounds = [0, *itertools.accumulate(sizes)]
@@ -205,12 +212,12 @@ def brute_force_hetero(model, batch: int) -> float:
                 def extend(
                     s, used, stages, m=m, pp=pp, bounds=bounds, source=source, options=allocations
                 ):
-                    nonlocal best
                     if s == pp:
-                        config = PlanConfig(m, "1f1b" if pp <= m else "gpipe", 1, tuple(stages))
+                        schedule = "1f1b" if pp <= m else "gpipe"
+                        config = PlanConfig(m, schedule, 1, tuple(stages))
                         cost = model.evaluate(config)
                         if cost.feasible:
-                            best = min(best, cost.iteration_ms)
+                            runs[m, schedule] = min(runs[m, schedule], cost.iteration_ms)
                         return
                     flight = m if pp > m else min(m, pp - s)
                     for allocation in options:
@@ -227,7 +234,7 @@ def brute_force_hetero(model, batch: int) -> float:
                         extend(s + 1, use, [*stages, stage])
 
                 extend(0, [0] * len(totals), [])
-    return best
+    return runs
 
 
 @st.composite

@@ -53,6 +53,7 @@ from autoplan.solve.space import (
     zero_levels,
 )
 from solvers.pipeline_dp import StageCostResult, StageSource, best_pipelines
+from solvers.relaxed_bound import RunRelaxation, stage_floors
 
 __all__ = ["Allocation", "HeteroResult", "HeteroSource", "hetero_candidates"]
 
@@ -153,15 +154,11 @@ class HeteroSource:
             layer.output_activation_bytes / model.profile.micro_batch_size
             for layer in model.profile.layers
         ]
-        # Each option's side of a boundary with the least samples (``send_floor``).
-        self._least_sides = []
-        for allocation in self.allocations:
-            classes = tuple(sorted({k for k, _, _ in allocation}))
-            single = None
-            if len(classes) == 1 and model.classes[classes[0]].num_nodes == 1:
-                single = classes[0]
-            self._least_sides.append(LinkSide(classes, 0, 0, single))
+        # Each option's side of a boundary (``send_floor``, ``edge_floors``).
+        self._least_sides = [self._least_side(a) for a in self.allocations]
         self._send_floors: dict[tuple[float, LinkSide], np.ndarray] = {}
+        self._edge_floors: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self._floor_tables: dict[int, np.ndarray] = {}
 
     # ---- the options ---------------------------------------------------------------------
     def _replica_counts(self, kind: Kind) -> list[int]:
@@ -244,7 +241,14 @@ class HeteroSource:
     def floor_table(self, j: int) -> np.ndarray:
         """``out[o, i]`` for i < j: a one-kind stage's time with its largest share and no
         recompute; a two-kind stage's best split in whole samples (``_two_kind_floor``);
-        plus the fixed per-pass times."""
+        plus the fixed per-pass times. Kept: the root bound and the DP both read it."""
+        found = self._floor_tables.get(j)
+        if found is None:
+            found = self._floor_table(j)
+            self._floor_tables[j] = found
+        return found
+
+    def _floor_table(self, j: int) -> np.ndarray:
         work = self._per_sample_matrix[:, j : j + 1] - self._per_sample_matrix[:, :j]
         per_kind = work[self._kind_index]  # (options, 2, j)
         zero = (per_kind <= 0) & (self._counts[:, :, None] > 0)
@@ -301,11 +305,65 @@ class HeteroSource:
         norm = (np.where(present, free[:, classes], 0) * weights[classes]).sum(axis=1)
         return np.maximum(1.0, norm / most)
 
+    def _least_side(self, allocation: Allocation) -> LinkSide:
+        """The option's side of a boundary, or one below it: a one-kind stage's shares are
+        fixed (b over its replicas as ``_split`` deals them: its side exactly); a two-kind
+        stage's split is not known before it is costed: its classes, at least
+        ⌈b / replicas⌉ samples in its largest share, and in its busiest node at least the
+        replicas of one group of a kind on one node (a kind's replicas form at most two groups,
+        one of at least half of them, each replica taking a sample or more).
+        ``CostModel.boundary_ms`` grows with the samples of either side, so a transfer
+        costed with this side is never above the real one."""
+        if len(allocation) == 1:
+            ((k, t, n),) = allocation
+            low, extra = divmod(self.b, n)
+            if self.pinned.micro_batch_size is not None:
+                low, extra = self.pinned.micro_batch_size, 0
+            groups = tuple(
+                group_of(k, t, count, x, "none")
+                for x, count in ((low + 1, extra), (low, n - extra))
+                if count and x
+            )
+            return self.model.link_side(groups)
+        classes = tuple(sorted({k for k, _, _ in allocation}))
+        replicas = sum(n for _, _, n in allocation)
+        busiest = max(
+            min(-(-n // 2), max(1, self.model.classes[k].gpus_per_node // t))
+            for k, t, n in allocation
+        )
+        return LinkSide(classes, busiest, -(-self.b // replicas), None)
+
+    def resource_weights(self) -> np.ndarray:
+        """Per class, 1/Ω_k (the prefix bound's weights; 0 for a class with no bound)."""
+        weights = np.zeros(len(self.model.classes))
+        for k in self._omega_classes:
+            if self._omega_total[k] > 0:
+                weights[k] = 1.0 / self._omega_total[k]
+        return weights
+
+    def edge_floors(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """(``out[o]``, ``into[o]``): the least one-way boundary transfer at layer j out of a
+        stage of option o (to a stage of any option) and into one (from any), each side at
+        ``_least_side``: 0 < j < L (the same at every block boundary: cached by size)."""
+        size = self._out_bytes[j - 1]
+        found = self._edge_floors.get(size)
+        if found is None:
+            sides = sorted(set(self._least_sides), key=repr)
+            index = {side: x for x, side in enumerate(sides)}
+            table = np.array(
+                [[self.model.boundary_ms(s, r, size) for r in sides] for s in sides]
+            ).reshape(len(sides), len(sides))
+            rows = np.array([index[side] for side in self._least_sides], dtype=np.int64)
+            found = (table.min(axis=1)[rows], table.min(axis=0)[rows])
+            self._edge_floors[size] = found
+        return found
+
     def send_floor(self, j: int, next_key: Hashable | None) -> np.ndarray:
         """``out[o]``: a lower bound on the time of option o's boundary transfer at layer j
         to a stage of side ``next_key`` (one way; 0 for the last stage). The sender's side is
-        taken with no samples: ``CostModel.boundary_ms`` reads the sender's classes (known
-        from the option) and the larger of the two sides' samples, and grows with those."""
+        ``_least_side``: exact for a one-kind option, a two-kind one's classes with no samples
+        (``CostModel.boundary_ms`` reads the sender's classes and the larger of the two
+        sides' samples, and grows with those)."""
         if next_key is None:
             return np.zeros(len(self.allocations))
         assert isinstance(next_key, LinkSide)
@@ -632,21 +690,59 @@ def _root_bound(
     sources: dict[int, StageSource],
     index: int,
     source_type: SourceType,
+    relaxations: dict[int, RunRelaxation] | None = None,
 ) -> float:
-    """A lower bound on run ``run``'s pipelines: F = (m − 1) max a + Σ f + max t, each
-    stage's f is its a here, the DP's prefix bound over all layers with every GPU free bounds
-    max a, and times its fill ratio Σ a (``HeteroSource.fill_ratio``). It orders the exact
-    pass, and bounds a run never started."""
-    m, schedule, _most, _least = run
+    """A lower bound on run ``run``'s pipelines, the larger of two:
+
+    - F = (m − 1) max a + Σ f + max t, each stage's f is its a here, the DP's prefix bound
+      over all layers with every GPU free bounds max a, and times its fill ratio Σ a
+      (``HeteroSource.fill_ratio``);
+    - the relaxation of ``solvers.relaxed_bound``: every stage at its floor
+      (``floor_table``) plus its least boundary transfers (``edge_floors``: zero for a
+      source without them), the GPUs priced by the prefix bound's weights
+      (``resource_weights``; any prices >= 0 hold), the stage count of the run.
+
+    It orders the exact pass, skips a run it puts at or above the incumbent, and bounds a
+    run never started. The relaxation is kept in ``relaxations[index]``: the exact pass
+    prunes its labels with it (``RunRelaxation.completion_floor``)."""
+    m, schedule, most, least = run
     if index not in sources:
         sources[index] = source_type(model, batch, m, schedule, options)
     source = sources[index]
     if not source.options():
         return math.inf
+    num_layers = model.num_layers
     free = np.array([[c.total_gpus for c in model.classes]], dtype=np.int64)
-    spread = float(source.prefix_table(free)[0, model.num_layers])
+    spread = float(source.prefix_table(free)[0, num_layers])
     fill = float(source.fill_ratio(free, np.ones(len(source.options()), dtype=bool))[0])
-    return (m - 1 + fill) * spread
+    plain = (m - 1 + fill) * spread
+    uses = np.array(source.options(), dtype=np.int64).reshape(len(source.options()), -1)
+    edge_floors = getattr(source, "edge_floors", None)
+    zeros = np.zeros(len(uses))
+    edges = [
+        edge_floors(j) if edge_floors is not None and 0 < j < num_layers else (zeros, zeros)
+        for j in range(num_layers + 1)
+    ]
+    floors = stage_floors(
+        num_layers, [source.floor_table(j) for j in range(1, num_layers + 1)], edges
+    )
+    weights_of = getattr(source, "resource_weights", None)
+    weights = weights_of() if weights_of is not None else np.ones(uses.shape[1])
+    pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
+    relaxation = RunRelaxation(
+        num_layers,
+        m,
+        tuple(int(x) for x in free[0]),
+        uses,
+        floors,
+        weights,
+        spread,
+        min_stages=least if pinned_pp is None else max(least, pinned_pp),
+        max_stages=most if pinned_pp is None else min(most, pinned_pp),
+    )
+    if relaxations is not None:
+        relaxations[index] = relaxation
+    return max(plain, relaxation.bound)
 
 
 def hetero_candidates(
@@ -666,8 +762,10 @@ def hetero_candidates(
     (``upper_bound`` inf), a quick heuristic one (``best_pipelines`` with a beam of
     ``HEURISTIC_BEAM`` labels per position) whose best is the incumbent, then the exact one,
     most promising run first (by the heuristic's value, or with an incumbent by the run's
-    root bound): the tighter the incumbent, the more the exact pass prunes. ``source_type``
-    builds each run's stage source (default ``HeteroSource``)."""
+    root bound): the tighter the incumbent, the more the exact pass prunes, and a run whose
+    root bound (``_root_bound``) is at or above the bound pruned against is skipped, with that
+    root bound as its floor. ``source_type`` builds each run's stage source (default
+    ``HeteroSource``)."""
     if source_type is None:
         source_type = HeteroSource
     num_layers = model.num_layers
@@ -693,6 +791,16 @@ def hetero_candidates(
     promise: dict[int, float] = {}
     floors: dict[int, float] = {}  # the exact pass's floor of each run it completed
 
+    roots: dict[int, float] = {}
+    relaxations: dict[int, RunRelaxation] = {}
+
+    def root(index: int) -> float:
+        if index not in roots:
+            roots[index] = _root_bound(
+                model, batch, options, runs[index], sources, index, source_type, relaxations
+            )
+        return roots[index]
+
     def run(index: int, beam: int | None) -> bool:
         """One run; False when the deadline stopped it."""
         nonlocal costed, labels, bound
@@ -707,6 +815,10 @@ def hetero_candidates(
         # With --gap, what cannot beat the best by more than the gap is pruned: the run's
         # floor is then the lowered bound.
         pruning = bound * (1.0 - options.gap)
+        if beam is None and math.isfinite(pruning) and root(index) >= pruning:
+            # No pipeline of the run reaches the bound pruned against: its floor is its own.
+            floors[index] = root(index)
+            return True
         finals, stats = best_pipelines(
             num_layers,
             m,
@@ -720,6 +832,7 @@ def hetero_candidates(
             splits=splits,
             deadline=deadline,
             beam=beam,
+            completion=relaxations.get(index),
         )
         costed += stats.costed
         labels += stats.labels
@@ -732,8 +845,11 @@ def hetero_candidates(
             promise[index] = finals[0].objective(m) if finals else math.inf
         else:
             # Run to its end: the bound it pruned against; cut off: the least any label it
-            # left open can reach (``best_pipelines``).
+            # left open can reach (``best_pipelines``), or its root bound where that is higher
+            # (it holds for every pipeline of the run).
             floors[index] = stats.floor_ms
+            if stats.timed_out and index in roots:
+                floors[index] = max(stats.floor_ms, roots[index])
         if stats.timed_out:
             logger.warning(
                 "time limit reached in micro-batch count %d (%s): the plan is the best found, "
@@ -754,9 +870,7 @@ def hetero_candidates(
         # would mostly re-find it and cost more than the exact pass it serves (GPT-Neo-2.7B
         # 16+16: 9.4 s of beam against 5.1 s exact); the runs go by their root bound instead.
         for index in range(len(runs)):
-            promise[index] = _root_bound(
-                model, batch, options, runs[index], sources, index, source_type
-            )
+            promise[index] = root(index)
     order = sorted(range(len(runs)), key=lambda x: (promise.get(x, math.inf), x))
     for done, index in enumerate(order):
         if timed_out:
@@ -771,10 +885,7 @@ def hetero_candidates(
         (
             floors[index]
             if index in floors
-            else max(
-                work_bound_ms(model, batch, options, [m]),
-                _root_bound(model, batch, options, runs[index], sources, index, source_type),
-            )
+            else max(work_bound_ms(model, batch, options, [m]), root(index))
             for index, (m, _schedule, _most, _least) in enumerate(runs)
         ),
         default=math.inf,

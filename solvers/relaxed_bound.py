@@ -1,0 +1,269 @@
+r"""A lower bound on one run of ``pipeline_dp`` (one micro-batch count and schedule) before
+it starts: the DP's problem with every stage at its floor and the resources priced.
+
+Problem (``pipeline_dp``'s module docstring): stages s = 1..p over [b_s, b_{s+1}) with
+options o_s, Σ_s u(o_s) <= R, minimise F = (m - 1) · max_s a_s + Σ_s f_s + max_s t_s. Here
+every stage is taken at its floor: a_s, f_s >= c(o_s, b_s, b_{s+1}), where c is the
+source's ``floor_table`` plus twice the least boundary transfer into the stage (unless it is
+the first) and twice the least out of it (unless it is the last): a blocking transfer holds
+both of its stages for the whole transfer, each way (``StageSource.edge_floors``).
+
+Bound. Let P be any pipeline of the run, A* = max_s a_s its peak and G = A_0 < A_1 < ... <
+A_n a grid with A_0 <= A* (``lowest_peak``: the prefix bound over all layers, which bounds
+every pipeline's peak). For a price vector μ >= 0 (per resource), let
+
+    D_μ(A) = min over partitions and options with every c <= A, and p in [min, max] stages,
+             of Σ_s (c(o_s, s) + μ · u(o_s))  -  μ · R
+
+(no resource constraint: it is priced instead). P itself is such a partition when A >= A*,
+and Σ_s μ · u(o_s) <= μ · R, so Σ_s f_s >= Σ_s c >= D_μ(A) for every A >= A* (Lagrangian
+weak duality); D_μ does not grow with A. With A_g <= A* < A_{g+1} (or A* >= A_n, then
+g = n and A_{n+1} = ∞):
+
+    F(P) >= (m - 1) A* + Σ_s f_s >= (m - 1) A_g + max_μ D_μ(A_{g+1})
+
+so min_g of the right-hand side bounds every pipeline of the run (tails and the max with
+zero dropped: t >= 0). Where no partition with every c <= A fits the resources at all, D is
+infinite: for any direction ν >= 0, Σ_s u(o_s) <= R gives ν · Σ_s u(o_s) <= ν · R, so a least
+ν · Σ u over the partitions above ν · R rules the cap out (the weights and each resource
+alone are the directions tried). This is what lifts the peak above the prefix bound where a
+stage may hold few replicas (b = B / m small): the GPUs cannot all be used at once.
+
+The prices tried are multiples of the source's per-resource weights (``weights``: any μ >= 0
+is valid; these make a GPU's price its share of the cluster's compute). Options of one
+resource vector are merged (per (start, end) only the least floor counts). D_μ for every A
+of the grid at once: per (start, end), the options sorted by c and the running minimum of
+c + μ · u along them, read at the count of options with c <= A; then a shortest path over the
+layers, with the stage count in the state only where it is bounded.
+
+The same tables over partitions of [0, i) bound what the stages in front of a partial
+pipeline can add (``RunRelaxation.completion_floors``): the DP prunes its stages and labels
+with it (``solvers.pipeline_dp``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["GRID_STEP", "PRICE_FACTORS", "RunRelaxation", "relaxed_run_bound", "stage_floors"]
+
+GRID_STEP = 0.004
+"""Relative step of the peak grid: the bound gives up at most (m - 1) × this × the peak."""
+
+GRID_POINTS = 96
+
+PRICE_FACTORS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
+"""The prices tried, as multiples of ``weights`` scaled to the peak (module docstring)."""
+
+
+def stage_floors(
+    num_layers: int,
+    floor_tables: Sequence[np.ndarray],
+    edges: Sequence[tuple[np.ndarray, np.ndarray]],
+) -> np.ndarray:
+    """``out[o, i, j]``: the floor c of option o on [i, j) (module docstring), inf where
+    j <= i. ``floor_tables[j - 1]`` is the source's ``floor_table(j)``; ``edges[j]`` its
+    ``edge_floors(j)`` (least one-way transfer out of a stage ending at j, into one starting
+    at j, per option)."""
+    options = floor_tables[0].shape[0]
+    out = np.full((options, num_layers + 1, num_layers + 1), math.inf)
+    for j in range(1, num_layers + 1):
+        out[:, :j, j] = floor_tables[j - 1]
+        if j < num_layers:
+            out[:, :j, j] += 2.0 * edges[j][0][:, None]  # out of a stage ending at j
+    for i in range(1, num_layers):
+        out[:, i, i + 1 :] += 2.0 * edges[i][1][:, None]  # into a stage starting at i
+    return out
+
+
+class RunRelaxation:
+    """The relaxation of one run (module docstring): its bound on every pipeline of the run
+    (``bound``), and what stages covering [0, i) can least add to a partial pipeline
+    (``completion_floor``).
+
+    ``uses[o]`` the resources of option o, ``floors`` from ``stage_floors``, ``weights`` per
+    resource (the prices' direction), ``lowest_peak`` a lower bound on every pipeline's peak
+    a (> 0); ``min_stages`` and ``max_stages`` the run's stage counts."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_micro_batches: int,
+        resources: tuple[int, ...],
+        uses: np.ndarray,
+        floors: np.ndarray,
+        weights: np.ndarray,
+        lowest_peak: float,
+        *,
+        min_stages: int = 1,
+        max_stages: int | None = None,
+    ) -> None:
+        m = self.m = num_micro_batches
+        n = num_layers
+        self.bound = 0.0
+        self.grid: np.ndarray = np.zeros(0)
+        self.prefix = np.zeros((0, 0, n + 1))  # [price, grid, i]
+        self.prices = np.zeros((0, len(resources)))
+        self.needs = np.zeros((0, 0, n + 1))
+        self.directions = np.zeros((0, len(resources)))
+        if uses.shape[0] == 0:
+            self.bound = math.inf
+            return
+        most = n if max_stages is None else min(max_stages, n)
+        if min_stages > most:
+            self.bound = math.inf
+            return
+        if not math.isfinite(lowest_peak) or lowest_peak <= 0:
+            return
+        # Options of one resource vector: only the least floor of each (start, end) counts.
+        uses, group = np.unique(uses, axis=0, return_inverse=True)
+        group = np.asarray(group).reshape(-1)
+        by_group = np.argsort(group, kind="stable")
+        starts = np.flatnonzero(np.diff(group[by_group], prepend=-1))
+        floors = np.minimum.reduceat(floors[by_group], starts, axis=0)
+        grid = lowest_peak * (1.0 + GRID_STEP) ** np.arange(GRID_POINTS)
+        grid = np.append(grid, math.inf)  # A_{n+1}: no cap
+        order = np.argsort(floors, axis=0, kind="stable")
+        ordered = np.take_along_axis(floors, order, axis=0)  # (options, n + 1, n + 1)
+        # counts[g, cell]: options of floor <= grid[g] on cell (i, j).
+        flat = ordered.reshape(ordered.shape[0], -1)
+        counts = np.empty((len(grid), flat.shape[1]), dtype=np.int64)
+        for cell in range(flat.shape[1]):
+            counts[:, cell] = np.searchsorted(flat[:, cell], grid, "right")
+        cells = np.arange(flat.shape[1])[None, :]
+        capacity = float(np.asarray(resources, dtype=np.float64) @ weights)
+        option_weight = uses.astype(np.float64) @ weights
+        scale = lowest_peak / capacity if capacity > 0 else 0.0
+        staged = min_stages > 1 or most < n
+        best = np.full(len(grid), -math.inf)
+        prefix, prices = [], []
+        for factor in PRICE_FACTORS:
+            price = factor * scale
+            priced = ordered + price * option_weight[order]
+            running = np.minimum.accumulate(priced, axis=0).reshape(len(flat), -1)
+            padded = np.concatenate([np.full((1, flat.shape[1]), math.inf), running])
+            cost = padded[counts, cells].reshape(len(grid), n + 1, n + 1)
+            value = _shortest(cost, n, min_stages, most, staged) - price * capacity
+            best = np.maximum(best, value)
+            prefix.append(_prefixes(cost, n))
+            prices.append(price * weights)
+        best = np.maximum(best, 0.0)
+        # Where no partition of stages at most A_g fits the resources, D is infinite: for a
+        # direction ν >= 0, the least ν · Σ u over the partitions above ν · R proves it.
+        directions = np.vstack([weights[None, :], np.eye(len(resources))])
+        needs = []
+        for direction in directions:
+            need = (uses.astype(np.float64) @ direction)[order]
+            running = np.minimum.accumulate(need, axis=0).reshape(len(flat), -1)
+            padded = np.concatenate([np.full((1, flat.shape[1]), math.inf), running])
+            needs.append(_prefixes(padded[counts, cells].reshape(len(grid), n + 1, n + 1), n))
+        self.needs = np.array(needs)  # [direction, g, i]: least ν · Σ u over [0, i) at A_g
+        self.directions = directions
+        have = directions @ np.asarray(resources, dtype=np.float64)
+        short = (self.needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9).any(axis=0)
+        best = np.where(short, math.inf, best)
+        # min over g of (m - 1) A_g + D(A_{g+1}), the last interval [A_n, ∞) read at the
+        # uncapped column.
+        with np.errstate(invalid="ignore"):
+            totals = (m - 1) * grid[:-1] + best[1:]
+        self.bound = float(np.where(np.isnan(totals), math.inf, totals).min())
+        self.grid = grid
+        self.prefix = np.array(prefix)  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
+        self.prices = np.array(prices)
+
+    def completion_floors(
+        self,
+        starts: np.ndarray,
+        max_stages: np.ndarray,
+        sum_stages: np.ndarray,
+        max_tails: np.ndarray,
+        free: np.ndarray,
+    ) -> np.ndarray:
+        """Per row, a lower bound on F of every pipeline that completes a partial one
+        covering [start, L) with (M, S, U) and ``free[row]`` resources left: with A' the
+        peak of the stages before it and A_g <= A' < A_{g+1}, F >= (m - 1) max(M, A_g) + S
+        + U + D_μ[0, start)(A_{g+1}) - μ · free, D over partitions of [0, start) priced as
+        in the run's bound (where A' < A_0 the g = 0 term is no larger: the whole
+        pipeline's peak is at least A_0, and D only shrinks as A grows). The least over g
+        of the largest over the prices."""
+        m = self.m
+        exact: np.ndarray = (m - 1) * max_stages + sum_stages + max_tails
+        if not len(self.grid):
+            return exact
+        # [row, price, g]: D over [0, start) at cap A_g less the free resources' price.
+        inside = self.prefix[:, :, starts].transpose(2, 0, 1)
+        best = (inside - (free @ self.prices.T)[:, :, None]).max(axis=1)
+        best = np.maximum(best, 0.0)
+        # Caps at which the stages before cannot fit in what is free (the run's bound's test).
+        needs = self.needs[:, :, starts].transpose(2, 0, 1)  # [row, direction, g]
+        have = free @ self.directions.T
+        short = (needs > have[:, :, None] * (1 + 1e-9) + 1e-9).any(axis=1)
+        best = np.where(short, math.inf, best)
+        peaks = np.maximum(self.grid[None, :-1], max_stages[:, None])
+        with np.errstate(invalid="ignore"):
+            totals = (m - 1) * peaks + best[:, 1:]
+        least = np.where(np.isnan(totals), math.inf, totals).min(axis=1)
+        out = least + sum_stages + max_tails
+        result: np.ndarray = np.where(starts == 0, exact, np.maximum(out, exact))
+        return result
+
+
+def relaxed_run_bound(
+    num_layers: int,
+    num_micro_batches: int,
+    resources: tuple[int, ...],
+    uses: np.ndarray,
+    floors: np.ndarray,
+    weights: np.ndarray,
+    lowest_peak: float,
+    *,
+    min_stages: int = 1,
+    max_stages: int | None = None,
+) -> float:
+    """``RunRelaxation(...).bound``: the module docstring's bound on every pipeline of one
+    run."""
+    return RunRelaxation(
+        num_layers,
+        num_micro_batches,
+        resources,
+        uses,
+        floors,
+        weights,
+        lowest_peak,
+        min_stages=min_stages,
+        max_stages=max_stages,
+    ).bound
+
+
+def _prefixes(cost: np.ndarray, n: int) -> np.ndarray:
+    """Per grid row, the least Σ cost over partitions of [0, i), for every i."""
+    rows = cost.shape[0]
+    best = np.full((rows, n + 1), math.inf)
+    best[:, 0] = 0.0
+    for j in range(1, n + 1):
+        best[:, j] = (best[:, :j] + cost[:, :j, j]).min(axis=1)
+    return best
+
+
+def _shortest(cost: np.ndarray, n: int, least: int, most: int, staged: bool) -> np.ndarray:
+    """Per grid row, the least Σ cost over partitions of [0, n) (with least..most stages
+    where ``staged``)."""
+    rows = cost.shape[0]
+    if not staged:
+        best = np.full((rows, n + 1), math.inf)
+        best[:, n] = 0.0
+        for i in range(n - 1, -1, -1):
+            best[:, i] = (cost[:, i, i + 1 :] + best[:, i + 1 :]).min(axis=1)
+        whole: np.ndarray = best[:, 0]
+        return whole
+    # by[g, q, i]: q stages covering [i, n).
+    by = np.full((rows, most + 1, n + 1), math.inf)
+    by[:, 0, n] = 0.0
+    for i in range(n - 1, -1, -1):
+        ahead = cost[:, i, None, i + 1 :] + by[:, :-1, i + 1 :]  # (rows, most, ends)
+        by[:, 1:, i] = ahead.min(axis=2)
+    counted: np.ndarray = by[:, least : most + 1, 0].min(axis=1)
+    return counted

@@ -1,0 +1,220 @@
+"""The relaxed run bound (``solvers.relaxed_bound``) and the heterogeneous root bound built on
+it (``autoplan.solve.hetero._root_bound``) never exceed the optimum they bound: on random
+small problems of plain numbers against brute force over every partition and option, and on
+random small clusters against the best plan of each run, every plan costed by evaluate."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplan.solve import cost_model
+from autoplan.solve.hetero import HeteroSource, _root_bound
+from autoplan.solve.space import divisors
+from solvers.oracle import compositions
+from solvers.relaxed_bound import GRID_STEP, RunRelaxation, relaxed_run_bound, stage_floors
+from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
+from tests.test_solver_oracle import OPTIONS, brute_force_hetero_runs, hetero_instances
+
+
+def _brute_force(n, m, resources, uses, floors, least, most):
+    """min over partitions, options within the resources and least..most stages of
+    (m - 1) max c + Σ c; and the least peak of any such pipeline."""
+    best, lowest = math.inf, math.inf
+    for p in range(least, most + 1):
+        for sizes in compositions(n, p):
+            bounds = [0, *itertools.accumulate(sizes)]
+            for chosen in itertools.product(range(len(uses)), repeat=p):
+                if np.any(uses[list(chosen)].sum(axis=0) > resources):
+                    continue
+                costs = [floors[o, bounds[s], bounds[s + 1]] for s, o in enumerate(chosen)]
+                best = min(best, (m - 1) * max(costs) + sum(costs))
+                lowest = min(lowest, max(costs))
+    return best, lowest
+
+
+@st.composite
+def problems(draw):
+    n = draw(st.integers(2, 4))
+    kinds = draw(st.integers(1, 3))
+    options = draw(st.integers(1, 4))
+    uses = np.array(
+        [[draw(st.integers(0, 2)) for _ in range(kinds)] for _ in range(options)], dtype=np.int64
+    )
+    uses[:, 0] = np.maximum(uses[:, 0], 1 - uses[:, 1:].sum(axis=1))  # each uses something
+    resources = np.array([draw(st.integers(1, 4)) for _ in range(kinds)], dtype=np.int64)
+    per_layer = np.array(
+        [[draw(st.integers(1, 30)) for _ in range(n)] for _ in range(options)], dtype=np.float64
+    )
+    tables = []
+    for j in range(1, n + 1):
+        # The floor of [i, j): its layers' sum, per option (nonincreasing in i).
+        tables.append(np.stack([per_layer[:, i:j].sum(axis=1) for i in range(j)], axis=1))
+    edge = [
+        (np.array([draw(st.integers(0, 5)) for _ in range(options)], dtype=np.float64),) * 2
+        for _ in range(n + 1)
+    ]
+    floors = stage_floors(n, tables, edge)
+    m = draw(st.sampled_from([1, 2, 4, 8]))
+    least = draw(st.integers(1, n))
+    most = draw(st.integers(least, n))
+    weights = np.array([draw(st.sampled_from([0.5, 1.0, 3.0])) for _ in range(kinds)])
+    return n, m, resources, uses, floors, least, most, weights
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(problems())
+def test_the_relaxed_bound_is_never_above_brute_force(problem) -> None:
+    """Never above the optimum; and where the resources never bind, within the peak grid's
+    step of it (the relaxation is then the problem itself, up to the grid)."""
+    n, m, resources, uses, floors, least, most, weights = problem
+    best, lowest = _brute_force(n, m, resources, uses, floors, least, most)
+    if math.isinf(best):
+        return
+    bound = relaxed_run_bound(
+        n,
+        m,
+        tuple(resources.tolist()),
+        uses,
+        floors,
+        weights,
+        lowest,
+        min_stages=least,
+        max_stages=most,
+    )
+    assert bound <= best * (1 + 1e-9), (bound, best)
+    if np.all(uses.sum(axis=0) * n <= resources):
+        # Every pipeline fits; the grid covers peaks to 1.46 × the least one.
+        slack = (1 + GRID_STEP) * (1 + 1e-9)
+        within = all(
+            (m - 1) * floors[o, i, j] + floors[o, i, j] <= 1.4 * (m * lowest)
+            for o in range(len(uses))
+            for i in range(n)
+            for j in range(i + 1, n + 1)
+        )
+        if within:
+            assert bound * slack >= best, (bound, best)
+
+
+def _pipelines(n, uses, resources, least, most):
+    """Every pipeline of the plain-number problem: (bounds, options), within the resources."""
+    for p in range(least, most + 1):
+        for sizes in compositions(n, p):
+            bounds = [0, *itertools.accumulate(sizes)]
+            for chosen in itertools.product(range(len(uses)), repeat=p):
+                if not np.any(uses[list(chosen)].sum(axis=0) > resources):
+                    yield bounds, chosen
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(problems())
+def test_the_completion_floor_is_never_above_the_best_completion(problem) -> None:
+    """For every partial pipeline (the stages covering [i, n) of some pipeline), its
+    completion floor against the best pipeline that ends with those stages."""
+    n, m, resources, uses, floors, _least, _most, weights = problem
+    best, lowest = _brute_force(n, m, resources, uses, floors, 1, n)
+    if math.isinf(best):
+        return
+    relaxation = RunRelaxation(
+        n, m, tuple(resources.tolist()), uses, floors, weights, lowest, max_stages=n
+    )
+    # Best F over pipelines sharing each suffix (start, its options and bounds).
+    completions: dict[tuple, float] = {}
+    figures: dict[tuple, tuple[float, float, np.ndarray]] = {}
+    for bounds, chosen in _pipelines(n, uses, resources, 1, n):
+        costs = [floors[o, bounds[s], bounds[s + 1]] for s, o in enumerate(chosen)]
+        value = (m - 1) * max(costs) + sum(costs)
+        for cut in range(1, len(chosen)):
+            key = (tuple(bounds[cut:]), chosen[cut:])
+            completions[key] = min(completions.get(key, math.inf), value)
+            tail = costs[cut:]
+            free = resources - uses[list(chosen[cut:])].sum(axis=0)
+            figures[key] = (max(tail), sum(tail), free)
+    keys = sorted(completions)
+    if not keys:
+        return
+    floor = relaxation.completion_floors(
+        np.array([key[0][0] for key in keys]),
+        np.array([figures[key][0] for key in keys]),
+        np.array([figures[key][1] for key in keys]),
+        np.zeros(len(keys)),
+        np.array([figures[key][2] for key in keys]),
+    )
+    for key, value in zip(keys, floor.tolist(), strict=True):
+        assert value <= completions[key] * (1 + 1e-9), (key, value, completions[key])
+
+
+def test_stage_floors_add_both_transfers_to_inner_stages_only() -> None:
+    """A stage pays the least transfer in (unless it is first) and out (unless it is last),
+    twice each: a blocking transfer each way."""
+    tables = [np.array([[1.0]]), np.array([[2.0, 1.0]]), np.array([[3.0, 2.0, 1.0]])]
+    edges = [(np.array([10.0]), np.array([100.0]))] * 4
+    floors = stage_floors(3, tables, edges)
+    assert floors[0, 0, 3] == 3.0  # the whole model: no boundary
+    assert floors[0, 0, 1] == 1.0 + 2 * 10.0  # first stage: out only
+    assert floors[0, 2, 3] == 1.0 + 2 * 100.0  # last stage: in only
+    assert floors[0, 1, 2] == 1.0 + 2 * 10.0 + 2 * 100.0
+    assert math.isinf(floors[0, 2, 1])
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    derandomize=True,
+)
+@given(hetero_instances())
+def test_the_root_bound_is_never_above_its_runs_best_plan(instance) -> None:
+    """Each run's root bound (every micro-batch count, 1F1B and GPipe) against the best plan
+    of that run, brute force costed by evaluate."""
+    profile, cluster, batch = instance
+    model = cost_model(profile, cluster, OPTIONS)
+    expected = brute_force_hetero_runs(model, batch)
+    n = model.num_layers
+    sources: dict[int, object] = {}
+    for index, m in enumerate(divisors(batch)):
+        for schedule, most, least in (("1f1b", min(m, n), 1), ("gpipe", n, m + 1)):
+            if least > most:
+                continue
+            run = (m, schedule, most, least)
+            bound = _root_bound(model, batch, OPTIONS, run, sources, 2 * index, HeteroSource)
+            if schedule == "gpipe":
+                sources.pop(2 * index, None)
+            best = expected.get((m, schedule), math.inf)
+            assert bound <= best * (1 + 1e-9), (run, bound, best)
+
+
+def test_a_one_kind_options_side_is_the_side_its_stages_have() -> None:
+    """``_least_side`` of a one-kind option equals the side of every stage it is costed
+    into, and a two-kind option's is never above its stages' (the transfer floors rest on
+    both)."""
+    profile = make_profile(
+        [layer(i, flops=10**11, params=10**6, saved=10**7, output=10**6) for i in range(4)]
+    )
+    cluster = make_cluster(
+        [("a", gpu("A", 60.0, 8.0), 4, 2), ("b", gpu("B", 25.0, 8.0), 2, 1)],
+        inter_gb_per_s=10.0,
+    )
+    model = cost_model(profile, cluster, OPTIONS)
+    checked = 0
+    for m in (1, 2, 3):
+        source = HeteroSource(model, 12, m, "1f1b", OPTIONS)
+        for option, allocation in enumerate(source.allocations):
+            least = source._least_sides[option]
+            for i, j in ((0, 4), (1, 3), (2, 3)):
+                found = source.cost(option, i, j, 1, None)
+                if found is None:
+                    continue
+                side = found.key
+                checked += 1
+                if len(allocation) == 1:
+                    assert side == least, (allocation, side, least)
+                else:
+                    assert side.classes == least.classes
+                    assert side.node_samples >= least.node_samples, (allocation, side, least)
+                    assert side.largest_share >= least.largest_share, (allocation, side, least)
+    assert checked > 20
