@@ -20,7 +20,8 @@ Certificate (issue 24): ``autoplan solve`` run as a user runs it (a new process,
 included), its wall and CPU seconds, with the proven bound it reports and the gap reached, for
 the issue's scenarios and the demo's solve, with the zero-bubble schedules (the default: the
 zero-bubble plans away from the partitions tried are bounded by the certificate's zero-bubble
-bound) and without them (the exact search's space alone).
+bound) and without them (the exact search's space alone), and the two GPT-3 175B cases again
+with ``--space uniform`` (the uniform family alone: one DeviceMesh's plans, searched to the end).
 
 Profiles come from the real profiler (``autoplan.profile.profile_model``: FakeTensorMode, no
 memory), bf16, one sample per micro-batch profiled; the two small-cluster scenarios of issue 8
@@ -165,6 +166,7 @@ class Case:
     target_s: float | None = None
     dtype: str = "bf16"
     zero1: bool | None = None  # None: searched
+    space: str = "heterogeneous"  # --space of the CLI table's solves
 
 
 SPEED_CASES = [
@@ -208,6 +210,9 @@ CLI_CASES = [
     Case("gpt3-175b", 2048, "mixed-1024", 1536, target_s=10.0),
     Case("gpt3-175b", 2048, "mixed-16k", 6144, target_s=30.0),
     Case("llama2-7b", 4096, "h100-a100-l4", 256, target_s=5.0),  # the demo's solve
+    # The uniform family alone (one DeviceMesh's plans), searched to the end at both scales.
+    Case("gpt3-175b", 2048, "mixed-1024", 1536, space="uniform"),
+    Case("gpt3-175b", 2048, "mixed-16k", 6144, space="uniform"),
 ]
 
 _profiles: dict[tuple[str, int, str], Profile] = {}
@@ -428,7 +433,7 @@ def _cli_solve(profile_path: Path, cluster_path: Path, case: Case, extra: list[s
     # The console script, as a user runs it.
     command = [str(Path(sys.executable).parent / "autoplan"), "solve", str(profile_path)]
     command += ["--cluster", str(cluster_path), "--global-batch", str(case.global_batch)]
-    command += ["-o", str(out), *extra]
+    command += ["-o", str(out), "--space", case.space, *extra]
     if case.zero1 is False:
         command.append("--no-zero1")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -450,6 +455,7 @@ def _cli_table(console: Console) -> None:
         "cluster",
         "GPUs",
         "batch",
+        "space",
         "zero bubble",
         "wall s",
         "CPU s",
@@ -482,6 +488,7 @@ def _cli_table(console: Console) -> None:
                     case.cluster,
                     str(cluster.total_gpus()),
                     str(case.global_batch),
+                    case.space,
                     "off" if extra else "on",
                     f"{wall:.2f}",
                     f"{cpu:.2f}",
