@@ -156,9 +156,18 @@ class _StageCoster:
         row = table[level]
         return max(row[i], row[j - (1 << level)])
 
-    def recompute_for(self, s: int, i: int, j: int, level: int) -> str | None:
+    def recompute_for(
+        self,
+        s: int,
+        i: int,
+        j: int,
+        level: int,
+        ordered: list[str] | None = None,
+        buffers: float | None = None,
+    ) -> str | None:
         """The fastest recompute mode with which stage s on [i, j) fits at ZeRO ``level``,
-        or None."""
+        or None. ``ordered`` (the modes by their time on [i, j)) and ``buffers`` (the
+        stage's transfer buffers) as ``choice_for`` computes them once for every level."""
         t = self.tables[s]
         static = (t.params[j] - t.params[i]) * self.static_per_param[level]
         flight = self.flight[s]
@@ -168,8 +177,11 @@ class _StageCoster:
         # The fastest mode that fits (with offload the order is the hardware's): the modes by
         # their time, ties in the space's order (a stable sort), the first that fits; slower
         # modes' memory is never looked at.
-        buffers = self.model.transfer_buffer_bytes(self.p.mbs, i, j, self.p.m)
-        for mode in sorted(self.modes, key=lambda mode: t.span_work(mode, i, j)):
+        if buffers is None:
+            buffers = self.model.transfer_buffer_bytes(self.p.mbs, i, j, self.p.m)
+        if ordered is None:
+            ordered = sorted(self.modes, key=lambda mode: t.span_work(mode, i, j))
+        for mode in ordered:
             saved = t.saved[mode]
             used = static + buffers + flight * (saved[j] - saved[i])
             if used > capacity:
@@ -210,23 +222,31 @@ class _StageCoster:
         """(ZeRO level, recompute) of stage s on [i, j): of the levels, the one whose
         fastest fitting recompute gives the least work, the lower on ties; None if none
         fits."""
+        found = self._choice(s, i, j)
+        return None if found is None else (found[0], found[1])
+
+    def _choice(self, s: int, i: int, j: int) -> tuple[int, str, float, float] | None:
+        """``choice_for`` with the chosen (work, backward) of ``_work``."""
+        t = self.tables[s]
+        # The modes' order by time and the buffers do not depend on the level: once here.
+        ordered = sorted(self.modes, key=lambda mode: t.span_work(mode, i, j))
+        buffers = self.model.transfer_buffer_bytes(self.p.mbs, i, j, self.p.m)
         best = None
         for level in self.levels:
-            mode = self.recompute_for(s, i, j, level)
+            mode = self.recompute_for(s, i, j, level, ordered, buffers)
             if mode is None:
                 continue
-            work = self._work(s, i, j, mode, level)[0]
+            work, backward = self._work(s, i, j, mode, level)
             if best is None or work < best[0]:
-                best = (work, level, mode)
-        return None if best is None else (best[1], best[2])
+                best = (work, level, mode, backward)
+        return None if best is None else (best[1], best[2], best[0], best[3])
 
     def __call__(self, s: int, i: int, j: int) -> tuple[float, float, float] | None:
-        choice = self.choice_for(s, i, j)
+        choice = self._choice(s, i, j)
         if choice is None:
             return None
-        level, mode = choice
+        level, _mode, work, backward = choice
         t = self.tables[s]
-        work, backward = self._work(s, i, j, mode, level)
         send = self.sends[s][j]
         params = t.params[j] - t.params[i]
         allreduce = 0.0
