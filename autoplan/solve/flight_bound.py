@@ -1,29 +1,38 @@
-r"""A lower bound on one ordered uniform pipeline that counts each rank's own in-flight memory.
+r"""Lower bounds on one ordered uniform pipeline (a ``Pending``), for the uniform search.
 
-The group and candidate bounds of ``autoplan.solve.bounds`` relax memory to one micro-batch in
-flight on every rank, so they hold for every order of the classes at once. Once the order is
-fixed (a ``Pending``), rank s of class k_s holds f_s micro-batches' saved activations at its
-peak (``in_flight_chunks``: p − s under 1F1B, m under GPipe) and its pipeline transfer
-buffers (``CostModel.transfer_buffer_bytes``: m × its micro-batch × each boundary it has), so
-on GPT-3 175B the first ranks must recompute or hold few layers, which the relaxation misses.
+The group and composition bounds (``autoplan.solve.bounds``, ``solve.compositions``) hold for
+every order of the classes at once. Once the order is fixed, three more hold, and the
+search takes the largest when the candidate comes up (``order_bound``):
 
-The bound. Let X be the slowest rank's per-micro-batch time of some split. Rank s holds some
-n_s layers in some mode (recompute, offload). Any n layers take at least the sum of the n
-least layer times of the mode, the n least parameter bytes (at the most sharded ZeRO level the
-space allows for the rank), the n least device-resident saved bytes and the n least parked
-bytes (each sorted on its own), so n_s ≤ h_s(X): the most layers for which, in some mode,
+In-flight memory (``flight_bound``). Rank s of class k_s holds f_s micro-batches' saved
+activations at its peak (``in_flight_chunks``: p − s under 1F1B, m under GPipe) and its
+pipeline transfer buffers (``CostModel.transfer_buffer_bytes``: m × its micro-batch × each
+boundary it has, at least the model's least boundary activation). Let X be the slowest rank's
+per-micro-batch time of some split. Rank s holds some n_s layers at some ZeRO level (of those
+the space allows) in some mode (recompute, offload). Any n layers take at least the sum of the
+n least layer times of the mode, the n least parameter bytes, the n least device-resident saved
+bytes and the n least parked bytes (each sorted on its own), so n_s ≤ h_s(X): the most layers
+for which, at some level and mode,
 
     time_n ≤ X,   static_n + buffers_s + f_s · saved_n ≤ usable_k,   f_s · parked_n ≤ host_k
 
-(transients, ZeRO-2/3 collectives, sends and sequence-parallel edges only add). The split
-covers all L layers, each rank at least one, so X ≥ X* = the least X with h_s(X) ≥ 1 for
-every s and Σ_s h_s(X) ≥ L; X* is one of the sorted time prefixes (h only changes there),
-found by bisection. The 1F1B and GPipe objective (m − 1) max a + Σ b + max t then is at least
-(m − 1) X* + Σ_l min_k w_k(l) (every layer at its fastest used class, no recompute), the
-candidate bound of ``bounds.lower_bound`` with X* in place of its rank bounds when larger.
+and at ZeRO-2/3 also (2 or 3) × half the all-reduce of the n least parameters ≤ X (a pass takes
+at least its collectives: ``sharding.exposed_ms``). Transients, sends and sequence-parallel
+edges only add. The split covers all L layers, each rank at least one, so X ≥ X* = the least
+X with h_s(X) ≥ 1 for every s and Σ_s h_s(X) ≥ L (bisection over the staircases' steps).
 
-Only for plans of one chunk per rank (the interleaved split is fixed and bounded apart) and
-tables without sub-block starts (whose stage costs are not prefix differences).
+Runs of one class (``run_bound``): each maximal run of r ranks of class k holds a contiguous
+window of at least r layers at a place the ranks around it leave (from layer 0 when it is
+first, to the last layer when it is last): its slowest rank takes at least the window's
+largest layer and its mean per rank, and the stages together the window's excess over the
+fastest class.
+
+Fill (``fill_bound``): the split's linear program min (m − 1) A + Σ_s a_s, through its dual.
+
+With them the 1F1B and GPipe objective (m − 1) max a + Σ b + max t is at least
+max((m − 1) max(X*, runs) + Σ_l min_k w_k(l) + the runs' excess, fill). Only for plans of one
+chunk per rank (the interleaved split is fixed and bounded apart) and tables without sub-block
+starts (whose stage costs are not prefix differences).
 """
 
 from __future__ import annotations
@@ -118,12 +127,6 @@ def rank_steps(
     # Keep the monotone staircase: each budget where the count first rises.
     rises = np.concatenate(([True], count[1:] > count[:-1]))
     return budget[rises], count[rises]
-
-
-def rank_groups_of(k: int, tp: int, dp: int, mbs: int):
-    """The one replica group of a uniform rank of class k (recompute does not change its
-    all-reduce)."""
-    return (group_of(k, tp, dp, mbs, "none"),)
 
 
 def _least_boundary_bytes(model: CostModel) -> float:
