@@ -55,6 +55,9 @@ GRID_STEP = 0.004
 
 GRID_POINTS = 96
 
+STAGE_CAP_KEPT = 8
+"""The most stages a run may have is kept in the relaxation up to this many (1F1B: m)."""
+
 PRICE_FACTORS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
 """The prices tried, as multiples of ``weights`` scaled to the peak (module docstring)."""
 
@@ -137,7 +140,8 @@ class RunRelaxation:
         capacity = float(np.asarray(resources, dtype=np.float64) @ weights)
         option_weight = uses.astype(np.float64) @ weights
         scale = lowest_peak / capacity if capacity > 0 else 0.0
-        staged = min_stages > 1 or most < n
+        # A cap of many stages seldom binds: dropped (a relaxation), it costs far less.
+        capped = most if most <= STAGE_CAP_KEPT else n
         best = np.full(len(grid), -math.inf)
         prefix, prices = [], []
         for factor in PRICE_FACTORS:
@@ -146,7 +150,7 @@ class RunRelaxation:
             running = np.minimum.accumulate(priced, axis=0).reshape(len(flat), -1)
             padded = np.concatenate([np.full((1, flat.shape[1]), math.inf), running])
             cost = padded[counts, cells].reshape(len(grid), n + 1, n + 1)
-            value = _shortest(cost, n, min_stages, most, staged) - price * capacity
+            value = _shortest(cost, n, min_stages, capped) - price * capacity
             best = np.maximum(best, value)
             prefix.append(_prefixes(cost, n))
             prices.append(price * weights)
@@ -248,22 +252,26 @@ def _prefixes(cost: np.ndarray, n: int) -> np.ndarray:
     return best
 
 
-def _shortest(cost: np.ndarray, n: int, least: int, most: int, staged: bool) -> np.ndarray:
-    """Per grid row, the least Σ cost over partitions of [0, n) (with least..most stages
-    where ``staged``)."""
+def _shortest(cost: np.ndarray, n: int, least: int, most: int) -> np.ndarray:
+    """Per grid row, the least Σ cost over partitions of [0, n) into least..most stages
+    (``most`` >= n: no cap)."""
     rows = cost.shape[0]
-    if not staged:
+    if least <= 1 and most >= n:
         best = np.full((rows, n + 1), math.inf)
         best[:, n] = 0.0
         for i in range(n - 1, -1, -1):
             best[:, i] = (cost[:, i, i + 1 :] + best[:, i + 1 :]).min(axis=1)
         whole: np.ndarray = best[:, 0]
         return whole
-    # by[g, q, i]: q stages covering [i, n).
-    by = np.full((rows, most + 1, n + 1), math.inf)
+    # by[g, q, i]: q stages covering [i, n); with no cap, q counts up to ``least`` only
+    # (the last state is "least or more": a stage more keeps it there).
+    top = most if most < n else least
+    by = np.full((rows, top + 1, n + 1), math.inf)
     by[:, 0, n] = 0.0
     for i in range(n - 1, -1, -1):
-        ahead = cost[:, i, None, i + 1 :] + by[:, :-1, i + 1 :]  # (rows, most, ends)
-        by[:, 1:, i] = ahead.min(axis=2)
-    counted: np.ndarray = by[:, least : most + 1, 0].min(axis=1)
+        ahead = (cost[:, i, None, i + 1 :] + by[:, :, i + 1 :]).min(axis=2)  # (rows, top + 1)
+        by[:, 1:, i] = ahead[:, :-1]
+        if most >= n:
+            by[:, top, i] = np.minimum(by[:, top, i], ahead[:, top])
+    counted: np.ndarray = by[:, least : top + 1, 0].min(axis=1)
     return counted
