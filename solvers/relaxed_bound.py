@@ -142,29 +142,35 @@ class RunRelaxation:
         scale = lowest_peak / capacity if capacity > 0 else 0.0
         # A cap of many stages seldom binds: dropped (a relaxation), it costs far less.
         capped = most if most <= STAGE_CAP_KEPT else n
-        best = np.full(len(grid), -math.inf)
-        prefix, prices = [], []
-        for factor in PRICE_FACTORS:
-            price = factor * scale
-            priced = ordered + price * option_weight[order]
-            running = np.minimum.accumulate(priced, axis=0).reshape(len(flat), -1)
+        size = len(grid)
+
+        def capped_costs(values: np.ndarray) -> np.ndarray:
+            """[g, i, j]: the least of ``values`` (per option, in ``order``) over the options
+            of floor <= A_g on [i, j) (inf where none)."""
+            running = np.minimum.accumulate(values, axis=0).reshape(len(flat), -1)
             padded = np.concatenate([np.full((1, flat.shape[1]), math.inf), running])
-            cost = padded[counts, cells].reshape(len(grid), n + 1, n + 1)
-            value = _shortest(cost, n, min_stages, capped) - price * capacity
-            best = np.maximum(best, value)
-            prefix.append(_prefixes(cost, n))
-            prices.append(price * weights)
-        best = np.maximum(best, 0.0)
+            return padded[counts, cells].reshape(size, n + 1, n + 1)
+
+        prices = np.array([factor * scale * weights for factor in PRICE_FACTORS])
+        # Every price's table in one array (the shortest paths run once over all of them).
+        cost = np.concatenate(
+            [
+                capped_costs(ordered + factor * scale * option_weight[order])
+                for factor in PRICE_FACTORS
+            ]
+        )
+        values = _shortest(cost, n, min_stages, capped).reshape(len(prices), size)
+        values -= (prices @ np.asarray(resources, dtype=np.float64))[:, None]
+        best = np.maximum(values.max(axis=0), 0.0)
+        prefix = _prefixes(cost, n).reshape(len(prices), size, n + 1)
         # Where no partition of stages at most A_g fits the resources, D is infinite: for a
         # direction ν >= 0, the least ν · Σ u over the partitions above ν · R proves it.
         directions = np.vstack([weights[None, :], np.eye(len(resources))])
-        needs = []
-        for direction in directions:
-            need = (uses.astype(np.float64) @ direction)[order]
-            running = np.minimum.accumulate(need, axis=0).reshape(len(flat), -1)
-            padded = np.concatenate([np.full((1, flat.shape[1]), math.inf), running])
-            needs.append(_prefixes(padded[counts, cells].reshape(len(grid), n + 1, n + 1), n))
-        self.needs = np.array(needs)  # [direction, g, i]: least ν · Σ u over [0, i) at A_g
+        need = np.concatenate(
+            [capped_costs((uses.astype(np.float64) @ d)[order]) for d in directions]
+        )
+        # [direction, g, i]: least ν · Σ u over [0, i) at A_g
+        self.needs = _prefixes(need, n).reshape(len(directions), size, n + 1)
         self.directions = directions
         have = directions @ np.asarray(resources, dtype=np.float64)
         short = (self.needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9).any(axis=0)
@@ -175,8 +181,8 @@ class RunRelaxation:
             totals = (m - 1) * grid[:-1] + best[1:]
         self.bound = float(np.where(np.isnan(totals), math.inf, totals).min())
         self.grid = grid
-        self.prefix = np.array(prefix)  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
-        self.prices = np.array(prices)
+        self.prefix = prefix  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
+        self.prices = prices
 
     def completion_floors(
         self,
