@@ -31,6 +31,7 @@ import functools
 import itertools
 import logging
 import math
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -691,6 +692,7 @@ def _root_bound(
     index: int,
     source_type: SourceType,
     relaxations: dict[int, RunRelaxation] | None = None,
+    relaxed: bool = True,
 ) -> float:
     """A lower bound on run ``run``'s pipelines, the larger of two:
 
@@ -704,7 +706,8 @@ def _root_bound(
 
     It orders the exact pass, skips a run it puts at or above the incumbent, and bounds a
     run never started. The relaxation is kept in ``relaxations[index]``: the exact pass
-    prunes its labels with it (``RunRelaxation.completion_floor``)."""
+    prunes its labels with it (``RunRelaxation.completion_floors``). ``relaxed`` False: the
+    first alone (cheap: what a search past its deadline still adds)."""
     m, schedule, most, least = run
     if index not in sources:
         sources[index] = source_type(model, batch, m, schedule, options)
@@ -716,6 +719,8 @@ def _root_bound(
     spread = float(source.prefix_table(free)[0, num_layers])
     fill = float(source.fill_ratio(free, np.ones(len(source.options()), dtype=bool))[0])
     plain = (m - 1 + fill) * spread
+    if not relaxed:
+        return plain
     uses = np.array(source.options(), dtype=np.int64).reshape(len(source.options()), -1)
     edge_floors = getattr(source, "edge_floors", None)
     zeros = np.zeros(len(uses))
@@ -815,7 +820,8 @@ def hetero_candidates(
         # With --gap, what cannot beat the best by more than the gap is pruned: the run's
         # floor is then the lowered bound.
         pruning = bound * (1.0 - options.gap)
-        if beam is None and math.isfinite(pruning) and root(index) >= pruning:
+        started = time.monotonic() <= deadline
+        if beam is None and math.isfinite(pruning) and started and root(index) >= pruning:
             # No pipeline of the run reaches the bound pruned against: its floor is its own.
             floors[index] = root(index)
             return True
@@ -870,7 +876,12 @@ def hetero_candidates(
         # would mostly re-find it and cost more than the exact pass it serves (GPT-Neo-2.7B
         # 16+16: 9.4 s of beam against 5.1 s exact); the runs go by their root bound instead.
         for index in range(len(runs)):
-            promise[index] = root(index)
+            if time.monotonic() > deadline:  # only the cheap bound: nothing more will run
+                promise[index] = _root_bound(
+                    model, batch, options, runs[index], sources, index, source_type, None, False
+                )
+            else:
+                promise[index] = root(index)
     order = sorted(range(len(runs)), key=lambda x: (promise.get(x, math.inf), x))
     for done, index in enumerate(order):
         if timed_out:
@@ -880,12 +891,20 @@ def hetero_candidates(
         if not run(index, None):
             timed_out = True
     found.sort(key=lambda item: (item[0], item[1]))
-    # A run never started has its root bound and the work bound of its micro-batch count.
+    # A run never started has its root bound and the work bound of its micro-batch count
+    # (past the deadline, without the relaxation where it was not computed: it costs).
     floor = min(
         (
             floors[index]
             if index in floors
-            else max(work_bound_ms(model, batch, options, [m]), root(index))
+            else max(
+                work_bound_ms(model, batch, options, [m]),
+                roots[index]
+                if index in roots
+                else _root_bound(
+                    model, batch, options, runs[index], sources, index, source_type, None, False
+                ),
+            )
             for index, (m, _schedule, _most, _least) in enumerate(runs)
         ),
         default=math.inf,
