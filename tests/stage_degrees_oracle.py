@@ -16,6 +16,7 @@ import itertools
 import math
 
 from autoplan.cost.config import PlanConfig, StageChoice
+from autoplan.cost.expert_parallel import expert_counts
 from autoplan.cost.model import CostModel
 from autoplan.solve.expert_span import ExpertSpanSource, span_options
 from autoplan.solve.hetero import HeteroSource
@@ -33,12 +34,15 @@ def brute_force_stage_degrees(
     batch: int,
     options: SolveOptions,
     degrees: list[tuple[int, int]],
-    spans: bool = False,
+    spans: bool | None = None,
 ) -> float:
     """The best feasible iteration time (ms) with each stage at any (cp, ep) of ``degrees``
-    (module docstring), and with ``spans`` also any mixed allocation with its experts placed
-    by speed, every expert-group count and integer split (``autoplan.solve.expert_span``,
-    its stage rule); inf where none fits."""
+    (module docstring), and with ``spans`` (None: ``options.experts_by_speed``, as the search
+    takes it) also any mixed allocation of a mixture-of-experts model with its experts placed
+    by speed, every expert-group count and integer split (``autoplan.solve.expert_span``, its
+    stage rule); inf where none fits."""
+    if spans is None:
+        spans = options.experts_by_speed and bool(expert_counts(model.profile))
     best = math.inf
     n = model.num_layers
     totals = [c.total_gpus for c in model.classes]
@@ -60,11 +64,14 @@ def brute_force_stage_degrees(
                 (cp, ep, HeteroSource(view, batch, m, schedule, at_ep), allocations)
                 for cp, ep, view, at_ep, allocations in kinds
             ]
-            plain = HeteroSource(model, batch, m, schedule, options)
-            span_source = ExpertSpanSource(plain, degree_options(options, 2) or options)
-            mixed = [a for a in _allocations(model, batch // m) if len(a) == 2]
-            spanning = spans and degree_options(options, 2) is not None
-            every_span = span_options(model, mixed) if spanning else []
+            span_source = None
+            every_span = []
+            span_level = degree_options(options, 2)
+            if spans and span_level is not None:
+                plain = HeteroSource(model, batch, m, schedule, options)
+                span_source = ExpertSpanSource(plain, span_level)
+                mixed = [a for a in _allocations(model, batch // m) if len(a) == 2]
+                every_span = span_options(model, mixed)
             for sizes in compositions(n, pp):
                 bounds = [0, *itertools.accumulate(sizes)]
 
@@ -106,6 +113,7 @@ def brute_force_stage_degrees(
                             stage = StageChoice(bounds[s], bounds[s + 1], groups, zero, ep)
                             extend(s + 1, use, [*stages, stage])
                     for option in every_span:
+                        assert span_source is not None
                         use = list(used)
                         for k, t, count in option.allocation:
                             use[k] += t * count

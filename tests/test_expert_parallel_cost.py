@@ -8,7 +8,8 @@ e admits only replica groups of a multiple of e replicas and ZeRO level 0 or 1 (
 ``autoplan.solve.expert_parallel`` declares): the uniform and shared-stage plans at one degree
 for every stage, the heterogeneous pipelines with each stage at any degree its replica counts
 admit (``autoplan.solve.stage_degrees``), and mixed stages with their expert groups spanning the
-two types at every split (``autoplan.solve.expert_span``)."""
+two types at every split (``autoplan.solve.expert_span``: the stage-degree oracle's default, as
+``OPTIONS`` searches them)."""
 
 from __future__ import annotations
 
@@ -220,8 +221,7 @@ def test_searched_ep_equals_brute_force(instance) -> None:
         view = _DegreeOnly(model, ep)
         expected = min(expected, brute_force(view, batch, OPTIONS), brute_force_hetero(view, batch))
     degrees = [(1, ep) for ep in expert_degrees(model, OPTIONS)]
-    # With experts placed by speed on mixed stages (autoplan.solve.expert_span): the space.
-    expected = min(expected, brute_force_stage_degrees(model, batch, OPTIONS, degrees, spans=True))
+    expected = min(expected, brute_force_stage_degrees(model, batch, OPTIONS, degrees))
     found = [c for c in solve_candidates(model, batch, OPTIONS).candidates if c.cost.feasible]
     if math.isinf(expected):
         assert not found

@@ -432,7 +432,6 @@ class CostModel:
         )
 
     # ---- per-layer tables -------------------------------------------------------------
-    @functools.lru_cache(maxsize=8192)  # noqa: B019 (the model lives as long as one solve)
     def tables(
         self,
         device_class: int,
@@ -451,8 +450,46 @@ class CostModel:
         placed by it instead (``autoplan.cost.expert_parallel``)."""
         if sequence_parallel is None:
             sequence_parallel = self.sequence_parallel
-        cp *= self.context_parallel
+        if span is not None:
+            return self._span_tables(
+                device_class, tp, micro_batch_size, sequence_parallel, cp, span
+            )
         ep = self.expert_parallel if expert_parallel is None else expert_parallel
+        return self._tables(device_class, tp, micro_batch_size, sequence_parallel, cp, ep)
+
+    @functools.lru_cache(maxsize=8192)  # noqa: B019 (the model lives as long as one solve)
+    def _tables(
+        self, device_class: int, tp: int, micro_batch_size: int, sp: bool, cp: int, ep: int
+    ) -> CostTables:
+        return self._build_tables(device_class, tp, micro_batch_size, sp, cp, ep, None)
+
+    # Experts placed by speed: a table set per (shares, split) of a spanning stage, many more
+    # than the plain sets; a cache of their own keeps them from evicting those (the search's
+    # and the oracles' costs of every other stage).
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (the model lives as long as one solve)
+    def _span_tables(
+        self,
+        device_class: int,
+        tp: int,
+        micro_batch_size: int,
+        sp: bool,
+        cp: int,
+        span: tuple[ExpertSpan, int],
+    ) -> CostTables:
+        return self._build_tables(device_class, tp, micro_batch_size, sp, cp, 1, span)
+
+    def _build_tables(
+        self,
+        device_class: int,
+        tp: int,
+        micro_batch_size: int,
+        sequence_parallel: bool,
+        cp: int,
+        ep: int,
+        span: tuple[ExpertSpan, int] | None,
+    ) -> CostTables:
+        """``tables`` of resolved arguments, uncached."""
+        cp *= self.context_parallel
         dc = self.classes[device_class]
 
         links = None if span is None else self.span_links(span[0])
