@@ -345,17 +345,32 @@ class HeteroSource:
     def edge_floors(self, j: int) -> tuple[np.ndarray, np.ndarray]:
         """(``out[o]``, ``into[o]``): the least one-way boundary transfer at layer j out of a
         stage of option o (to a stage of any option) and into one (from any), each side at
-        ``_least_side``: 0 < j < L (the same at every block boundary: cached by size)."""
+        ``_least_side``: 0 < j < L (the same at every block boundary: cached by size).
+
+        The other side is taken per (classes, single-node class) with the least samples of
+        any side of that group (``boundary_ms`` grows with either side's samples and reads
+        nothing else of them), so each side meets a few groups rather than every side."""
         size = self._out_bytes[j - 1]
         found = self._edge_floors.get(size)
         if found is None:
             sides = sorted(set(self._least_sides), key=repr)
-            index = {side: x for x, side in enumerate(sides)}
-            table = np.array(
-                [[self.model.boundary_ms(s, r, size) for r in sides] for s in sides]
-            ).reshape(len(sides), len(sides))
-            rows = np.array([index[side] for side in self._least_sides], dtype=np.int64)
-            found = (table.min(axis=1)[rows], table.min(axis=0)[rows])
+            least: dict[tuple, LinkSide] = {}
+            for side in sides:
+                key = (side.classes, side.single_node_class)
+                low = least.get(key, side)
+                least[key] = LinkSide(
+                    side.classes,
+                    min(low.node_samples, side.node_samples),
+                    min(low.largest_share, side.largest_share),
+                    side.single_node_class,
+                )
+            groups = list(least.values())
+            out = {s: min(self.model.boundary_ms(s, g, size) for g in groups) for s in sides}
+            into = {r: min(self.model.boundary_ms(g, r, size) for g in groups) for r in sides}
+            found = (
+                np.array([out[side] for side in self._least_sides]),
+                np.array([into[side] for side in self._least_sides]),
+            )
             self._edge_floors[size] = found
         return found
 
