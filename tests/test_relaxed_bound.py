@@ -218,3 +218,65 @@ def test_a_one_kind_options_side_is_the_side_its_stages_have() -> None:
                     assert side.node_samples >= least.node_samples, (allocation, side, least)
                     assert side.largest_share >= least.largest_share, (allocation, side, least)
     assert checked > 20
+
+
+def _gpt2_on_a100_v100():
+    from pathlib import Path
+
+    from autoplan.cluster.catalog import example_cluster_path, load_cluster
+    from autoplan.profile.schema import Profile
+
+    shipped = Path(__file__).parent.parent / "profiles"
+    profile = Profile.model_validate_json((shipped / "gpt2-small.profile.json").read_text())
+    return cost_model(profile, load_cluster(example_cluster_path("a100-v100")), OPTIONS)
+
+
+def test_past_its_deadline_the_family_claims_only_the_cheap_root_bounds() -> None:
+    """With an incumbent and a deadline already past, no run starts and no relaxation is
+    computed: each run's floor is its cheap root bound (and its count's work bound), the
+    family's floor their least, below the best plan."""
+    from autoplan.solve.certificate import work_bound_ms
+    from autoplan.solve.hetero import hetero_candidates
+
+    model = _gpt2_on_a100_v100()
+    batch = 64
+    best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
+    assert best.configs and not best.timed_out
+    optimum = model.evaluate(best.configs[0]).iteration_ms
+    cut = hetero_candidates(model, batch, OPTIONS, optimum, keep=1, deadline=-math.inf)
+    assert cut.timed_out and not cut.configs
+    n = model.num_layers
+    expected, sources = math.inf, {}
+    index = 0
+    for m in divisors(batch):
+        runs = [("1f1b", min(m, n), 1)] + ([("gpipe", n, m + 1)] if m < n else [])
+        for schedule, most, least in runs:
+            run = (m, schedule, most, least)
+            plain = _root_bound(
+                model, batch, OPTIONS, run, sources, index, HeteroSource, None, False
+            )
+            expected = min(expected, max(work_bound_ms(model, batch, OPTIONS, [m]), plain))
+            index += 1
+    assert math.isclose(cut.floor_ms, expected, rel_tol=1e-12), (cut.floor_ms, expected)
+    assert cut.floor_ms <= optimum * (1 + 1e-9)
+
+
+def test_a_run_whose_root_bound_reaches_the_incumbent_is_skipped() -> None:
+    """With the optimum as incumbent, the family's floor is the optimum (proven) where some
+    run's root bound reaches it (such a run is skipped, its floor that root bound)."""
+    from autoplan.solve.hetero import hetero_candidates
+
+    model = _gpt2_on_a100_v100()
+    batch = 64
+    best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
+    optimum = model.evaluate(best.configs[0]).iteration_ms
+    again = hetero_candidates(model, batch, OPTIONS, optimum, keep=1, deadline=math.inf)
+    assert not again.timed_out
+    assert math.isclose(again.floor_ms, optimum, rel_tol=1e-9), (again.floor_ms, optimum)
+    n = model.num_layers
+    skipped = 0
+    for index, m in enumerate(divisors(batch)):
+        run = (m, "1f1b", min(m, n), 1)
+        bound = _root_bound(model, batch, OPTIONS, run, {}, index, HeteroSource)
+        skipped += bound >= optimum
+    assert skipped >= 1, "no run's root bound reaches the optimum: the test shows nothing"

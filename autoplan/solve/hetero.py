@@ -814,6 +814,14 @@ def hetero_candidates(
     roots: dict[int, float] = {}
     relaxations: dict[int, RunRelaxation] = {}
 
+    def cheap_root(index: int) -> float:
+        """The run's root bound as far as computed: the relaxation's where it was."""
+        if index in roots:
+            return roots[index]
+        return _root_bound(
+            model, batch, options, runs[index], sources, index, source_type, None, False
+        )
+
     def root(index: int) -> float:
         if index not in roots:
             roots[index] = _root_bound(
@@ -866,11 +874,13 @@ def hetero_candidates(
             promise[index] = finals[0].objective(m) if finals else math.inf
         else:
             # Run to its end: the bound it pruned against; cut off: the least any label it
-            # left open can reach (``best_pipelines``), or its root bound where that is higher
-            # (it holds for every pipeline of the run).
+            # left open can reach (``best_pipelines``), or its root bound or its count's work
+            # bound where higher (they hold for every pipeline of the run).
             floors[index] = stats.floor_ms
-            if stats.timed_out and index in roots:
-                floors[index] = max(stats.floor_ms, roots[index])
+            if stats.timed_out:
+                floors[index] = max(
+                    stats.floor_ms, cheap_root(index), work_bound_ms(model, batch, options, [m])
+                )
         if stats.timed_out:
             logger.warning(
                 "time limit reached in micro-batch count %d (%s): the plan is the best found, "
@@ -892,9 +902,7 @@ def hetero_candidates(
         # 16+16: 9.4 s of beam against 5.1 s exact); the runs go by their root bound instead.
         for index in range(len(runs)):
             if time.monotonic() > deadline:  # only the cheap bound: nothing more will run
-                promise[index] = _root_bound(
-                    model, batch, options, runs[index], sources, index, source_type, None, False
-                )
+                promise[index] = cheap_root(index)
             else:
                 promise[index] = root(index)
     order = sorted(range(len(runs)), key=lambda x: (promise.get(x, math.inf), x))
@@ -912,14 +920,7 @@ def hetero_candidates(
         (
             floors[index]
             if index in floors
-            else max(
-                work_bound_ms(model, batch, options, [m]),
-                roots[index]
-                if index in roots
-                else _root_bound(
-                    model, batch, options, runs[index], sources, index, source_type, None, False
-                ),
-            )
+            else max(work_bound_ms(model, batch, options, [m]), cheap_root(index))
             for index, (m, _schedule, _most, _least) in enumerate(runs)
         ),
         default=math.inf,
