@@ -88,7 +88,9 @@ def brute_force_stage_degrees(
                 ) -> None:
                     nonlocal best
                     if s == pp:
-                        config = PlanConfig(m, "1f1b" if pp <= m else "gpipe", 1, tuple(stages))
+                        schedule = "1f1b" if pp <= m else "gpipe"
+                        # The family's plans run on the groups executor (its costs say so).
+                        config = PlanConfig(m, schedule, 1, tuple(stages), executor="groups")
                         cost = model.evaluate(config)
                         if cost.feasible:
                             best = min(best, cost.iteration_ms)

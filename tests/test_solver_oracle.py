@@ -108,7 +108,11 @@ def brute_force(
                                             )
                                             for s in range(pp * v)
                                         )
-                                        cost = model.evaluate(PlanConfig(m, schedule, v, stages))
+                                        executor = model.uniform_executor()
+                                        config = PlanConfig(
+                                            m, schedule, v, stages, executor=executor
+                                        )
+                                        cost = model.evaluate(config)
                                         if cost.feasible:
                                             best = min(best, cost.iteration_ms)
         best = min(best, _brute_force_shared(model, batch, tp))
@@ -126,7 +130,10 @@ def _fastest_fitting(model, m, tp, subset, replicas, sizes, zero1) -> PlanConfig
                 for k, r, b, mode in zip(subset, replicas, sizes, modes, strict=True)
             )
         )
-        return PlanConfig(m, "1f1b", 1, (StageChoice(0, model.num_layers, groups, zero1),))
+        stage = StageChoice(0, model.num_layers, groups, zero1)
+        # Replicas of several types: the plan runs on the groups executor.
+        executor = "mesh" if len(subset) == 1 else "groups"
+        return PlanConfig(m, "1f1b", 1, (stage,), executor=executor)
 
     chosen = []
     for g in range(len(subset)):
@@ -214,7 +221,8 @@ def brute_force_hetero_runs(model, batch: int) -> dict[tuple[int, str], float]:
                 ):
                     if s == pp:
                         schedule = "1f1b" if pp <= m else "gpipe"
-                        config = PlanConfig(m, schedule, 1, tuple(stages))
+                        # The family's plans run on the groups executor (its costs say so).
+                        config = PlanConfig(m, schedule, 1, tuple(stages), executor="groups")
                         cost = model.evaluate(config)
                         if cost.feasible:
                             runs[m, schedule] = min(runs[m, schedule], cost.iteration_ms)

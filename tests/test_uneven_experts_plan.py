@@ -47,7 +47,8 @@ def _config(profile: Profile, experts: tuple[int, ...] = (3, 1)) -> PlanConfig:
     of each, holding ``experts`` experts per rank by group."""
     groups = (group_of(0, 1, 2, 2, "none"), group_of(1, 1, 2, 1, "none"))
     stage = StageChoice(0, len(profile.layers), groups, 0, ep=2, experts=experts)
-    return PlanConfig(2, "1f1b", 1, (stage,))
+    # Expert groups run on the groups executor's per-stage groups.
+    return PlanConfig(2, "1f1b", 1, (stage,), executor="groups")
 
 
 def _plan(profile: Profile, experts: tuple[int, ...] = (3, 1)) -> Plan:

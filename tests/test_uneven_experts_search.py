@@ -24,6 +24,7 @@ from autoplan.solve.hetero import HeteroSource
 from autoplan.view.plan_tables import stages_section
 from tests.stage_degrees_oracle import brute_force_stage_degrees
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
+from tests.test_solver_oracle import _brute_force_shared, brute_force
 from tests.test_uneven_experts_cost import moe_layer
 
 OPTIONS = SolveOptions(top_k=1, zero_bubble=False, sequence_parallel=False)
@@ -47,6 +48,16 @@ def _model(memory_gib: float, gpus: int, inter_gb_per_s: float):
     return cost_model(make_profile(layers), cluster, OPTIONS)
 
 
+def _brute_force_every_family(model, batch: int) -> float:
+    """The best of the families' brute forces: heterogeneous stages at every degree with the
+    experts placed by speed (priced for the groups executor), and the plans priced for the
+    mesh or found with free shares, which the heterogeneous space prices otherwise or lacks:
+    uniform pipelines without experts split (the mesh) and single stages of uneven shares
+    over both types (tests/test_solver_oracle)."""
+    best = brute_force_stage_degrees(model, batch, OPTIONS, DEGREES, spans=True)
+    return min(best, brute_force(model, batch, OPTIONS), _brute_force_shared(model, batch, 1))
+
+
 def _best(model, batch: int, options: SolveOptions = OPTIONS):
     found = [c for c in solve_candidates(model, batch, options).candidates if c.cost.feasible]
     return found[0] if found else None
@@ -66,9 +77,10 @@ def test_every_split_of_every_expert_group_count_is_an_option() -> None:
     assert {(1, (x, 4 - x)) for x in range(1, 4)} | {(2, (x, 8 - x)) for x in range(1, 8)} == two
 
 
-@pytest.mark.parametrize("inter_gb_per_s", [100.0, 10.0])
-def test_experts_by_speed_win_where_no_even_placement_fits_well(inter_gb_per_s: float) -> None:
-    model = _model(1.3, 2, inter_gb_per_s)
+def test_experts_by_speed_win_where_no_even_placement_fits_well() -> None:
+    # Over a 10 GB/s link the stage's all-reduce, summed after the backward by the groups
+    # executor that runs expert groups, costs more than a pipeline of the two types does.
+    model = _model(1.3, 2, 100.0)
     best = _best(model, 3)
     assert best is not None
     (stage,) = best.config.stages
@@ -93,7 +105,7 @@ def test_the_search_with_experts_by_speed_equals_brute_force(
     inter = 100.0 if (gpus + batch) % 2 else 10.0
     model = _model(memory_gib, gpus, inter)
     best = _best(model, batch)
-    expected = brute_force_stage_degrees(model, batch, OPTIONS, DEGREES, spans=True)
+    expected = _brute_force_every_family(model, batch)
     if best is None:
         assert math.isinf(expected)
     else:
@@ -114,7 +126,8 @@ def test_experts_placed_by_memory_too() -> None:
     """tests/test_expert_parallel_cost.py's instance: G0 is fast with 0.44 GiB, G1 half as
     fast with 8 GiB and a slow intra-node link. One stage of 4 G0 and 4 G1 replicas, expert
     groups of one of each holding 1 + 3 of the 4 experts, beats the best of each stage its
-    own even ep (342 ms): the small GPU keeps one expert, the large one three."""
+    own even ep (342 ms; 306 ms, the all-reduce after the backward as the groups executor
+    runs it): the small GPU keeps one expert, the large one three."""
     from tests.test_expert_parallel_cost import _moe
 
     layers = [
@@ -147,7 +160,7 @@ def test_experts_placed_by_memory_too() -> None:
     expected = brute_force_stage_degrees(model, 8, OPTIONS, [(1, 1), (1, 2), (1, 4)], spans=True)
     assert math.isclose(best.iteration_ms, expected, rel_tol=1e-9)
     even = brute_force_stage_degrees(model, 8, OPTIONS, [(1, 1), (1, 2), (1, 4)], spans=False)
-    assert best.iteration_ms < 0.8 * even
+    assert best.iteration_ms < 0.9 * even
 
 
 def test_even_experts_is_recorded_in_the_plan() -> None:

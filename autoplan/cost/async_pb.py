@@ -93,7 +93,9 @@ def async_pb_cost(model: CostModel, config: PlanConfig) -> AsyncCost:
             for g, group in zip(cost.groups, stage.groups, strict=True)
         ]
         allreduce = sync.rank_allreduce_ms[r]
-        exposed = model.exposed_allreduce_ms(allreduce, min(g.backward_ms for g in cost.groups))
+        # The async executor sums gradients with the groups executor's sync: nothing hides.
+        shortest = min(g.backward_ms for g in cost.groups)
+        exposed = model.exposed_allreduce_ms(allreduce, shortest, "groups")
         received = sync.stages[r - 1].send_ms if r > 0 else 0.0
         per_mb.append(cost.work_ms + 2 * cost.send_ms + 2 * received + exposed + max(steps))
     memory, violations = [], []

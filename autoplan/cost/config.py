@@ -16,6 +16,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from autoplan.plan.schema import Executor
+
 __all__ = ["PlanConfig", "ReplicaGroup", "StageChoice", "with_cp"]
 
 
@@ -100,17 +102,37 @@ class StageChoice:
 
 @dataclass(frozen=True, order=True)
 class PlanConfig:
-    """One point of the search space (module docstring)."""
+    """One point of the search space (module docstring); ``executor`` is the runtime's
+    executor it is priced for (``Executor``): the uniform family's plans run on the mesh, the
+    heterogeneous family's on per-stage groups."""
 
     num_micro_batches: int
     schedule: str
     chunks: int
     stages: tuple[StageChoice, ...]
     sequence_parallel: bool = False
+    executor: Executor = "mesh"
 
     @property
     def pipeline_degree(self) -> int:
         return len(self.stages) // self.chunks
+
+    def mesh_shaped(self) -> bool:
+        """Whether one (pp, dp, cp, tp) mesh holds the plan, its ranks' order aside
+        (``Plan.runs_on_mesh`` checks that too): every stage the same replicas of one tp and
+        cp taking the same shares, and no expert parallelism."""
+
+        def shape(stage: StageChoice) -> list[tuple[int, int, int]]:
+            return sorted(
+                (g.tp, g.cp, g.micro_batch_size) for g in stage.groups for _ in range(g.replicas)
+            )
+
+        first = shape(self.stages[0])
+        return (
+            len({(tp, cp) for tp, cp, _ in first}) == 1
+            and all(shape(stage) == first for stage in self.stages)
+            and all(stage.ep == 1 and not stage.experts for stage in self.stages)
+        )
 
     @property
     def micro_batch_size(self) -> int:

@@ -5,12 +5,16 @@ runtime (``autoplan run``, the default) or Megatron-DeepSpeed, whose measured ru
 fidelity`` prices too. The two run the same schedule of forward and backward passes, but not
 every term the same way:
 
-- The gradient all-reduce. autoplan's runtime wraps each replica in DDP, whose buckets
-  all-reduce while the last micro-batch's backward still produces the earlier layers'
-  gradients (``autoplan.runtime.data_parallel``): the all-reduce hides behind that backward.
-  DeepSpeed's pipeline engine runs ``ReduceGrads`` as an instruction after the schedule's last
-  ``BackwardPass`` (and its plain engine all-reduces on the accumulation boundary after the
-  backward, at ZeRO stage 0 and 1 without ``overlap_comm``): nothing hides it.
+- The gradient all-reduce. autoplan's mesh executor (uniform plans) wraps each replica in
+  DDP, whose buckets all-reduce while the last micro-batch's backward still produces the
+  earlier layers' gradients (``autoplan.runtime.data_parallel``): the all-reduce hides behind
+  that backward. Its groups executor (stages of their own replicas, tp and shares) sums each
+  parameter's gradient over the replicas after the stage's last backward
+  (``autoplan.runtime.grad_sync``): nothing hides it, so a plan records the executor it is
+  priced for (``PlanConfig.executor``, ``Parallelism.executor``). DeepSpeed's pipeline
+  engine runs ``ReduceGrads`` as an instruction after the schedule's last ``BackwardPass``
+  (and its plain engine all-reduces on the accumulation boundary after the backward, at ZeRO
+  stage 0 and 1 without ``overlap_comm``): nothing hides it.
 
 - The loss's temporaries (``CostModel.transient_bytes``), counted in fp32 logits-sized
   copies beside the one the profile saves (the log-softmax, or softmax). autoplan's runtime

@@ -95,6 +95,7 @@ from autoplan.cost.offload import (
 from autoplan.cost.schedule import blocking_stage_times, in_flight_chunks, pipeline_time_ms
 from autoplan.cost.sequence_parallel import ring_collective_ms, sequence_runs
 from autoplan.cost.zero_bubble import zero_bubble_pipeline
+from autoplan.plan.schema import Executor
 from autoplan.profile.schema import LayerProfile, Profile
 from autoplan.schedule.names import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, stage_rank
 
@@ -346,13 +347,30 @@ class CostModel:
         """Whether the engine overlaps the gradient all-reduce with the last backward."""
         return ENGINES[self.engine].overlaps_grad_reduce
 
-    def exposed_allreduce_ms(self, allreduce_ms: float, shortest_backward_ms: float) -> float:
+    def uniform_executor(self) -> Executor:
+        """The executor a uniform plan of this view runs on (``Plan.runs_on_mesh``): the mesh,
+        unless the view splits experts, which run on per-stage groups only."""
+        return "groups" if self.expert_parallel > 1 else "mesh"
+
+    def stage_executor(self, executor: Executor, groups: tuple[ReplicaGroup, ...]) -> Executor:
+        """The executor a stage of ``groups`` in a plan priced for ``executor`` runs on:
+        context parallelism runs on the mesh executor only, so a stage with cp > 1 is priced
+        as the mesh runs it."""
+        return "mesh" if any(self.cp_of(g) > 1 for g in groups) else executor
+
+    def exposed_allreduce_ms(
+        self, allreduce_ms: float, shortest_backward_ms: float, executor: Executor = "mesh"
+    ) -> float:
         """What of a stage's gradient all-reduce the iteration waits for after the schedule's
         last backward: the excess over the shortest replica's last backward where the engine
-        overlaps the two, all of it where it does not (``autoplan.cost.engines``). The search's
-        tails (uniform, heterogeneous and shared-stage families) and ``evaluate`` both read
-        this one rule, so the search's objective is the figure the plan reports."""
-        if self.hides_allreduce:
+        overlaps the two, all of it where it does not (``autoplan.cost.engines``). autoplan's
+        runtime overlaps them on its mesh executor only (DDP reduces buckets as the last
+        backward fills them); its groups executor sums the gradients after the stage's last
+        backward (``autoplan.runtime.grad_sync``). The search's tails (uniform,
+        heterogeneous and shared-stage families) and ``evaluate`` all read this one rule,
+        each with the executor its plans record, so the search's objective is the figure the
+        plan reports."""
+        if self.hides_allreduce and executor == "mesh":
             return max(0.0, allreduce_ms - shortest_backward_ms)
         return allreduce_ms
 
@@ -1093,7 +1111,8 @@ class CostModel:
             shortest_backward = min(
                 sum(groups_cost[c][g].backward_ms for c in chunks) for g in range(len(stage.groups))
             )
-            hidden = self.exposed_allreduce_ms(ar, shortest_backward)
+            executor = self.stage_executor(config.executor, stage.groups)
+            hidden = self.exposed_allreduce_ms(ar, shortest_backward, executor)
             allreduces.append(ar)
             exposed.append(hidden)
             optimizer.append(max(steps))

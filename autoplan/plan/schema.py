@@ -50,6 +50,7 @@ __all__ = [
     "Alternative",
     "AsyncPB",
     "Engine",
+    "Executor",
     "IdleGpus",
     "MemoryEstimate",
     "Parallelism",
@@ -73,6 +74,10 @@ PLAN_SCHEMA_VERSION: Final = 4
 Recompute = Literal["none", "selective", "full"]
 # The training engine a plan is priced for (``autoplan.cost.engines`` says what differs).
 Engine = Literal["autoplan", "megatron-deepspeed"]
+# How autoplan's runtime runs a plan: on one DeviceMesh with torch's pipelining and DDP, which
+# all-reduces gradients during the last backward ("mesh"), or on per-stage process groups,
+# which sum them after the stage's last backward ("groups"; any plan).
+Executor = Literal["mesh", "groups"]
 ZeroStage = Literal[0, 1, 2, 3]
 
 
@@ -150,6 +155,13 @@ class Parallelism(_Strict):
         default=None,
         description="Settings of the asynchronous schedule async_pb (Pipelined "
         "Backpropagation); set exactly when schedule is async_pb.",
+    )
+    executor: Executor | None = Field(
+        default=None,
+        description="The executor of autoplan's runtime the prediction is priced for: 'mesh' "
+        "(one DeviceMesh, DDP all-reduces during the last backward) or 'groups' (per-stage "
+        "process groups, gradients summed after the last backward); autoplan run uses it. "
+        "None (plans written before it): the runtime picks mesh for a plan one mesh holds.",
     )
 
     @model_validator(mode="after")
@@ -612,6 +624,12 @@ class Plan(_Strict):
         if len(self.rank_map) != self.parallelism.pipeline_degree * dp * width:
             return None
         return dp, cp, tp
+
+    def runs_on_mesh(self) -> bool:
+        """Whether autoplan's runtime runs the plan on its mesh executor (one DeviceMesh:
+        ``mesh_shape``), which has no expert parallelism; else per-stage process groups."""
+        experts = any(stage.expert_parallel_degree > 1 for stage in self.stages)
+        return self.mesh_shape() is not None and not experts
 
     @property
     def is_uniform(self) -> bool:

@@ -93,6 +93,7 @@ def plan_problems(plan: Plan, profile: Profile | None = None, *, fit: bool = Tru
     _check_nodes(plan, problems)
     _check_sequence_parallel(plan, problems)
     _check_context_parallel(plan, problems)
+    _check_executor(plan, problems)
     _check_async_pb(plan, problems)
     _check_expert_parallel(plan, profile, problems)
     _check_experts_without_sp(plan, profile, problems)
@@ -102,6 +103,17 @@ def plan_problems(plan: Plan, profile: Profile | None = None, *, fit: bool = Tru
     _check_prediction(plan, problems)
     _check_idle_gpus(plan, problems)
     return problems
+
+
+def _check_executor(plan: Plan, problems: list[str]) -> None:
+    # A prediction priced for the mesh executor hides the all-reduce behind the last
+    # backward: the runtime must be able to run the plan there.
+    if plan.parallelism.executor == "mesh" and not plan.runs_on_mesh():
+        problems.append(
+            "priced for the mesh executor, but one (pp, dp, cp, tp) mesh cannot hold the plan "
+            "(stages of other replicas, tp or shares, ranks out of mesh order, or expert "
+            "parallelism): it runs on per-stage groups"
+        )
 
 
 def _check_async_pb(plan: Plan, problems: list[str]) -> None:

@@ -13,6 +13,7 @@ the cluster's GPUs and nodes. Replicas of one type go to its device classes in f
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -310,6 +311,8 @@ def config_from_specs(
             except ValueError as error:
                 raise InputError(f"--stages stage {s}: {error}") from None
         config = PlanConfig(num_micro_batches, schedule, chunks, stages, knobs.sequence_parallel)
+        if not config.mesh_shaped():  # autoplan's runtime runs it on per-stage groups
+            config = dataclasses.replace(config, executor="groups")
         tp = max(g.tp for stage in stages for g in stage.groups)
         if tp > 1 and not any(layer.tensor_parallel for layer in model.profile.layers):
             # Without the split every tp rank would run whole layers: not tensor parallelism.
@@ -383,12 +386,15 @@ def config_from_plan(model: CostModel, plan: Plan) -> PlanConfig:
             raise InputError(f"stage {stage.index}: {error}") from None
         stages.append(choice)
     par = plan.parallelism
+    # Plans written before the executor was recorded run where the runtime puts them.
+    executor = par.executor or ("mesh" if plan.runs_on_mesh() else "groups")
     return PlanConfig(
         par.num_micro_batches,
         par.schedule,
         par.virtual_stages_per_rank,
         tuple(stages),
         par.sequence_parallel,
+        executor,
     )
 
 

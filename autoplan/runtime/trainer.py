@@ -95,8 +95,9 @@ def plan_summary(plan: Plan) -> str:
 
 
 def select_executor(plan: Plan, choice: ExecutorChoice = "auto") -> Literal["mesh", "groups"]:
-    """'mesh' for a uniform plan under 'auto', 'groups' for any other; an explicit choice is
-    kept ('mesh' refused for a plan one DeviceMesh cannot hold)."""
+    """Under 'auto', the executor the plan is priced for where it records one, else 'mesh'
+    for a plan one DeviceMesh holds and 'groups' for any other; an explicit choice is kept
+    ('mesh' refused for a plan one DeviceMesh cannot hold)."""
     # Expert parallelism runs on the groups executor's per-stage groups only.
     experts = any(stage.expert_parallel_degree > 1 for stage in plan.stages)
     if choice == "mesh" and experts:
@@ -109,7 +110,12 @@ def select_executor(plan: Plan, choice: ExecutorChoice = "auto") -> Literal["mes
             "replicas of cp × tp GPUs on ranks in (pp, dp, cp, tp) order, without experts"
         )
     if choice == "auto":
-        return "mesh" if plan.mesh_shape() is not None and not experts else "groups"
+        # The executor the plan is priced for (``Parallelism.executor``); context parallelism
+        # runs on the mesh only, where its all-reduce hides: never slower than priced.
+        recorded = plan.parallelism.executor
+        if recorded == "groups" and not context:
+            return "groups"
+        return "mesh" if plan.runs_on_mesh() else "groups"
     if choice == "mesh" and plan.mesh_shape() is None:
         raise InputError(
             "the mesh executor needs every stage to have the same replicas (dp, tp, shares) on "

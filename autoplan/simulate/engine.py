@@ -41,8 +41,9 @@ backward (B or W: the weight gradients are what it reduces) and ends no earlier 
 replica ends it: it hides under one backward at most. A plan priced for Megatron-DeepSpeed
 (``inputs.engine``) is played as that engine runs it: its pipeline engine reduces after the
 schedule (``ReduceGrads`` after the last ``BackwardPass``), so the all-reduce starts when the last
-replica ends its last backward. Then every replica steps its optimizer
-(``breakdown.optimizer_ms``).
+replica ends its last backward; so does a plan priced for autoplan's groups executor
+(``parallelism.executor``), which sums the gradients after the stage's last backward. Then
+every replica steps its optimizer (``breakdown.optimizer_ms``).
 
 Why hand-written: the model is a worklist over fixed action lists; a general discrete-event
 library (e.g. SimPy) would add a dependency and coroutines for nothing. The result does not
@@ -477,7 +478,9 @@ def simulate_plan(plan: Plan) -> SimulationResult:
         allreduce_ms=allreduce_ms,
         optimizer_ms=0.0 if asynchronous else plan.prediction.breakdown.optimizer_ms,
         stage_rank=stage_rank,
-        reduce_after_backward=plan.inputs.engine == "megatron-deepspeed",
+        reduce_after_backward=(
+            plan.inputs.engine == "megatron-deepspeed" or plan.parallelism.executor == "groups"
+        ),
     )
     activation_bytes, source = activation_bytes_per_replica(order, timings, memory)
     notes = [note for note in [allreduce_note] if note]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from autoplan.cost.config import PlanConfig, StageChoice
@@ -170,6 +171,7 @@ def emit_plan(
         num_micro_batches=config.num_micro_batches,
         micro_batch_size=config.micro_batch_size,
         sequence_parallel=config.sequence_parallel,
+        executor=config.executor,
     )
     stages = []
     timings = []
@@ -280,6 +282,12 @@ def emit_plan(
             for i, (alt, alt_cost) in enumerate(alternatives)
         ],
     )
+    if config.executor == "mesh" and not plan.runs_on_mesh():
+        # Priced for the mesh executor but placed where one mesh cannot hold it (or with
+        # expert parallelism, which runs on per-stage groups only): priced again as the groups
+        # executor runs it, so that the prediction is what the runtime will do.
+        groups = dataclasses.replace(config, executor="groups")
+        return emit_plan(model, groups, model.evaluate(groups), inputs, alternatives)
     return with_fingerprint(plan)
 
 

@@ -630,7 +630,9 @@ class HeteroSource:
                     + model.step_overhead_ms(g.device_class)
                 )
             allreduce = model.allreduce_ms(groups, tuple(params)) if zero1 <= 1 else 0.0
-            tail = model.exposed_allreduce_ms(allreduce, min(backward)) + max(steps)
+            # Its plans run on the groups executor: the sums come after the last backward.
+            executor = model.stage_executor("groups", groups)
+            tail = model.exposed_allreduce_ms(allreduce, min(backward), executor) + max(steps)
             core = _Core(groups, zero1, work, tail, model.link_side(groups))
         self._cores[key] = core
         return core
@@ -695,7 +697,7 @@ def _config(labels, m: int, schedule: str) -> PlanConfig:
         for label in labels
         for groups, zero1, *ep in [label.payload]
     )
-    return PlanConfig(m, schedule, 1, stages)
+    return PlanConfig(m, schedule, 1, stages, executor="groups")
 
 
 def _root_bound(

@@ -253,7 +253,7 @@ class _StageCoster:
         if params > 0 and level <= 1:
             allreduce = _allreduce_ms(self.model, self.rank_groups[s], params)
         tail = (
-            self.model.exposed_allreduce_ms(allreduce, backward)
+            self.model.exposed_allreduce_ms(allreduce, backward, self.model.uniform_executor())
             + self.optimizer[level][s] * params
             + self.step_overhead[s]
         )
@@ -450,7 +450,7 @@ def _solve_pipeline(
         stages.append(
             StageChoice(bounds[s], bounds[s + 1], rank_groups(p, p.classes[s], mode), level)
         )
-    config = PlanConfig(p.m, p.schedule, 1, tuple(stages))
+    config = PlanConfig(p.m, p.schedule, 1, tuple(stages), executor=model.uniform_executor())
     return config, value
 
 
@@ -487,7 +487,7 @@ def _interleaved_at(
             )
             for s in range(pp * p.chunks)
         )
-        return PlanConfig(p.m, p.schedule, p.chunks, stages)
+        return PlanConfig(p.m, p.schedule, p.chunks, stages, executor=model.uniform_executor())
 
     best: list[tuple[float, str] | None] = [None] * pp
     for mode in modes:  # ties keep the earlier mode: the order of ``modes``

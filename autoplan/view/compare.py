@@ -55,7 +55,7 @@ def compare_rows(plan: Plan) -> dict[str, str]:
         "model": plan.inputs.model.name,
         "cluster": plan.inputs.cluster.name,
         "strategy": strategy_text(plan.inputs.strategy),
-        "priced for": engine_text(plan.inputs.engine),
+        "priced for": engine_text(plan.inputs.engine, plan.parallelism.executor),
         "GPUs used": gpus_text(plan),
         "pipeline ranks": str(par.pipeline_degree),
         "schedule": f"{par.schedule} (v={par.virtual_stages_per_rank})",

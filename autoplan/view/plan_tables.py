@@ -68,8 +68,11 @@ def strategy_text(strategy: str) -> str:
 ENGINE_NAMES = {"autoplan": "autoplan's runtime", "megatron-deepspeed": "Megatron-DeepSpeed"}
 
 
-def engine_text(engine: str) -> str:
-    """The engine a plan is priced for, in words (``autoplan.cost.engines``)."""
+def engine_text(engine: str, executor: str | None = None) -> str:
+    """The engine (and autoplan's executor) a plan is priced for, in words
+    (``autoplan.cost.engines``)."""
+    if engine == "autoplan" and executor == "groups":
+        return "autoplan's runtime, groups executor (gradients summed after the last backward)"
     if engine == "autoplan":
         return "autoplan's runtime (DDP hides the gradient all-reduce behind the last backward)"
     return f"{ENGINE_NAMES.get(engine, engine)} (gradient all-reduce after the last backward)"
@@ -151,7 +154,7 @@ def overview_section(plan: Plan) -> Section:
         f"({node_ranges(node.name for node in plan.nodes)})",
     )
     section.add("strategy", strategy_text(inputs.strategy))
-    section.add("priced for", engine_text(inputs.engine))
+    section.add("priced for", engine_text(inputs.engine, plan.parallelism.executor))
     if plan.search is not None:  # the certificate: never "optimal" unless proven
         found = plan.search
         section.add(
