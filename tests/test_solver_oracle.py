@@ -131,9 +131,8 @@ def _fastest_fitting(model, m, tp, subset, replicas, sizes, zero1) -> PlanConfig
             )
         )
         stage = StageChoice(0, model.num_layers, groups, zero1)
-        # Replicas of several types: the plan runs on the groups executor.
-        executor = "mesh" if len(subset) == 1 else "groups"
-        return PlanConfig(m, "1f1b", 1, (stage,), executor=executor)
+        # One stage of one tp: one mesh holds it (per-stage groups under an ep view).
+        return PlanConfig(m, "1f1b", 1, (stage,), executor=model.uniform_executor())
 
     chosen = []
     for g in range(len(subset)):

@@ -162,16 +162,17 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
     optimizer = max(
         model.optimizer_ms(params, k, total, zero1) + model.step_overhead_ms(k) for k in subset
     )
-    executor = model.stage_executor("mesh" if len(subset) == 1 else "groups", probe)
+    # One stage of one tp: one mesh holds it, shares and types whatever they are, and its DDP
+    # hides the all-reduce behind the last backward (per-stage groups under an ep view).
+    executor = model.stage_executor(model.uniform_executor(), probe)
     hides = model.hides_allreduce and executor == "mesh"
     problem = ShareProblem(
         global_batch=batch,
         micro_batch_counts=tuple(counts),
         classes=tuple(
             # The ILP's exposure is the all-reduce less the shortest backward; where nothing
-            # hides behind it, it hides behind 0: an engine that never overlaps
-            # (``CostModel.hides_allreduce``), or replicas of several types, whose plan runs
-            # on the groups executor (sums after the last backward).
+            # hides behind it (an engine that never overlaps, ``CostModel.hides_allreduce``,
+            # or the groups executor), it hides behind 0.
             ShareClass(n, {b: (v[0], v[1] if hides else 0.0) for b, v in tables[k].items()})
             for k, n in zip(subset, replicas, strict=True)
         ),
@@ -193,6 +194,6 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         "1f1b",
         1,
         (StageChoice(0, model.num_layers, groups, int(zero1)),),
-        executor="mesh" if len(subset) == 1 else "groups",
+        executor=model.uniform_executor(),
     )
     return config, searched.proven
