@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autoplan.plan.schema import PLAN_SCHEMA_VERSION
 from tests.plan_factory import make_plan
 
 HERE = Path(__file__).resolve().parent
@@ -377,7 +378,12 @@ def plans() -> None:
         text.replace('"strategy": ', '"strategy": "x", "strategy": ', 1),
         "appears twice",
     )
-    plan("schema_version_4.json", "schema_version 4 is not one", setter("schema_version", value=4))
+    future = PLAN_SCHEMA_VERSION + 1  # a version this autoplan does not read yet
+    plan(
+        "schema_version_future.json",
+        f"schema_version {future} is not one",
+        setter("schema_version", value=future),
+    )
     plan(
         "v1_unconvertible.json",
         "a version-1 plan that cannot be converted",
