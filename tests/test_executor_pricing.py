@@ -58,11 +58,27 @@ def test_the_groups_executor_pays_the_whole_allreduce_by_hand() -> None:
 
 
 def test_a_heterogeneous_plan_records_the_groups_executor_and_pays_for_it() -> None:
-    # Batch 12: one stage of both types, shares 5, 5 and 2 (the shared-stage family's plan).
-    profile, cluster = _two_types(4 * 10**6)
-    plan = solve(profile, cluster, 12, OPTIONS)
-    assert [r.gpu_type for r in plan.stages[0].replicas] == ["A", "A", "B"]
-    assert plan.parallelism.executor == "groups"
+    # A node of two A GPUs and one B: the best plan is one stage of an A replica at tp 2
+    # taking 7 samples beside a B replica at tp 1 taking 1 (the heterogeneous family's): no
+    # one mesh holds replicas of two tp degrees.
+    profile = make_profile(
+        [layer(i, flops=2 * 10**11, params=4 * 10**6, saved=10**7, output=10**6) for i in (0, 1)]
+    )
+    cluster = make_cluster(
+        [
+            ("a", gpu("A", tflops=25.0, memory_gib=8.0), 2, 1),
+            ("b", gpu("B", tflops=10.0, memory_gib=8.0), 1, 1),
+        ],
+        intra_gb_per_s=100.0,
+        inter_gb_per_s=0.5,
+    )
+    plan = solve(profile, cluster, 8, OPTIONS)
+    replicas = plan.stages[0].replicas
+    assert [(r.gpu_type, r.tensor_parallel_degree, r.micro_batch_size) for r in replicas] == [
+        ("A", 2, 7),
+        ("B", 1, 1),
+    ]
+    assert plan.parallelism.executor == "groups" and not plan.runs_on_mesh()
     assert plan_problems(plan, profile) == []
     # Its prediction is the groups executor's: priced for the mesh it would be faster by what
     # the mesh hides, and simulate plays the sums after the last backward.
