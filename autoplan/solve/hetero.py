@@ -22,7 +22,12 @@ bounds it prunes with:
 Costs mirror ``CostModel.evaluate`` stage by stage (the oracle tests hold the two to the same
 answers): balanced shares (space.py), per group the fastest recompute that fits, ZeRO-1 by
 dominance, the boundary transfer to the next stage (its ``LinkSide`` is the DP's link key),
-the gradient all-reduce less the shortest backward, the slowest optimizer step.
+the gradient all-reduce as the groups executor runs it (summed after the last backward: all of
+it exposed, but for a stage with cp > 1, which runs on the mesh only), the slowest optimizer
+step. The family's plans are priced and recorded for that executor (``PlanConfig.executor``),
+even the few that one mesh could hold (every stage the same replicas, tp and shares): the
+executor of a plan is global and the DP's stage costs are local, so those run on the groups
+executor, as priced; the uniform and shared-stage families price theirs for the mesh.
 """
 
 from __future__ import annotations
