@@ -48,7 +48,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["GRID_STEP", "PRICE_FACTORS", "RunRelaxation", "relaxed_run_bound", "stage_floors"]
+__all__ = ["GRID_STEP", "PRICE_FACTORS", "RunRelaxation", "stage_floors"]
 
 GRID_STEP = 0.004
 """Relative step of the peak grid: the bound gives up at most (m - 1) × this × the peak."""
@@ -219,33 +219,6 @@ class RunRelaxation:
         out = least + sum_stages + max_tails
         result: np.ndarray = np.where(starts == 0, exact, np.maximum(out, exact))
         return result
-
-
-def relaxed_run_bound(
-    num_layers: int,
-    num_micro_batches: int,
-    resources: tuple[int, ...],
-    uses: np.ndarray,
-    floors: np.ndarray,
-    weights: np.ndarray,
-    lowest_peak: float,
-    *,
-    min_stages: int = 1,
-    max_stages: int | None = None,
-) -> float:
-    """``RunRelaxation(...).bound``: the module docstring's bound on every pipeline of one
-    run."""
-    return RunRelaxation(
-        num_layers,
-        num_micro_batches,
-        resources,
-        uses,
-        floors,
-        weights,
-        lowest_peak,
-        min_stages=min_stages,
-        max_stages=max_stages,
-    ).bound
 
 
 def _prefixes(cost: np.ndarray, n: int) -> np.ndarray:

@@ -20,12 +20,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from autoplan.cluster.schema import Cluster
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.expert_parallel import alltoall_ms, layer_alltoall_ms
 from autoplan.cost.offload import group_of
 from autoplan.errors import InfeasibleError, InputError
 from autoplan.plan.validate import validate_plan
-from autoplan.profile.schema import ExpertProfile, LayerProfile
+from autoplan.profile.schema import ExpertProfile, LayerProfile, Profile
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.expert_parallel import expert_degrees
 from tests.stage_degrees_oracle import brute_force_stage_degrees
@@ -246,12 +247,11 @@ def test_the_oracle_instances_have_ep_lose() -> None:
     assert 1 in SEEN, SEEN
 
 
-def test_a_stage_at_ep_2_or_4_beside_one_at_ep_1_beats_every_single_degree() -> None:
-    # G0: fast, 0.44 GiB: an MoE layer (80 M parameters, 72 M in 4 experts) fits only with its
-    # experts split (44 M parameters a GPU at ep 2, ZeRO-1 over the 2 replicas of an expert
-    # index: 10 bytes each; 26 M at ep 4). G1: half as fast, 8 GiB, but its GPUs exchange at
-    # 0.5 GB/s: an all-to-all there costs more than the layer. The best plan puts the first MoE
-    # layer on G0 at ep > 1 and the second on G1 at ep 1 (one replica of tp 4).
+def memory_bound_moe_instance() -> tuple[Profile, Cluster]:
+    """G0: fast, 0.44 GiB: an MoE layer (80 M parameters, 72 M in 4 experts) fits only with
+    its experts split (44 M parameters a GPU at ep 2, ZeRO-1 over the 2 replicas of an expert
+    index: 10 bytes each; 26 M at ep 4). G1: half as fast, 8 GiB, but its GPUs exchange at
+    0.5 GB/s: an all-to-all there costs more than the layer."""
     layers = [
         layer(0, flops=10**10, params=10**6, saved=10**7, output=10**6, kind="embedding"),
         *(
@@ -272,11 +272,17 @@ def test_a_stage_at_ep_2_or_4_beside_one_at_ep_1_beats_every_single_degree() -> 
         g if g.name == "g0" else g.model_copy(update={"intra_node_bandwidth_gb_per_s": 0.5})
         for g in cluster.node_groups
     ]
-    cluster = cluster.model_copy(update={"node_groups": slow})
+    return make_profile(layers), cluster.model_copy(update={"node_groups": slow})
+
+
+def test_a_stage_at_ep_2_or_4_beside_one_at_ep_1_beats_every_single_degree() -> None:
+    # The best plan puts the first MoE layer on G0 at ep > 1 and the second on G1 at ep 1 (one
+    # replica of tp 4).
+    profile, cluster = memory_bound_moe_instance()
     # Expert groups spanning the two types (autoplan.solve.expert_span) do better still here
     # (tests/test_uneven_experts_search.py): this test is about each stage its own even ep.
     even = OPTIONS.model_copy(update={"experts_by_speed": False})
-    model = cost_model(make_profile(layers), cluster, even)
+    model = cost_model(profile, cluster, even)
     found = [c for c in solve_candidates(model, 8, even).candidates if c.cost.feasible]
     best = found[0]
     (first, second) = best.config.stages

@@ -16,7 +16,7 @@ from autoplan.solve import cost_model
 from autoplan.solve.hetero import HeteroSource, _root_bound
 from autoplan.solve.space import divisors
 from solvers.oracle import compositions
-from solvers.relaxed_bound import GRID_STEP, RunRelaxation, relaxed_run_bound, stage_floors
+from solvers.relaxed_bound import GRID_STEP, RunRelaxation, stage_floors
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 from tests.test_solver_oracle import OPTIONS, brute_force_hetero_runs, hetero_instances
 
@@ -75,7 +75,7 @@ def test_the_relaxed_bound_is_never_above_brute_force(problem) -> None:
     best, lowest = _brute_force(n, m, resources, uses, floors, least, most)
     if math.isinf(best):
         return
-    bound = relaxed_run_bound(
+    bound = RunRelaxation(
         n,
         m,
         tuple(resources.tolist()),
@@ -85,7 +85,7 @@ def test_the_relaxed_bound_is_never_above_brute_force(problem) -> None:
         lowest,
         min_stages=least,
         max_stages=most,
-    )
+    ).bound
     assert bound <= best * (1 + 1e-9), (bound, best)
     if np.all(uses.sum(axis=0) * n <= resources):
         # Every pipeline fits; the grid covers peaks to 1.46 × the least one.

@@ -126,33 +126,12 @@ def test_experts_placed_by_memory_too() -> None:
     """tests/test_expert_parallel_cost.py's instance: G0 is fast with 0.44 GiB, G1 half as
     fast with 8 GiB and a slow intra-node link. One stage of 4 G0 and 4 G1 replicas, expert
     groups of one of each holding 1 + 3 of the 4 experts, beats the best of each stage its
-    own even ep (342 ms; 306 ms, the all-reduce after the backward as the groups executor
-    runs it): the small GPU keeps one expert, the large one three."""
-    from tests.test_expert_parallel_cost import _moe
+    own even ep (306 against 342 ms, both as the groups executor runs them: the all-reduce
+    after the backward): the small GPU keeps one expert, the large one three."""
+    from tests.test_expert_parallel_cost import memory_bound_moe_instance
 
-    layers = [
-        layer(0, flops=10**10, params=10**6, saved=10**7, output=10**6, kind="embedding"),
-        *(
-            _moe(layer(i, flops=4 * 10**11, params=80 * 10**6, saved=10**7, output=10**6), 4, 0.9,
-                 8 * 10**6)
-            for i in (1, 2)
-        ),
-    ]  # fmt: skip
-    cluster = make_cluster(
-        [
-            ("g0", gpu("G0", tflops=50.0, memory_gib=0.44, bandwidth=1000.0), 4, 1),
-            ("g1", gpu("G1", tflops=25.0, memory_gib=8.0, bandwidth=1000.0), 4, 1),
-        ],
-        intra_gb_per_s=100.0,
-        inter_gb_per_s=10.0,
-    )
-    slow = [
-        g if g.name == "g0" else g.model_copy(update={"intra_node_bandwidth_gb_per_s": 0.5})
-        for g in cluster.node_groups
-    ]
-    model = cost_model(
-        make_profile(layers), cluster.model_copy(update={"node_groups": slow}), OPTIONS
-    )
+    profile, cluster = memory_bound_moe_instance()
+    model = cost_model(profile, cluster, OPTIONS)
     best = _best(model, 8)
     assert best is not None
     (stage,) = best.config.stages

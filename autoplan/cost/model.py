@@ -359,7 +359,11 @@ class CostModel:
         return "mesh" if any(self.cp_of(g) > 1 for g in groups) else executor
 
     def exposed_allreduce_ms(
-        self, allreduce_ms: float, shortest_backward_ms: float, executor: Executor = "mesh"
+        self,
+        allreduce_ms: float,
+        shortest_backward_ms: float,
+        executor: Executor = "mesh",
+        groups: tuple[ReplicaGroup, ...] = (),
     ) -> float:
         """What of a stage's gradient all-reduce the iteration waits for after the schedule's
         last backward: the excess over the shortest replica's last backward where the engine
@@ -368,9 +372,9 @@ class CostModel:
         backward fills them); its groups executor sums the gradients after the stage's last
         backward (``autoplan.runtime.grad_sync``). The search's tails (uniform,
         heterogeneous and shared-stage families) and ``evaluate`` all read this one rule,
-        each with the executor its plans record, so the search's objective is the figure the
-        plan reports."""
-        if self.hides_allreduce and executor == "mesh":
+        each with the executor its plans record and the stage's ``groups``
+        (``stage_executor``), so the search's objective is the figure the plan reports."""
+        if self.hides_allreduce and self.stage_executor(executor, groups) == "mesh":
             return max(0.0, allreduce_ms - shortest_backward_ms)
         return allreduce_ms
 
@@ -1111,8 +1115,7 @@ class CostModel:
             shortest_backward = min(
                 sum(groups_cost[c][g].backward_ms for c in chunks) for g in range(len(stage.groups))
             )
-            executor = self.stage_executor(config.executor, stage.groups)
-            hidden = self.exposed_allreduce_ms(ar, shortest_backward, executor)
+            hidden = self.exposed_allreduce_ms(ar, shortest_backward, config.executor, stage.groups)
             allreduces.append(ar)
             exposed.append(hidden)
             optimizer.append(max(steps))

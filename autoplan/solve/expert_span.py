@@ -247,8 +247,7 @@ class ExpertSpanSource:
             params = (first[2], second[2])
             allreduce = self.model.allreduce_ms(groups, params) if level <= 1 else 0.0
             shortest = min(first[3], second[3])
-            executor = self.model.stage_executor("groups", groups)
-            tail = self.model.exposed_allreduce_ms(allreduce, shortest, executor) + max(
+            tail = self.model.exposed_allreduce_ms(allreduce, shortest, "groups", groups) + max(
                 self.model.optimizer_ms(p[2], g.device_class, ranks, level)
                 + self.model.step_overhead_ms(g.device_class)
                 for p, g in zip((first, second), groups, strict=True)

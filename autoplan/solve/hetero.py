@@ -636,8 +636,8 @@ class HeteroSource:
                 )
             allreduce = model.allreduce_ms(groups, tuple(params)) if zero1 <= 1 else 0.0
             # Its plans run on the groups executor: the sums come after the last backward.
-            executor = model.stage_executor("groups", groups)
-            tail = model.exposed_allreduce_ms(allreduce, min(backward), executor) + max(steps)
+            exposed = model.exposed_allreduce_ms(allreduce, min(backward), "groups", groups)
+            tail = exposed + max(steps)
             core = _Core(groups, zero1, work, tail, model.link_side(groups))
         self._cores[key] = core
         return core

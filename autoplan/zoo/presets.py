@@ -13,6 +13,8 @@ deepseek-ai/deepseek-moe-16b-base (total and active counts in tests/test_zoo_moe
 
 from __future__ import annotations
 
+from typing import Any
+
 from autoplan.zoo.bert import BertConfig
 from autoplan.zoo.gpt import GPTConfig
 from autoplan.zoo.llama import LlamaConfig
@@ -45,6 +47,14 @@ KORTHIKANTI_TABLE3: dict[str, tuple[int, int, int]] = {
 }
 
 _GPT2_VOCAB = 50257
+# What every Qwen3 shares beside its shape (its config.json's rope_theta, rms_norm_eps,
+# head_dim; the per-head query and key norms).
+_QWEN3: dict[str, Any] = {
+    "rope_theta": 1e6,
+    "norm_eps": 1e-6,
+    "attention_head_dim": 128,
+    "qk_norm": True,
+}
 
 PRESET_CONFIGS: dict[str, PresetConfig] = {
     "gpt2-small": GPTConfig(12, 768, 12, _GPT2_VOCAB, 1024),
@@ -74,19 +84,7 @@ PRESET_CONFIGS: dict[str, PresetConfig] = {
     "llama3-8b": LlamaConfig(32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000.0),
     "llama3-70b": LlamaConfig(80, 8192, 64, 8, 28672, 128256, 8192, rope_theta=500000.0),
     # Qwen3: a query and key RMSNorm per head, heads 128 wide whatever the hidden width.
-    "qwen3-8b": LlamaConfig(
-        36,
-        4096,
-        32,
-        8,
-        12288,
-        151936,
-        40960,
-        rope_theta=1e6,
-        norm_eps=1e-6,
-        attention_head_dim=128,
-        qk_norm=True,
-    ),
+    "qwen3-8b": LlamaConfig(36, 4096, 32, 8, 12288, 151936, 40960, **_QWEN3),
     "bert-large": BertConfig(24, 1024, 16, 30522, 512),
     # Mixture-of-experts: 8 experts, top 2, renormalised (Mixtral); 60 fine-grained experts,
     # top 4, and a gated shared expert (Qwen1.5-MoE); 64 fine-grained experts, top 6, two
@@ -130,10 +128,7 @@ PRESET_CONFIGS: dict[str, PresetConfig] = {
         6144,
         151936,
         40960,
-        rope_theta=1e6,
-        norm_eps=1e-6,
-        attention_head_dim=128,
-        qk_norm=True,
+        **_QWEN3,
         num_experts=128,
         top_k=8,
         expert_ffn_hidden_size=768,
