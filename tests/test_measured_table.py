@@ -85,6 +85,41 @@ def test_bad_tables_fail_in_one_line(tmp_path: Path) -> None:
         read_table(path)
 
 
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [("nan", "finite"), ("inf", "finite"), ("-2", "finite and >= 0"), ("1e999", "finite")],
+)
+def test_a_time_that_is_not_a_finite_duration_is_refused_at_import(
+    tmp_path: Path, cell: str, message: str
+) -> None:
+    # Found by fuzzing: a NaN time passed the reader and reached the profile writer, whose
+    # refusal escaped `profile import` as a traceback (exit 1).
+    profile = transformer_profile(blocks=2, hidden=256, seq_len=64)
+    write_json_model(tmp_path / "p.json", profile)
+    table = tmp_path / "t.csv"
+    table.write_text(f"gpu,tp,micro_batch,layer,fwd_ms,bwd_ms\nA100-80GB,1,1,0,{cell},1.0\n")
+    with pytest.raises(InputError, match=message):
+        read_table(table)
+    result = CliRunner().invoke(
+        app,
+        ["profile", "import", str(table), "--profile", str(tmp_path / "p.json"),
+         "-o", str(tmp_path / "out.json")],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and message in result.output
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_a_memory_column_that_is_not_a_byte_count_is_refused(tmp_path: Path) -> None:
+    table = tmp_path / "t.csv"
+    for cell, message in (("inf", "infinity to integer"), ("-5", "memory_bytes must be >= 0")):
+        table.write_text(
+            f"gpu,tp,micro_batch,layer,fwd_ms,bwd_ms,memory_bytes\nA,1,1,0,1.0,1.0,{cell}\n"
+        )
+        with pytest.raises(InputError, match=message):
+            read_table(table)
+
+
 @pytest.mark.skipif(not CALIBRATION.is_file(), reason="../shared/calibration is not present")
 def test_the_shared_calibration_table_imports_onto_a_profile_of_26_layers(tmp_path: Path) -> None:
     # OPT-350's 26 rows per configuration (embedding, 24 blocks, head) map onto layer indices.

@@ -111,10 +111,10 @@ def profile_import(
         rows = read_table(table, model=model, gpu_names=_gpu_names(gpu_name or []))
         base = read_json_model(profile_path, Profile)
         result = attach(base, rows, source=str(table))
+        write_json_model(output, result)
     except (AutoplanError, ValidationError) as error:
         typer.echo(f"error: {' '.join(str(error).split())}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    write_json_model(output, result)
     layers_of: dict[tuple[str, int, int], set[str]] = {}
     for row in rows:
         layers_of.setdefault((row.gpu, row.tp, row.micro_batch), set()).add(row.layer)

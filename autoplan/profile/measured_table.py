@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,10 +82,15 @@ def _parse(raw: dict[str, Any], where: str) -> TableRow:
             backward_ms=float(_field(raw, "bwd_ms")),
             memory_bytes=None if memory is None else int(float(memory)),
         )
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError) as error:  # int(float('inf')) overflows
         raise InputError(f"{where}: {error}") from None
-    if row.tp < 1 or row.micro_batch < 1 or row.forward_ms < 0 or row.backward_ms < 0:
-        raise InputError(f"{where}: tp and micro_batch must be >= 1 and times >= 0; got {row}")
+    times = (row.forward_ms, row.backward_ms)
+    if row.tp < 1 or row.micro_batch < 1 or not all(math.isfinite(t) and t >= 0 for t in times):
+        raise InputError(
+            f"{where}: tp and micro_batch must be >= 1 and times finite and >= 0; got {row}"
+        )
+    if row.memory_bytes is not None and row.memory_bytes < 0:
+        raise InputError(f"{where}: memory_bytes must be >= 0; got {row.memory_bytes}")
     return row
 
 
