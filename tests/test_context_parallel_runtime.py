@@ -1,7 +1,8 @@
 """Context parallelism executed (autoplan.runtime.context_parallel): ring attention over a cp
 group of 2 real torchrun processes on gloo, float64, against one process on whole sequences:
 loss, logits and every gradient within 1e-10, for learned positions (gpt-tiny) and RoPE with
-grouped-query attention (llama-tiny); and the load-balanced chunks worked by hand."""
+grouped-query attention (llama-tiny), with equal chunks and with a 3:1 split (uneven chunks,
+as a cp group across two GPU types runs); and the load-balanced chunks worked by hand."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from autoplan.plan.schema import Plan
 from autoplan.plan.validate import plan_problems
 from autoplan.runtime.context_parallel import chunk_positions
 from autoplan.runtime.report import RunReport
+from tests.cp_driver import SPLITS, result_key
 from tests.distributed_driver import STEPS
 from tests.plan_factory import make_plan
 from tests.single_process_reference import reference_training
@@ -35,6 +37,26 @@ def test_chunks_pair_the_head_of_the_sequence_with_its_tail() -> None:
         chunk_positions(16, 3, 0)
 
 
+def test_uneven_chunks_mirror_pieces_of_each_ranks_half() -> None:
+    # 16 tokens split 12:4: rank 0 holds 6 from the start and 6 from the end, rank 1 the
+    # middle 4 (2 + 2), so each rank's causal work is its tokens × 16 / 2.
+    assert chunk_positions(16, 2, 0, (12, 4)).tolist() == [0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15]
+    assert chunk_positions(16, 2, 1, (12, 4)).tolist() == [6, 7, 8, 9]
+    assert chunk_positions(16, 2, 0, (4, 12)).tolist() == [0, 1, 14, 15]
+    for tokens in [(6, 2, 8), (2, 12, 2)]:
+        pieces = [chunk_positions(16, 3, r, tokens) for r in range(3)]
+        assert sorted(torch.cat(pieces).tolist()) == list(range(16))
+        for r, piece in enumerate(pieces):
+            # Query i sees i + 1 keys: the pair's work is t_r × (s + 1) / 2, whatever its offset.
+            assert int((piece + 1).sum()) == tokens[r] * 17 // 2
+    # Equal counts are the even chunks exactly.
+    for r in range(3):
+        assert torch.equal(chunk_positions(24, 3, r, (8, 8, 8)), chunk_positions(24, 3, r))
+    for bad in [(10, 4), (11, 5), (16,), (16, 0)]:
+        with pytest.raises(InputError, match="positive even counts"):
+            chunk_positions(16, 2, 0, bad)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("cp")
@@ -43,17 +65,21 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("tokens", SPLITS)
 @pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny"])
-def test_cp2_step_equals_one_process(results: list[dict], model: str) -> None:
-    for rank in results:
-        found = rank[model]
+def test_cp2_step_equals_one_process(
+    results: list[dict], model: str, tokens: tuple[int, ...] | None
+) -> None:
+    key = result_key(model, tokens)
+    for rank, found in enumerate(r[key] for r in results):
         assert found["loss"] <= TOLERANCE
         assert found["logits"] <= TOLERANCE
         assert found["gradients"] <= TOLERANCE
         assert found["parameters"] > 10
+        assert found["tokens"] == (8 if tokens is None else tokens[rank])
         # Without the ring the rank's tokens would see only each other: far off.
         assert found["control_logits"] > 1e-3
-    assert results[0][model]["loss_value"] == results[1][model]["loss_value"]
+    assert results[0][key]["loss_value"] == results[1][key]["loss_value"]
 
 
 # ---- plans with cp through ``autoplan.runtime.train`` (the mesh executor) -------------------
