@@ -35,8 +35,8 @@ def profile() -> Profile:
     return read_json_model(ROOT / "profiles" / "gpt2-small.profile.json", Profile)
 
 
-def _plan(profile: Profile, cp: int = 2, tp: int = 2, dp: int = 1) -> Plan:
-    cluster = make_cluster([("a", A, 8, 1)])
+def _plan(profile: Profile, cp: int = 2, tp: int = 2, dp: int = 1, nodes: int = 1) -> Plan:
+    cluster = make_cluster([("a", A, 8, nodes)])
     model = CostModel(profile, cluster, gpu_specs(cluster))
     group = (ReplicaGroup(0, tp, dp, 2, "none", cp=cp),)
     config = PlanConfig(4, "1f1b", 1, (StageChoice(0, 7, group, 0), StageChoice(7, 14, group, 0)))
@@ -118,3 +118,68 @@ def test_simulator_plays_and_labels_a_cp_plan(profile: Profile) -> None:
     assert result.iteration_time_ms == pytest.approx(plan.prediction.iteration_time_ms, rel=0.01)
     labels = {replica.label for rank in result.ranks for replica in rank.replicas}
     assert labels == {"A tp2 cp2, 2 samples"}
+
+
+# ---- uneven chunks (Replica.context_tokens, schema version 5) --------------------------------
+
+
+def _with_tokens(plan: Plan, tokens: list[int]) -> Plan:
+    stages = [
+        stage.model_copy(
+            update={
+                "replicas": [
+                    r.model_copy(update={"context_tokens": tokens}) for r in stage.replicas
+                ]
+            }
+        )
+        for stage in plan.stages
+    ]
+    return plan.model_copy(update={"stages": stages})
+
+
+def test_uneven_chunks_are_checked_and_refused_by_exports(profile: Profile, tmp_path: Path) -> None:
+    plan = _with_tokens(_plan(profile), [768, 256])
+    assert plan_problems(plan, profile) == []
+    assert plan.mesh_shape() == (1, 2, 2)  # the same chunks at both stages: one mesh
+    problems = "\n".join(plan_problems(_with_tokens(_plan(profile), [769, 255])))
+    assert "context_tokens [769, 255] must be positive even counts" in problems
+    problems = "\n".join(plan_problems(_with_tokens(_plan(profile), [768, 258])))
+    assert "summing to the sequence length 1024" in problems
+    # Under sequence parallelism the tp group (here 4) splits each rank's chunk.
+    wide = _plan(profile, tp=4, nodes=2)
+    sp = wide.model_copy(
+        update={"parallelism": wide.parallelism.model_copy(update={"sequence_parallel": True})}
+    )
+    assert plan_problems(_with_tokens(sp, [772, 252])) == []
+    odd = _with_tokens(sp, [770, 254])
+    assert "context_tokens [770, 254] are not all divisible by 4" in "\n".join(plan_problems(odd))
+    replica = plan.stages[0].replicas[0]
+    with pytest.raises(ValueError, match="context_tokens for 3 cp ranks"):
+        type(replica)(**{**replica.model_dump(), "context_tokens": [2, 2, 1020]})
+    # Chunks that differ from stage to stage cannot pass between pipeline stages on one mesh.
+    mixed = plan.model_copy(
+        update={"stages": [plan.stages[0], _with_tokens(_plan(profile), [512, 512]).stages[1]]}
+    )
+    assert mixed.mesh_shape() is None
+    kinds = layer_kinds(plan, profile)
+    for target in ("megatron", "torchtitan"):
+        with pytest.raises(NotExpressibleError, match=r"unevenly over its cp ranks \(768 \+ 256"):
+            export_plan(plan, target, kinds)
+
+
+def test_a_version_4_plan_reads_with_equal_chunks(profile: Profile, tmp_path: Path) -> None:
+    import json
+
+    from autoplan.inputs import read_plan
+    from autoplan.plan.schema import PLAN_SCHEMA_VERSION
+
+    data = json.loads(_plan(profile).model_dump_json())
+    data["schema_version"] = 4
+    for stage in data["stages"]:
+        for replica in stage["replicas"]:
+            del replica["context_tokens"]
+    path = tmp_path / "v4.json"
+    path.write_text(json.dumps(data))
+    plan = read_plan(path)
+    assert plan.schema_version == PLAN_SCHEMA_VERSION == 5
+    assert all(r.context_tokens is None for s in plan.stages for r in s.replicas)

@@ -118,8 +118,28 @@ def _as_cp(plan: Plan) -> Plan:
     return plan.model_copy(update={"stages": stages, "rank_map": entries, "prediction": prediction})
 
 
+def _uneven(plan: Plan, tokens: list[int]) -> Plan:
+    """``plan`` with every cp replica's chunks of ``tokens`` (the same at every stage)."""
+    stages = [
+        stage.model_copy(
+            update={
+                "replicas": [
+                    r.model_copy(update={"context_tokens": tokens}) for r in stage.replicas
+                ]
+            }
+        )
+        for stage in plan.stages
+    ]
+    return plan.model_copy(update={"stages": stages})
+
+
 def _cp_plans() -> dict[str, Plan]:
     return {
+        # world 4: cp 2 x pp 2 with uneven chunks, 12 of the 16 tokens on cp rank 0 (as the
+        # faster GPU type of a cp group across two would hold), 1F1B over 4 micro-batches
+        "cp2_pp2_uneven": _uneven(
+            _as_cp(make_plan([3, 3], data_parallel=2, num_micro_batches=4)), [12, 4]
+        ),
         # world 2: cp 2 alone, full recompute (the ring reruns inside backward)
         "cp2_full_recompute": _as_cp(
             make_plan([6], data_parallel=2, num_micro_batches=2, recompute="full")

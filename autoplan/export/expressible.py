@@ -166,6 +166,14 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
                 f"stage {stage.index} places experts by GPU speed ({held} per expert group); "
                 f"{target} gives every rank of an expert group experts / ep",
             )
+        uneven = next((r.context_tokens for r in stage.replicas if r.context_tokens), None)
+        if uneven is not None:
+            raise NotExpressibleError(
+                target,
+                f"stage {stage.index} splits each sequence unevenly over its cp ranks "
+                f"({' + '.join(map(str, uneven))} tokens); {target} gives every cp rank "
+                "seq_len / cp",
+            )
         if len(stage.gpu_types) > 1:
             types = _listing(stage.gpu_types)
             raise NotExpressibleError(target, f"stage {stage.index} mixes GPU types ({types})")

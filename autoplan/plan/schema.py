@@ -25,7 +25,9 @@ shares, and whose ranks follow ``r = pipeline_rank * dp * tp + dp_index * tp + t
 Context parallelism: a replica of ``context_parallel_degree`` c > 1 is c × tp GPUs of one node;
 each of its c cp groups of tp GPUs runs a chunk of every sample's sequence (ring attention),
 and its ``ranks`` list cp index by cp index, tp index within (rank ``i`` is cp index
-``i // tp``, tp index ``i % tp``). Plans written before the field have c = 1.
+``i // tp``, tp index ``i % tp``). Plans written before the field have c = 1. The chunks are
+equal unless ``context_tokens`` gives each cp rank's tokens (uneven chunks: the faster GPUs of
+a cp group hold more; schema version 5).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ __all__ = [
     "ZeroStage",
 ]
 
-PLAN_SCHEMA_VERSION: Final = 4
+PLAN_SCHEMA_VERSION: Final = 5
 
 Recompute = Literal["none", "selective", "full"]
 # The training engine a plan is priced for (``autoplan.cost.engines`` says what differs).
@@ -236,6 +238,14 @@ class Replica(_Strict):
         "hold consecutive experts, in replica order, summing to the layer's experts); None: "
         "experts / ep, the same on every replica.",
     )
+    context_tokens: list[int] | None = Field(
+        default=None,
+        min_length=2,
+        max_length=limits.MAX_GPUS_PER_NODE,
+        description="Tokens of every sample each of its cp ranks holds, by cp index (uneven "
+        "chunks: two mirrored pieces of half as many tokens each, so every count is even and "
+        "they sum to the sequence length); None: equal chunks of seq_len / cp.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Replica:
@@ -247,6 +257,11 @@ class Replica(_Strict):
                     f"tensor_parallel_degree ({tp}) × context_parallel_degree ({cp}) is {tp * cp}"
                 )
             raise ValueError(f"replica on {self.node} lists {len(self.ranks)} ranks; its {degree}")
+        if self.context_tokens is not None and len(self.context_tokens) != cp:
+            raise ValueError(
+                f"replica on {self.node} gives context_tokens for {len(self.context_tokens)} cp "
+                f"ranks; its context_parallel_degree is {cp}"
+            )
         return self
 
 
@@ -540,7 +555,7 @@ class SearchRecord(_Strict):
 class Plan(_Strict):
     """A complete, executable parallelization plan."""
 
-    schema_version: Literal[4] = Field(
+    schema_version: Literal[5] = Field(
         default=PLAN_SCHEMA_VERSION, description="Version of this schema."
     )
     inputs: PlanInputs
@@ -615,6 +630,12 @@ class Plan(_Strict):
         width = cp * tp
         for stage in self.stages:
             if stage.shares != first.shares:
+                return None
+            # The pipeline passes cp rank i's chunk to cp rank i of the next stage: the same
+            # tokens at every stage.
+            if [r.context_tokens for r in stage.replicas] != [
+                r.context_tokens for r in first.replicas
+            ]:
                 return None
             for d, replica in enumerate(stage.replicas):
                 shape = (replica.tensor_parallel_degree, replica.context_parallel_degree)

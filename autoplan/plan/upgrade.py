@@ -11,6 +11,9 @@ before the search kept its proven bound, so nothing says how far from optimal it
 
 Version 3 maps onto version 4 unchanged: version 4 adds each replica's ``routed_experts``
 (experts placed by GPU speed), and a version-3 plan's experts are even (``null``).
+
+Version 4 maps onto version 5 unchanged: version 5 adds each replica's ``context_tokens``
+(uneven cp chunks), and a version-4 plan's chunks are equal (``null``).
 """
 
 from __future__ import annotations
@@ -127,4 +130,7 @@ def upgrade_plan_data(data: dict[str, Any]) -> dict[str, Any]:
     if data.get("schema_version") == 3:
         # Version 4 adds Replica.routed_experts, absent (even experts) in version 3.
         data = {**data, "schema_version": 4}
+    if data.get("schema_version") == 4:
+        # Version 5 adds Replica.context_tokens, absent (equal chunks) in version 4.
+        data = {**data, "schema_version": 5}
     return data

@@ -261,8 +261,11 @@ def _check_sequence_parallel(plan: Plan, problems: list[str]) -> None:
 def _check_context_parallel(plan: Plan, problems: list[str]) -> None:
     """cp cuts every sample into 2·cp equal pieces (load-balanced causal chunks), so 2·cp must
     divide the sequence length; a stage's replicas share one cp (its cp ranks reduce
-    gradients with its replicas as one group)."""
+    gradients with its replicas as one group). Uneven chunks (``context_tokens``) are two
+    mirrored pieces per rank: even counts summing to the sequence length, each divisible by
+    tp under sequence parallelism (its tp group splits the rank's chunk)."""
     seq = plan.inputs.seq_len
+    sp = plan.parallelism.sequence_parallel
     for stage in plan.stages:
         degrees = sorted({r.context_parallel_degree for r in stage.replicas})
         if len(degrees) > 1:
@@ -270,8 +273,25 @@ def _check_context_parallel(plan: Plan, problems: list[str]) -> None:
                 f"stage {stage.index} mixes context parallel degrees {degrees}; its replicas "
                 "share one"
             )
+        for d, replica in enumerate(stage.replicas):
+            tokens = replica.context_tokens
+            if tokens is None:
+                continue
+            name = f"replica {d} of stage {stage.index}"
+            if sum(tokens) != seq or any(t <= 0 or t % 2 for t in tokens):
+                problems.append(
+                    f"{name}: context_tokens {tokens} must be positive even counts (two "
+                    f"mirrored pieces per cp rank) summing to the sequence length {seq}"
+                )
+            tp = replica.tensor_parallel_degree
+            if sp and any(t % tp for t in tokens):
+                problems.append(
+                    f"{name}: sequence parallelism splits each cp rank's tokens over tp {tp}; "
+                    f"context_tokens {tokens} are not all divisible by {tp}"
+                )
         for degree in degrees:
-            if degree > 1 and seq % (2 * degree):
+            uneven = all(r.context_tokens is not None for r in stage.replicas)
+            if degree > 1 and seq % (2 * degree) and not uneven:
                 problems.append(
                     f"context parallel degree {degree} of stage {stage.index}: 2 × {degree} "
                     f"load-balanced chunks do not divide the sequence length {seq}"

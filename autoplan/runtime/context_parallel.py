@@ -7,11 +7,12 @@ types, the faster holding more tokens: ``tokens``, the tokens of each cp rank) k
 mirror: rank r holds two pieces of t_r / 2 tokens, one at offset a_r = Σ_{q<r} t_q / 2 from
 the start and one at a_r from the end. Under a causal mask such a pair costs t_r / 2 · s
 query-key work wherever a_r lies, so a rank's attention, like the rest of its layer, is its
-tokens' share of the whole; with equal counts the pieces are the even ones exactly. Every layer runs on the rank's tokens as
-they are; the attention core alone needs the other ranks' keys and values. ``context_parallel``
-replaces each causal ``F.scaled_dot_product_attention`` of the model with ``ring_attention``
-and gives the zoo's position table and RoPE the tokens' global positions
-(``autoplan.zoo.positions``).
+tokens' share of the whole; with equal counts the pieces are the even ones exactly.
+
+Every layer runs on the rank's tokens as they are; the attention core alone needs the other
+ranks' keys and values. ``context_parallel`` replaces each causal
+``F.scaled_dot_product_attention`` of the model with ``ring_attention`` and gives the zoo's
+position table and RoPE the tokens' global positions (``autoplan.zoo.positions``).
 
 Ring attention (Liu et al. 2023), forward: c steps; at step s the rank attends its queries to
 the K, V chunk of rank r − s (masked by global positions: a key is seen by the queries at or

@@ -15,8 +15,9 @@ A plan whose every pipeline rank has dp replicas of tp GPUs with the same shares
 With context parallelism (cp > 1) the mesh is (pp, dp, cp, tp): each rank runs its cp
 chunk of every sample (``autoplan.runtime.context_parallel``: ring attention over the "cp"
 group, the tokens' global positions), and data parallelism runs over the "dp" × "cp" ranks
-together (each rank's loss is the mean over its tokens, the chunks are equal, so DDP's average
-is the whole batch's mean), as torchtitan's FSDP over dp_shard × cp.
+together (each rank's loss is the mean over its tokens, weighted by cp × its tokens / the
+sequence length, 1 for equal chunks, so DDP's average is the whole batch's mean), as
+torchtitan's FSDP over dp_shard × cp.
 
 Uneven shares scale replica d's loss by dp × its samples / global batch, so that DDP's plain
 average of the replicas' gradients is the full-batch mean. (Each replica's pipeline is its own
@@ -99,8 +100,14 @@ class MeshExecutor:
         # As wrapped for data parallelism: DDP's gradient buckets count with the model states.
         self.data_parallel_modules: list[nn.Module] = list(ranks.modules)
 
-        share = plan.stages[0].shares[entry.dp_index]
+        replica = plan.stages[0].replicas[entry.dp_index]
+        share = replica.micro_batch_size
         weight = self.dp * share * par.num_micro_batches / plan.inputs.global_batch_size
+        # The chunk of every cp rank is the same at every stage (mesh_shape): uneven chunks
+        # weight each rank's token mean by its tokens' share of the sequence.
+        self.tokens = replica.context_tokens
+        if self.tokens is not None:
+            weight *= self.cp * self.tokens[entry.cp_index] / plan.inputs.seq_len
         schedule_class = get_schedule_class(SCHEDULE_CLASSES[par.schedule])
         loss_fn = loss_function(spec.loss, weight, loss_scale)
         if par.schedule in MULTI_STAGE_SCHEDULES:
@@ -121,8 +128,9 @@ class MeshExecutor:
         if self.cp_group is not None:
             # This rank's tokens of every sample (the same chunk at every stage); the layers
             # run them under the ring (apply_context_parallel).
-            args = tuple(shard_sequence(t, self.cp_group) for t in args)
-            target = None if target is None else shard_sequence(target, self.cp_group)
+            args = tuple(shard_sequence(t, self.cp_group, tokens=self.tokens) for t in args)
+            if target is not None:
+                target = shard_sequence(target, self.cp_group, tokens=self.tokens)
         losses: list[torch.Tensor] = []
         # loss_parallel (vocabulary-split logits) must cover the loss's forward and backward,
         # both of which run inside the schedule's step.
@@ -130,8 +138,8 @@ class MeshExecutor:
             self.schedule.step(*args, target=target, losses=losses)
         self.tied.synchronize()
         # Each last-stage replica holds weighted micro-batch losses w_d × mean; their sum over
-        # replicas (and their cp ranks: equal chunks) and micro-batches divided by dp × cp × m
-        # is the global batch's mean loss.
+        # replicas (and their cp ranks: weighted by their tokens) and micro-batches divided by
+        # dp × cp × m is the global batch's mean loss.
         if not (self.is_last and self.entry.tp_index == 0):
             return 0.0
         total = sum(float(value.detach().double().sum()) for value in losses)

@@ -239,7 +239,7 @@ def parallelize_stage(
             recompute=replica.recompute,
         )
     if layout.cp_group is not None:
-        apply_context_parallel(model, layout.cp_group, plan.inputs.seq_len)
+        apply_context_parallel(model, layout.cp_group, plan.inputs.seq_len, replica.context_tokens)
     if layout.expert is not None:
         expert = layout.expert
         apply_expert_parallel(model, expert.group, expert.degree, expert.index, expert.held)
