@@ -28,6 +28,13 @@ travel around the ring (Liu et al. 2023, "Ring Attention"; torch's
   the gradient reduction runs over dp · c ranks, and ZeRO shards over them too (as FSDP's
   ``dp_shard × cp`` mesh in torchtitan, Megatron-LM's data-parallel-with-cp group).
 
+Uneven chunks (a cp group across two GPU types, ``autoplan.cost.context_span``): rank r holds
+t_r of the s tokens in two mirrored pieces, so its compute and activations are t_r / s of the
+layer's, and its core's step against rank q's chunk is t_q / s of its core (t_r · t_q / 2
+query-key pairs, the diagonal step included). The ring runs in lockstep: every rank sends at
+step k the chunk it holds (rank r − k's, t_{r−k} tokens), and the step lasts as long as the
+slowest rank's max(send, attend) (``lockstep_ring``); with equal counts it is the ring above.
+
 Key and value bytes come from the profile (``LayerProfile.attention_kv_bytes``: the K and V
 the core receives); profiles written before it was recorded use 2 × the layer's output
 (multi-head attention's K and V; an upper bound under grouped-query attention).
@@ -35,16 +42,19 @@ the core receives); profiles written before it was recorded use 2 × the layer's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autoplan.cost.comm import p2p_ms
 
 __all__ = [
+    "LockstepRing",
     "RingComm",
     "causal_work_share",
     "core_backward_share",
     "kv_bytes",
     "load_balanced_chunks",
+    "lockstep_ring",
     "ring_attention_comm",
 ]
 
@@ -127,4 +137,57 @@ def ring_attention_comm(
         # + the last hop: each chunk's dK, dV (as many bytes as the chunk) to its owner.
         backward_ms=steps * max(0.0, backward_send - core_backward_ms / cp) + forward_send,
         buffer_bytes=chunk_kv_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class LockstepRing:
+    """One layer's ring over a cp group of uneven chunks, per micro-batch: how long its
+    attention phase lasts, the same on every rank (the ring's steps are its barriers)."""
+
+    forward_ms: float  # the forward core's c steps, each its slowest rank's max(send, attend)
+    backward_ms: float  # the same in backward (K, V with dK, dV), + the last hop of dK, dV
+    buffer_bytes: float  # the largest chunk in flight beside the one in use (transient)
+
+
+def lockstep_ring(
+    tokens: Sequence[int],
+    core_forward_ms: Sequence[float],
+    core_backward_ms: Sequence[float],
+    kv_bytes_per_token: float,
+    hops: Sequence[tuple[float | None, float]],
+) -> LockstepRing:
+    """The ring of one layer over cp ranks holding ``tokens`` (module docstring):
+    ``core_*_ms[r]`` rank r's whole core per pass (all its steps), ``kv_bytes_per_token``
+    the K and V of one token of every sample of the micro-batch on one tp rank, ``hops[r]``
+    the (bandwidth GB/s or None, latency us) of rank r's send to rank r + 1 (no time without
+    a bandwidth). At step k rank r attends to rank q = r − k's chunk, core[r] · t_q / s, while
+    it sends that chunk on (all steps but the last); backward sends the chunk with its dK, dV
+    (twice the bytes) and ends with one hop of each chunk's dK, dV to its owner."""
+    cp, seq = len(tokens), sum(tokens)
+
+    def send(r: int, chunk: int, times: int) -> float:
+        bandwidth, latency = hops[r]
+        if bandwidth is None:
+            return 0.0
+        return p2p_ms(times * kv_bytes_per_token * tokens[chunk], bandwidth, latency)
+
+    def phase(core: Sequence[float], times: int) -> float:
+        total = 0.0
+        for step in range(cp):
+            sends = step + 1 < cp
+            total += max(
+                max(core[r] * tokens[(r - step) % cp] / seq, send(r, (r - step) % cp, times))
+                if sends
+                else core[r] * tokens[(r - step) % cp] / seq
+                for r in range(cp)
+            )
+        return total
+
+    # The last hop of backward: rank r holds rank r + 1's dK, dV, as many bytes as its K, V.
+    last_hop = max(send(r, (r + 1) % cp, 1) for r in range(cp)) if cp > 1 else 0.0
+    return LockstepRing(
+        forward_ms=phase(core_forward_ms, 1),
+        backward_ms=phase(core_backward_ms, 2) + last_hop,
+        buffer_bytes=kv_bytes_per_token * max(tokens) if cp > 1 else 0.0,
     )

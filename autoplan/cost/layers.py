@@ -122,11 +122,15 @@ def layer_cost(
     context_parallel: int = 1,
     cp_bandwidth_gb_per_s: float | None = None,
     cp_latency_us: float = 0.0,
+    token_share: float = 1.0,
 ) -> LayerCost:
     """The cost of ``layer`` on one GPU of a tp group (module docstring for the model), of a
-    cp group of ``context_parallel`` ranks whose ring uses the ``cp_*`` link."""
+    cp group of ``context_parallel`` ranks whose ring uses the ``cp_*`` link. ``token_share``
+    (< 1 for a rank of an uneven cp group, with ``context_parallel`` 1): the rank's fraction
+    of every sample's tokens; the caller prices that group's ring
+    (``autoplan.cost.context_span``)."""
     # A cp rank runs 1/c of every sample's tokens: its figures are a c times smaller batch's.
-    scale = micro_batch_size / (profile_micro_batch_size * context_parallel)
+    scale = micro_batch_size * token_share / (profile_micro_batch_size * context_parallel)
     tp_profile = layer.tensor_parallel
     split = tp if (tp_profile is not None and tp > 1) else 1
     eff = gpu.efficiency if efficiency is None else efficiency
@@ -173,8 +177,8 @@ def layer_cost(
             backward_share = (
                 backward_flops / layer.backward_flops if layer.backward_flops else 1 / split
             )
-        forward = measured.forward_ms * forward_share / context_parallel
-        backward = measured.backward_ms * backward_share / context_parallel
+        forward = measured.forward_ms * forward_share * token_share / context_parallel
+        backward = measured.backward_ms * backward_share * token_share / context_parallel
     else:
         forward = _modelled_ms(
             layer, "forward", per_gpu, scale, gpu, peak_tflops, eff, allreduces[0]

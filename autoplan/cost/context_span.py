@@ -1,0 +1,164 @@
+"""A cp group across GPU types (uneven chunks): the per-layer costs of its ranks.
+
+A spanning cp group (``ContextSpan``) is ``ranks`` cp ranks of each member kind (a device class),
+in ring order member by member, each rank tp GPUs of its class holding ``tokens`` of every
+sample's s tokens (two mirrored pieces: ``autoplan.runtime.context_parallel``); the counts sum
+to s. Under a causal mask a rank's query-key work, like the rest of its layer, is its tokens'
+share of the whole, so a rank's layer is ``layer_cost`` at ``token_share`` t / s, without its
+ring; the ring is the group's (``lockstep_ring``: each step as slow as its slowest rank's
+max(send, attend)) and every rank waits for it, so a rank's exposed ring time is the ring's
+phase less its own core. Per layer the group then takes max over its ranks of (the layer outside
+the core + the ring's phase): the ranks meet at every layer's ring.
+
+Links: rank r sends to rank r + 1 on the intra-node link where both are of one member whose
+ranks fit in one node, else between nodes (the cluster's link joining the members' node groups,
+shared by the tp rings that leave a node together), as ``CostModel._ring_link`` places a cp
+group of one class. With one member of equal counts the costs are ``CostModel.tables`` at cp c
+(to rounding: the ring's steps are summed, not multiplied).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autoplan.cost.context_parallel import core_backward_share, kv_bytes, lockstep_ring
+from autoplan.cost.layers import LayerCost, layer_cost
+
+if TYPE_CHECKING:
+    from autoplan.cost.model import CostModel
+
+__all__ = ["ContextMember", "ContextSpan", "span_layer_costs", "span_pass_ms"]
+
+
+@dataclass(frozen=True, order=True)
+class ContextMember:
+    """One kind of a spanning cp group: ``ranks`` cp ranks of device class ``device_class``
+    holding ``tokens`` tokens of every sample each."""
+
+    device_class: int
+    ranks: int
+    tokens: int
+
+
+@dataclass(frozen=True, order=True)
+class ContextSpan:
+    """A cp group of tp × Σ ranks GPUs, its members' ranks in ring order (module docstring)."""
+
+    members: tuple[ContextMember, ...]
+    tp: int
+
+    @property
+    def cp(self) -> int:
+        return sum(m.ranks for m in self.members)
+
+    @property
+    def seq_len(self) -> int:
+        return sum(m.ranks * m.tokens for m in self.members)
+
+    def rank_tokens(self) -> tuple[int, ...]:
+        """Tokens of each cp rank, in ring order (``Replica.context_tokens``)."""
+        return tuple(m.tokens for m in self.members for _ in range(m.ranks))
+
+    def rank_members(self) -> tuple[int, ...]:
+        """The member index of each cp rank, in ring order."""
+        return tuple(index for index, m in enumerate(self.members) for _ in range(m.ranks))
+
+
+def _hops(model: CostModel, span: ContextSpan) -> list[tuple[float | None, float]]:
+    """(bandwidth, latency) of each rank's send to the next (module docstring)."""
+    owners = span.rank_members()
+    names = {n for m in span.members for n in model.classes[m.device_class].groups}
+    between = model.cluster.inter_node_bandwidth(names) / span.tp
+    between_latency = model.cluster.inter_node_latency(names)
+    hops: list[tuple[float | None, float]] = []
+    for r, owner in enumerate(owners):
+        member = span.members[owner]
+        dc = model.classes[member.device_class]
+        inside = owners[(r + 1) % len(owners)] == owner and (
+            member.ranks * span.tp <= dc.gpus_per_node
+        )
+        if inside:
+            hops.append((dc.intra_node_bandwidth_gb_per_s, dc.intra_node_latency_us))
+        else:
+            hops.append((between, between_latency))
+    return hops
+
+
+def span_layer_costs(
+    model: CostModel, span: ContextSpan, micro_batch_size: int, sequence_parallel: bool = False
+) -> tuple[tuple[LayerCost, ...], ...]:
+    """Per member, one of its ranks' cost of every layer of ``model``'s profile at
+    ``micro_batch_size`` samples (module docstring), the lockstep ring in its tp comm."""
+    profile, tp = model.profile, span.tp
+    seq = span.seq_len
+    if seq != profile.seq_len:
+        raise ValueError(f"span tokens sum to {seq}, not the profile's sequence {profile.seq_len}")
+    hops = _hops(model, span)
+    owners = span.rank_members()
+    out: list[list[LayerCost]] = [[] for _ in span.members]
+    for layer in profile.layers:
+        own: list[LayerCost] = []
+        for member in span.members:
+            dc = model.classes[member.device_class]
+            own.append(
+                layer_cost(
+                    layer,
+                    dc.gpu,
+                    model.peak_tflops_of(dc.gpu.name),
+                    tp=tp,
+                    micro_batch_size=micro_batch_size,
+                    profile_micro_batch_size=profile.micro_batch_size,
+                    intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
+                    intra_node_latency_us=dc.intra_node_latency_us,
+                    sequence_parallel=sequence_parallel,
+                    token_share=member.tokens / seq,
+                )
+            )
+        if not (layer.selective_recompute_flops and layer.forward_flops):
+            for index, cost in enumerate(own):
+                out[index].append(cost)
+            continue
+        # The core's share of a pass is its share of the FLOPs (as ``layer_cost`` takes it).
+        core_forward = [c.forward_compute_ms * layer.selective_recompute_flops / layer.forward_flops
+                        for c in own]  # fmt: skip
+        share = core_backward_share(layer.selective_recompute_flops, layer.backward_flops)
+        core_backward = [c.backward_compute_ms * share for c in own]
+        split = tp if (layer.tensor_parallel is not None and tp > 1) else 1
+        per_token = (
+            kv_bytes(layer.attention_kv_bytes, layer.output_activation_bytes)
+            * micro_batch_size
+            / (profile.micro_batch_size * seq * split)
+        )
+        ring = lockstep_ring(
+            span.rank_tokens(),
+            [core_forward[o] for o in owners],
+            [core_backward[o] for o in owners],
+            per_token,
+            hops,
+        )
+        for index, cost in enumerate(own):
+            out[index].append(
+                dataclasses.replace(
+                    cost,
+                    forward_tp_comm_ms=cost.forward_tp_comm_ms
+                    + ring.forward_ms
+                    - core_forward[index],
+                    backward_tp_comm_ms=cost.backward_tp_comm_ms
+                    + ring.backward_ms
+                    - core_backward[index],
+                    ring_buffer_bytes=ring.buffer_bytes,
+                )
+            )
+    return tuple(tuple(costs) for costs in out)
+
+
+def span_pass_ms(
+    costs: tuple[tuple[LayerCost, ...], ...], i: int, j: int, recompute: str
+) -> tuple[float, float]:
+    """(forward, backward) of one micro-batch of the group over layers [i, j): per layer its
+    slowest member's (the ranks meet at every layer's ring)."""
+    forward = sum(max(c[layer].forward_ms() for c in costs) for layer in range(i, j))
+    backward = sum(max(c[layer].backward_ms(recompute) for c in costs) for layer in range(i, j))
+    return forward, backward
