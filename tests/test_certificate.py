@@ -102,7 +102,7 @@ def test_zero_bubble_plans_are_bounded_by_the_work_and_zero_bubble_bounds() -> N
     for candidate in result.candidates:
         assert candidate.iteration_ms >= work * (1 - 1e-9), candidate.config.schedule
     exact = solve(profile, cluster, batch, EXACT).prediction.iteration_time_ms
-    assert result.lower_bound_ms <= exact
+    assert result.lower_bound_ms <= exact + 1e-6  # the plan's figure is rounded to 1e-6 ms
 
 
 def test_the_record_says_proven_only_at_gap_zero() -> None:

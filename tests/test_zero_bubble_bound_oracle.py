@@ -27,6 +27,7 @@ from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 
 OPTIONS = SolveOptions(top_k=1, sequence_parallel=False)
 BITES: list[bool] = []  # whether the bound was above the work bound, per instance
+PACKS: list[bool] = []  # whether the packing of layer types raised it, per instance
 
 
 @st.composite
@@ -115,9 +116,18 @@ def test_the_zero_bubble_bound_is_below_every_zero_bubble_plan(instance) -> None
     assert bound <= best * (1 + 1e-9), (bound, best)
     if math.isfinite(best):
         BITES.append(bound > work_bound_ms(model, batch, OPTIONS) * (1 + 1e-9))
+        counted = zero_bubble_bound_ms(model, batch, OPTIONS, packing=False)
+        assert counted <= bound
+        PACKS.append(bound > counted * (1 + 1e-9))
 
 
 def test_the_zero_bubble_bound_bites_on_some_instances() -> None:
     """Runs after the oracle (file order): on some instances the bound is above the work
     bound, so the oracle above tested a bound that does something."""
     assert any(BITES) and len(BITES) >= 10
+
+
+def test_the_packing_of_layer_types_raises_the_bound_on_some_instances() -> None:
+    """Runs after the oracle (file order): the exact packing of layer types with each rank's
+    transfers is above the sorted-prefix count on some instances, so the oracle tested it."""
+    assert any(PACKS) and len(PACKS) >= 10

@@ -49,6 +49,19 @@ every layer. So the bound is also at least min(one rank's whole work, X + 2 m ×
 transfer). m × time(B / m) does not fall as m grows (per-sample time does not grow with the
 share), nor does m × transfer(B / m) (a latency per transfer plus bytes that scale with the
 samples), so the least m of the space bounds every m.
+
+That count lets every rank claim the same light layers (one head on every rank), and charges
+transfers as if every rank sat next to its cheapest neighbour. Where the layers are of few
+types (a transformer's blocks, embedding and head: ``_typed_cover_threshold``), the bound also
+packs whole layers of each type exactly (each layer on one rank, each rank's layers within
+its time and memory, its tp groups within its class's GPUs) and charges each rank its
+transfers: with two ranks or more every rank has a neighbour (two transfers per micro-batch
+with the cheapest it can have), and a plan spanning two classes or more has, in every class
+it uses, a rank next to another class (the chain of stages passes through every rank: two
+transfers per micro-batch across classes, on the slow link between them). Llama-2-7B on
+h100-a100-l4 is the case it was made for: the count let an L4 tp-8 rank hold the head, which
+costs it 0.69 s of transfers to its neighbours, and let the H100s hold three blocks per tp-2
+rank where the rank next to the A100s cannot.
 """
 
 from __future__ import annotations
@@ -294,19 +307,247 @@ def _least_transfer_ms(model: CostModel, b: int, classes: list[int]) -> float:
     return min(model.boundary_ms(side(a), side(z), size) for a in classes for z in classes)
 
 
+TYPED_STATES = 64
+"""Most combinations of the non-bulk layer types (``_typed_cover_threshold``) the exact
+packing of layer types tracks; past it only the sorted-prefix count (``_cover_threshold``)."""
+
+TYPED_WORK = 400_000
+"""Most packing steps (GPUs × rank kinds × combinations²) one feasibility test of the typed
+packing may take; past it only the sorted-prefix count."""
+
+
+def _layer_types(
+    kinds: list[tuple[int, int, list[float], list[float]]], num_layers: int
+) -> tuple[list[int], dict[tuple[tuple[float, ...], tuple[float, ...]], list[int]]]:
+    """The layers grouped by type (the same work and parameter bytes on every rank kind),
+    in first-layer order."""
+    groups: dict[tuple[tuple[float, ...], tuple[float, ...]], list[int]] = {}
+    for l in range(num_layers):  # noqa: E741
+        key = (tuple(w[l] for *_, w, _ in kinds), tuple(p[l] for *_, p in kinds))
+        groups.setdefault(key, []).append(l)
+    return [members[0] for members in groups.values()], groups
+
+
+def _typed_cover_threshold(
+    model: CostModel,
+    kinds: list[tuple[int, int, list[float], list[float]]],
+    sides: dict[int, tuple[float, float]],
+) -> float | None:
+    r"""The least X at which ranks of two or more (each of time at most X) can hold every
+    layer, counting whole layers of each type and each rank's transfers; None when the types
+    are too many to count (``TYPED_STATES``, ``TYPED_WORK``).
+
+    Types: layers with the same work and parameter bytes on every rank kind (a transformer's
+    blocks; its embedding and head each alone). The most numerous type is the bulk; the
+    others' counts form a mixed-radix vector s (how many of each a set of ranks holds). A rank
+    of class k spends its layers' work plus, per iteration, its transfers: with two ranks or
+    more every rank has a neighbour, so at least ``sides[k][0]`` (two transfers per
+    micro-batch with the cheapest neighbour it can have); and when the plan spans two classes
+    or more, each class it uses has a rank next to another class (the chain of stages passes
+    through every rank), which spends at least ``sides[k][1]`` (two transfers per
+    micro-batch across classes) instead. For a rank of kind (k, t) holding non-bulk layers s',
+    n_{k,t}(s') is the most bulk layers it can add within time X and memory (−1 when s' alone
+    does not fit). Per class and flag β (a rank next to another class placed or not),
+    best_k[g][β][s] = the most bulk layers ranks using at most g of its GPUs can hold beside
+    non-bulk layers s: an unbounded knapsack over the rank kinds (tp groups are whole; their
+    placement in nodes only constrains further). The classes combine by their vectors (capped
+    at the counts), each used class with β = 1, or one class alone with either. X is feasible
+    when a combination holds every non-bulk layer and at least the bulk's count. Every
+    constraint is one a dp-1 plan of two ranks or more meets (the order of the pipeline and
+    the nodes only constrain further), so the least feasible X among the rank times that can
+    occur is a lower bound on such a plan's slowest rank."""
+    num_layers = model.num_layers
+    firsts, groups = _layer_types(kinds, num_layers)
+    members = list(groups.values())
+    bulk_index = max(range(len(members)), key=lambda i: (len(members[i]), -i))
+    bulk_layer, bulk_count = firsts[bulk_index], len(members[bulk_index])
+    others = [(firsts[i], len(members[i])) for i in range(len(members)) if i != bulk_index]
+    radix = [count + 1 for _, count in others]
+    states = math.prod(radix)
+    if states > TYPED_STATES:
+        return None
+    budgets = {
+        c.index: min(
+            c.total_gpus, num_layers * max((t for k, t, _, _ in kinds if k == c.index), default=0)
+        )
+        for c in model.classes
+    }
+    steps = 2 * sum(budgets[k] for k, _, _, _ in kinds) * states * states
+    if steps > TYPED_WORK:
+        return None
+    # vectors[state]: the counts of each non-bulk type, the first type varying fastest.
+    vectors = [tuple(reversed(v)) for v in itertools.product(*(range(r) for r in reversed(radix)))]
+    position = {v: i for i, v in enumerate(vectors)}
+    add = [
+        [
+            position[tuple(min(x + y, r - 1) for x, y, r in zip(u, v, radix, strict=True))]
+            for v in vectors
+        ]
+        for u in vectors
+    ]
+    full = states - 1
+    # Per kind and non-bulk vector: its work and parameter bytes; the bulk's per layer.
+    rank_kinds = []
+    for k, t, works, params in kinds:
+        fixed = [
+            (
+                sum(c * works[i] for (i, _), c in zip(others, v, strict=True)),
+                sum(c * params[i] for (i, _), c in zip(others, v, strict=True)),
+            )
+            for v in vectors
+        ]
+        rank_kinds.append((k, t, fixed, works[bulk_layer], params[bulk_layer]))
+
+    def gains(limit: float, room: float, fixed: list[tuple[float, float]], w: float, p: float):
+        """n(s') per non-bulk vector for a rank of time at most ``limit`` (−1: s' alone
+        does not fit)."""
+        # A little slack on both sides: the candidates are sums of these same figures, and a
+        # rounding below one must not make it infeasible (more slack only lowers the bound).
+        limit = limit * (1 + 1e-12) + 1e-9
+        out = []
+        for work, memory in fixed:
+            if work > limit or memory > room:
+                out.append(-1)
+                continue
+            n = bulk_count
+            if w > 0:
+                n = min(n, math.floor((limit - work) / w + 1e-9))
+            if p > 0:
+                n = min(n, math.floor((room - memory) / p + 1e-9))
+            out.append(n)
+        return out
+
+    def merge(left: list[int], right: list[int]) -> list[int]:
+        """The most bulk layers per vector of two disjoint sets of ranks together."""
+        out = [-1] * states
+        for s, held in enumerate(left):
+            if held < 0:
+                continue
+            row = add[s]
+            for extra, n in enumerate(right):
+                if n >= 0 and held + n > out[row[extra]]:
+                    out[row[extra]] = held + n
+        return out
+
+    def feasible(limit: float) -> bool:
+        """Whether ranks of time at most ``limit`` hold every layer (the docstring's test)."""
+        total = [-1] * states
+        total[0] = 0
+        alone = False
+        for c in model.classes:
+            plain, crossing = sides[c.index]
+            room = model.usable_bytes(c.index)
+            items = [
+                (
+                    t,
+                    gains(limit - plain, room, fixed, w, p),
+                    gains(limit - crossing, room, fixed, w, p),
+                )
+                for k, t, fixed, w, p in rank_kinds
+                if k == c.index
+            ]
+            if not items:
+                continue
+            budget = budgets[c.index]
+            # best[g][beta]: per vector, the most bulk layers (-1: unreachable).
+            best = [[[-1] * states, [-1] * states] for _ in range(budget + 1)]
+            best[0][0][0] = 0
+            for g in range(1, budget + 1):
+                rows = [list(best[g - 1][0]), list(best[g - 1][1])]  # a GPU left unused
+                for t, plain_gain, crossing_gain in items:
+                    if t > g:
+                        continue
+                    before = best[g - t]
+                    for beta in (0, 1):
+                        for gain, after in ((plain_gain, beta), (crossing_gain, 1)):
+                            row = rows[after]
+                            for s, held in enumerate(before[beta]):
+                                if held < 0:
+                                    continue
+                                into = add[s]
+                                for extra, n in enumerate(gain):
+                                    if n >= 0 and held + n > row[into[extra]]:
+                                        row[into[extra]] = held + n
+                best[g] = rows
+            alone = alone or best[budget][0][full] >= bulk_count
+            used = best[budget][1]
+            total = [max(x, y) for x, y in zip(total, merge(total, used), strict=True)]
+        return alone or total[full] >= bulk_count
+
+    # The candidates: every time a rank of some kind can have (non-bulk set plus n bulk).
+    allowances = {a for pair in sides.values() for a in pair if math.isfinite(a)}
+    candidates = sorted(
+        {
+            work + n * w + a
+            for _, _, fixed, w, _ in rank_kinds
+            for work, _ in fixed
+            for n in range(bulk_count + 1)
+            for a in allowances
+        }
+    )
+    low, high = 0, len(candidates)
+    while low < high:
+        middle = (low + high) // 2
+        if feasible(candidates[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return candidates[low] if low < len(candidates) else math.inf
+
+
+def _rank_sides(
+    model: CostModel, b: int, m: int, classes: list[int]
+) -> dict[int, tuple[float, float]]:
+    """Per class k of ``classes``: (what a rank of k spends on the transfers with its
+    cheapest neighbour, what it spends next to another class of ``classes``) per iteration,
+    two transfers per micro-batch (a forward out and its gradient back, or the reverse) of m
+    micro-batches of b samples (``_least_transfer_ms``'s sides and size; inf across classes
+    when k is the only one)."""
+    layers = model.profile.layers[:-1]
+    size = (
+        min(x.output_activation_bytes for x in layers) / model.profile.micro_batch_size
+        if layers
+        else 0.0
+    )
+
+    def side(k: int) -> LinkSide:
+        return LinkSide((k,), b, b, k if model.classes[k].num_nodes == 1 else None)
+
+    out = {}
+    for k in classes:
+        same = model.boundary_ms(side(k), side(k), size)
+        across = min(
+            (
+                min(
+                    model.boundary_ms(side(k), side(z), size),
+                    model.boundary_ms(side(z), side(k), size),
+                )
+                for z in classes
+                if z != k
+            ),
+            default=math.inf,
+        )
+        out[k] = (2 * m * min(same, across), 2 * m * across)
+    return out
+
+
 HEAVY_SETS = 8
 """How many sets of heaviest layers the zero-bubble bound tries: all but the 0..7 lightest
 (an embedding, a final norm, a head: what every rank could otherwise claim); fewer layers
 than that only lower the count to cover."""
 
 
-def zero_bubble_bound_ms(model: CostModel, batch: int, options: SolveOptions) -> float:
+def zero_bubble_bound_ms(
+    model: CostModel, batch: int, options: SolveOptions, packing: bool = True
+) -> float:
     """The zero-bubble bound of the module docstring: no zero-bubble plan of the space (dp 1)
     is faster; inf when none can exist (no count, or the layers never fit).
 
-    Cheap layers (an embedding, a final norm) would let every rank claim them: the bound is
+    Cheap layers (an embedding, a final norm) would let every rank claim them: the count is
     taken over the h heaviest layers for the ``HEAVY_SETS`` largest h (any set of layers must
-    be covered too) and the largest kept."""
+    be covered too) and the largest kept; with ``packing`` (the default; off only for the
+    tests that compare the two) the exact packing of layer types with each rank's transfers
+    (``_typed_cover_threshold``) raises it where the types are few."""
     counts = divisors(batch)
     if options.num_micro_batches is not None:
         counts = [m for m in counts if m == options.num_micro_batches]
@@ -315,7 +556,7 @@ def zero_bubble_bound_ms(model: CostModel, batch: int, options: SolveOptions) ->
     m = min(counts)
     sequence_parallel = False if options.sequence_parallel is False else None
     cache = _cache_of(model).zero_bubble
-    key = (_view_key(model), batch, m, options.tp, sequence_parallel)
+    key = (_view_key(model), batch, m, options.tp, sequence_parallel, packing)
     found = cache.get(key)
     if found is not None:
         return found
@@ -330,6 +571,7 @@ def zero_bubble_bound_ms(model: CostModel, batch: int, options: SolveOptions) ->
         sizes = range(max(1, len(order) - HEAVY_SETS + 1), len(order) + 1)
         work = max(_cover_threshold(model, kinds, order[:h]) for h in sizes)
         usable = sorted({k for k, _, _, _ in kinds})
+
         passes = min(2 * model.pass_overhead_ms(k) for k in usable)
         step = min(model.step_overhead_ms(k) for k in usable)
         # One rank holds every layer, or each rank also spends two transfers per micro-batch.
@@ -338,6 +580,10 @@ def zero_bubble_bound_ms(model: CostModel, batch: int, options: SolveOptions) ->
             default=math.inf,
         )
         apart = work + 2 * m * _least_transfer_ms(model, batch // m, usable)
+        sides = _rank_sides(model, batch // m, m, usable)
+        typed = _typed_cover_threshold(model, kinds, sides) if packing else None
+        if typed is not None:
+            apart = max(apart, typed)
         found = max(work, min(single, apart)) + m * passes + step
     cache[key] = found
     return found
