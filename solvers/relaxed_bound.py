@@ -58,6 +58,9 @@ GRID_POINTS = 96
 STAGE_CAP_KEPT = 8
 """The most stages a run may have is kept in the relaxation up to this many (1F1B: m)."""
 
+_CAPS_AT_ONCE = 8
+"""Caps whose stage counts are searched in one pass (``RunRelaxation``'s bound)."""
+
 PRICE_FACTORS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
 """The prices tried, as multiples of ``weights`` scaled to the peak (module docstring)."""
 
@@ -131,55 +134,88 @@ class RunRelaxation:
         grid = np.append(grid, math.inf)  # A_{n+1}: no cap
         order = np.argsort(floors, axis=0, kind="stable")
         ordered = np.take_along_axis(floors, order, axis=0)  # (options, n + 1, n + 1)
-        # counts[g, cell]: options of floor <= grid[g] on cell (i, j).
         flat = ordered.reshape(ordered.shape[0], -1)
-        counts = np.empty((len(grid), flat.shape[1]), dtype=np.int64)
-        for cell in range(flat.shape[1]):
-            counts[:, cell] = np.searchsorted(flat[:, cell], grid, "right")
-        cells = np.arange(flat.shape[1])[None, :]
+        cells = flat.shape[1]
+        size = len(grid)
+        # counts[g, cell]: options of floor <= A_g on cell (i, j). One search of every floor
+        # in the grid (the first A_g >= c) and a running count, not a search per cell.
+        first = np.searchsorted(grid, flat, "left")  # (options, cells)
+        seen = np.bincount(
+            (first * cells + np.arange(cells)).reshape(-1), minlength=(size + 1) * cells
+        )
+        counts = np.cumsum(seen.reshape(size + 1, cells)[:size], axis=0)
+        # Where in [inf row; running minima] each (g, cell) reads: the row ``counts`` (row 0
+        # the inf of no option), the column its cell.
+        at = (counts * cells + np.arange(cells)).reshape(-1)
         capacity = float(np.asarray(resources, dtype=np.float64) @ weights)
         option_weight = uses.astype(np.float64) @ weights
         scale = lowest_peak / capacity if capacity > 0 else 0.0
         # A cap of many stages seldom binds: dropped (a relaxation), it costs far less.
         capped = most if most <= STAGE_CAP_KEPT else n
-        size = len(grid)
 
         def capped_costs(values: np.ndarray) -> np.ndarray:
-            """[g, i, j]: the least of ``values`` (per option, in ``order``) over the options
-            of floor <= A_g on [i, j) (inf where none)."""
-            running = np.minimum.accumulate(values, axis=0).reshape(len(flat), -1)
-            padded = np.concatenate([np.full((1, flat.shape[1]), math.inf), running])
-            return padded[counts, cells].reshape(size, n + 1, n + 1)
+            """[k, g, i, j]: per row k of ``values`` ([k, option, cell], options in
+            ``order``), the least over the options of floor <= A_g on [i, j) (inf where
+            none)."""
+            padded = np.empty((len(values), len(flat) + 1, cells))
+            padded[:, 0] = math.inf
+            padded[:, 1:] = values
+            # The running minimum one option at a time: numpy's accumulate along an axis
+            # runs several times slower than these few whole-row minimums.
+            for k in range(2, len(flat) + 1):
+                np.minimum(padded[:, k - 1], padded[:, k], out=padded[:, k])
+            taken = np.take(padded.reshape(len(values), -1), at, axis=1)
+            return taken.reshape(len(values), size, n + 1, n + 1)
 
         prices = np.array([factor * scale * weights for factor in PRICE_FACTORS])
         # Every price's table in one array (the shortest paths run once over all of them).
-        cost = np.concatenate(
-            [
-                capped_costs(ordered + factor * scale * option_weight[order])
-                for factor in PRICE_FACTORS
-            ]
-        )
-        values = _shortest(cost, n, min_stages, capped).reshape(len(prices), size)
-        values -= (prices @ np.asarray(resources, dtype=np.float64))[:, None]
-        best = np.maximum(values.max(axis=0), 0.0)
+        sorted_weight = option_weight[order].reshape(flat.shape)
+        cost = capped_costs(
+            np.stack([flat + factor * scale * sorted_weight for factor in PRICE_FACTORS])
+        ).reshape(len(PRICE_FACTORS) * size, n + 1, n + 1)
+        priced = (prices @ np.asarray(resources, dtype=np.float64))[:, None]
         prefix = _prefixes(cost, n).reshape(len(prices), size, n + 1)
         # Where no partition of stages at most A_g fits the resources, D is infinite: for a
         # direction ν >= 0, the least ν · Σ u over the partitions above ν · R proves it.
         directions = np.vstack([weights[None, :], np.eye(len(resources))])
-        need = np.concatenate(
-            [capped_costs((uses.astype(np.float64) @ d)[order]) for d in directions]
-        )
+        need = capped_costs(
+            np.stack([(uses.astype(np.float64) @ d)[order].reshape(flat.shape) for d in directions])
+        ).reshape(len(directions) * size, n + 1, n + 1)
         # [direction, g, i]: least ν · Σ u over [0, i) at A_g
         self.needs = _prefixes(need, n).reshape(len(directions), size, n + 1)
         self.directions = directions
         have = directions @ np.asarray(resources, dtype=np.float64)
-        short = (self.needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9).any(axis=0)
-        best = np.where(short, math.inf, best)
+        short = np.any(self.needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9, axis=0)
+
+        def totals(values: np.ndarray, caps: np.ndarray) -> np.ndarray:
+            """(m - 1) A_g + D(A_{g + 1}) for the caps g + 1 of ``values`` ([price, cap]:
+            the least Σ c + μ · u at each price), D inf where the resources rule it out."""
+            best = np.maximum((values - priced).max(axis=0), 0.0)
+            best = np.where(np.take(short, caps), math.inf, best)
+            with np.errstate(invalid="ignore"):
+                out = (m - 1) * grid[caps - 1] + best
+            return np.where(np.isnan(out), math.inf, out)
+
         # min over g of (m - 1) A_g + D(A_{g+1}), the last interval [A_n, ∞) read at the
-        # uncapped column.
-        with np.errstate(invalid="ignore"):
-            totals = (m - 1) * grid[:-1] + best[1:]
-        self.bound = float(np.where(np.isnan(totals), math.inf, totals).min())
+        # uncapped column. The stage counts cost most; without them (any count: a
+        # partition of fewer stages, or more, is also one here) the same sums are taken in
+        # the same order, so each cap's total is at most its counted one: only the caps
+        # whose uncounted total is below the best counted total found are counted, in the
+        # order of that total, a few at a time. The minimum is the one all would give.
+        caps = np.arange(1, size)
+        counted = min_stages > 1 or capped < n
+        loose = totals(_shortest(cost, n, 1, n).reshape(len(prices), size)[:, caps], caps)
+        if not counted:
+            self.bound = float(loose.min())
+        else:
+            bound = math.inf
+            pending = caps[np.argsort(loose, kind="stable")]
+            while len(pending) and loose[pending[0] - 1] < bound:
+                batch, pending = pending[:_CAPS_AT_ONCE], pending[_CAPS_AT_ONCE:]
+                rows = (np.arange(len(prices))[:, None] * size + batch[None, :]).reshape(-1)
+                values = _shortest(cost[rows], n, min_stages, capped)
+                bound = min(bound, float(totals(values.reshape(len(prices), -1), batch).min()))
+            self.bound = bound
         self.grid = grid
         self.prefix = prefix  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
         self.prices = prices
@@ -242,6 +278,8 @@ def _shortest(cost: np.ndarray, n: int, least: int, most: int) -> np.ndarray:
             best[:, i] = (cost[:, i, i + 1 :] + best[:, i + 1 :]).min(axis=1)
         whole: np.ndarray = best[:, 0]
         return whole
+    if most >= n and n - least <= least:
+        return _shortest_by_slack(cost, n, n - least)
     # by[g, q, i]: q stages covering [i, n); with no cap, q counts up to ``least`` only
     # (the last state is "least or more": a stage more keeps it there).
     top = most if most < n else least
@@ -253,4 +291,25 @@ def _shortest(cost: np.ndarray, n: int, least: int, most: int) -> np.ndarray:
         if most >= n:
             by[:, top, i] = np.minimum(by[:, top, i], ahead[:, top])
     counted: np.ndarray = by[:, least : top + 1, 0].min(axis=1)
+    return counted
+
+
+def _shortest_by_slack(cost: np.ndarray, n: int, slack: int) -> np.ndarray:
+    """``_shortest`` with at least n - ``slack`` stages and no cap, counted by the layers
+    the stages hold beyond one each (Σ (j - i - 1) <= slack): fewer states where the least
+    count is close to n (GPipe runs of many micro-batches). The same sums in the same order
+    (a stage's cost plus the best behind it) over the same partitions: the same minimum."""
+    rows = cost.shape[0]
+    # by[g, r, i]: partitions of [i, n) whose stages hold r layers beyond one each.
+    by = np.full((rows, slack + 1, n + 1), math.inf)
+    by[:, 0, n] = 0.0
+    for i in range(n - 1, -1, -1):
+        for extra in range(min(slack, n - i - 1) + 1):
+            j = i + 1 + extra
+            np.minimum(
+                by[:, extra:, i],
+                cost[:, i, j, None] + by[:, : slack + 1 - extra, j],
+                out=by[:, extra:, i],
+            )
+    counted: np.ndarray = by[:, :, 0].min(axis=1)
     return counted

@@ -16,7 +16,13 @@ from autoplan.solve import cost_model
 from autoplan.solve.hetero import HeteroSource, _root_bound
 from autoplan.solve.space import divisors
 from solvers.oracle import compositions
-from solvers.relaxed_bound import GRID_STEP, RunRelaxation, stage_floors
+from solvers.relaxed_bound import (
+    GRID_STEP,
+    STAGE_CAP_KEPT,
+    RunRelaxation,
+    _shortest,
+    stage_floors,
+)
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
 from tests.test_solver_oracle import OPTIONS, brute_force_hetero_runs, hetero_instances
 
@@ -280,3 +286,35 @@ def test_a_run_whose_root_bound_reaches_the_incumbent_is_skipped() -> None:
         bound = _root_bound(model, batch, OPTIONS, run, {}, index, HeteroSource)
         skipped += bound >= optimum
     assert skipped >= 1, "no run's root bound reaches the optimum: the test shows nothing"
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.integers(1, 7).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.integers(1, n),
+            st.integers(1, n),
+            st.lists(st.integers(0, 50), min_size=2 * (n + 1) ** 2, max_size=2 * (n + 1) ** 2),
+        )
+    )
+)
+def test_the_shortest_partitions_are_the_brute_force_ones(case) -> None:
+    """``_shortest`` (both of its stage counts: by stages, and by the layers beyond one per
+    stage where few partitions have as many stages as asked) equals the least Σ cost over
+    every partition of least..most stages, per row."""
+    n, least, most, numbers = case
+    cost = np.array(numbers, dtype=np.float64).reshape(2, n + 1, n + 1)
+    least, most = min(least, most), max(least, most)
+    cap = most if most <= STAGE_CAP_KEPT else n  # what RunRelaxation passes
+    got = _shortest(cost, n, least, cap)
+    for row in range(2):
+        want = min(
+            (
+                sum(cost[row, a, b] for a, b in itertools.pairwise([0, *itertools.accumulate(s)]))
+                for p in range(least, cap + 1 if cap < n else n + 1)
+                for s in compositions(n, p)
+            ),
+            default=math.inf,
+        )
+        assert got[row] == want, (row, got[row], want)
