@@ -35,8 +35,12 @@ import itertools
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pulp
+# PuLP is imported where the ILP is built: most share searches enumerate in process, and
+# importing it costs a CLI solve ~30 ms of its start-up.
+if TYPE_CHECKING:
+    import pulp
 
 __all__ = [
     "ENUMERATION_LIMIT",
@@ -95,6 +99,8 @@ class _ShareModel:
     """The PuLP model, one method per constraint family."""
 
     def __init__(self, problem: ShareProblem) -> None:
+        import pulp
+
         self.p = problem
         self.lp = pulp.LpProblem("uneven_shares", pulp.LpMinimize)
         self.counts = [
@@ -122,9 +128,13 @@ class _ShareModel:
         return [b for (mm, kk, b) in self.x if mm == m and kk == k]
 
     def add_one_micro_batch_count_constraints(self) -> None:
+        import pulp
+
         self.lp += pulp.lpSum(self.w.values()) == 1, "one_micro_batch_count"
 
     def add_one_size_per_class_constraints(self) -> None:
+        import pulp
+
         for m in self.counts:
             for k in range(len(self.p.classes)):
                 self.lp += (
@@ -133,6 +143,8 @@ class _ShareModel:
                 )
 
     def add_global_batch_constraints(self) -> None:
+        import pulp
+
         for m in self.counts:
             self.lp += (
                 pulp.lpSum(
@@ -145,6 +157,8 @@ class _ShareModel:
             )
 
     def add_slowest_replica_constraints(self) -> None:
+        import pulp
+
         for m in self.counts:
             for k, c in enumerate(self.p.classes):
                 self.lp += (
@@ -154,6 +168,8 @@ class _ShareModel:
                 )
 
     def add_exposed_allreduce_constraints(self) -> None:
+        import pulp
+
         for k, c in enumerate(self.p.classes):
             self.lp += (
                 self.e
@@ -165,6 +181,8 @@ class _ShareModel:
             )
 
     def solve(self, time_limit_s: float) -> ShareSearch:
+        import pulp
+
         if not self.counts:
             return ShareSearch(None, True)
         self.add_one_micro_batch_count_constraints()
@@ -182,6 +200,8 @@ class _ShareModel:
         return ShareSearch(self._checked_solution(), True)
 
     def _checked_solution(self) -> ShareSolution:
+        import pulp
+
         chosen_m = [m for m in self.counts if (self.w[m].value() or 0) > 0.5]
         if len(chosen_m) != 1:
             raise RuntimeError(f"share ILP chose {len(chosen_m)} micro-batch counts")
@@ -203,6 +223,8 @@ class _ShareModel:
 
 
 def _solver(time_limit_s: float) -> pulp.LpSolver:
+    import pulp
+
     if "HiGHS" in pulp.listSolvers(onlyAvailable=True):
         return pulp.HiGHS(msg=False, timeLimit=time_limit_s)
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)

@@ -583,6 +583,29 @@ class CostModel:
                 lambda c, m: (mode_forward_ms(c, m, host), mode_backward_ms(c, m, host)),
             )
             whole = dict(zip(("start_work", "start_backward"), starts, strict=True))
+        # Each per-layer figure once per distinct cost object (a model's repeated blocks
+        # share one), then spread over the layers.
+        distinct: dict[int, int] = {}
+        slots = [distinct.setdefault(id(c), len(distinct)) for c in layers]
+        unique = list({id(c): c for c in layers}.values())
+
+        def spread(values: list[float]) -> list[float]:
+            """Prefix sums of per-distinct-layer ``values`` over the layers."""
+            return _prefix([values[slot] for slot in slots])
+
+        def backward_compute(mode: str) -> list[float]:
+            full = split_mode(mode)[0] == "full"
+            less = [
+                (c.backward_tp_comm_ms, c.forward_tp_comm_ms - c.regather_ms if full else 0.0)
+                for c in unique
+            ]
+            return _prefix(
+                [
+                    b - less[slot][0] - less[slot][1]
+                    for slot, b in zip(slots, backward[mode], strict=True)
+                ]
+            )
+
         return CostTables(
             alone=alone,
             blocks=blocks,
@@ -593,27 +616,13 @@ class CostModel:
                 for m in ALL_MODES
             },
             backward={m: _prefix(backward[m]) for m in ALL_MODES},
-            saved={m: _prefix([resident_saved_bytes(c, m) for c in layers]) for m in ALL_MODES},
-            params=_prefix([c.params_per_gpu for c in layers]),
-            forward_compute=_prefix([c.forward_compute_ms for c in layers]),
-            forward_tp=_prefix([c.forward_tp_comm_ms for c in layers]),
-            backward_compute={
-                m: _prefix(
-                    [
-                        b
-                        - c.backward_tp_comm_ms
-                        - (
-                            c.forward_tp_comm_ms - c.regather_ms
-                            if split_mode(m)[0] == "full"
-                            else 0.0
-                        )
-                        for c, b in zip(layers, backward[m], strict=True)
-                    ]
-                )
-                for m in ALL_MODES
-            },
-            backward_tp=_prefix([c.backward_tp_comm_ms for c in layers]),
-            parked={m: _prefix([parked_bytes(c, m) for c in layers]) for m in ALL_MODES},
+            saved={m: spread([resident_saved_bytes(c, m) for c in unique]) for m in ALL_MODES},
+            params=spread([c.params_per_gpu for c in unique]),
+            forward_compute=spread([c.forward_compute_ms for c in unique]),
+            forward_tp=spread([c.forward_tp_comm_ms for c in unique]),
+            backward_compute={m: backward_compute(m) for m in ALL_MODES},
+            backward_tp=spread([c.backward_tp_comm_ms for c in unique]),
+            parked={m: spread([parked_bytes(c, m) for c in unique]) for m in ALL_MODES},
         )
 
     def _ring_link(self, dc: DeviceClass, tp: int, cp: int) -> _RingLink:
