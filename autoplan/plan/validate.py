@@ -441,6 +441,25 @@ def _gpus_and_shares(replica: Replica) -> tuple[str, str, int, int, tuple[int, .
     )
 
 
+def _cp_nodes(
+    replica: Replica, entry_of: dict[int, RankEntry], cluster_nodes: dict[str, Node]
+) -> list[tuple[str, str]]:
+    """(node, GPU type) of each cp index of ``replica``: its node for all, except where its cp
+    group spans nodes (uneven chunks across GPU types, ``context_tokens``): cp index c > 0 is
+    on its first rank's node (rank_map), a GPU type of the cluster's; each tp group stays on
+    one node."""
+    tp, cp = replica.tensor_parallel_degree, replica.context_parallel_degree
+    nodes = [(replica.node, replica.gpu_type)] * cp
+    if replica.context_tokens is None:
+        return nodes
+    for c in range(1, min(cp, len(replica.ranks) // tp)):
+        found = entry_of.get(replica.ranks[c * tp])
+        if found is not None:
+            node = cluster_nodes.get(found.node)
+            nodes[c] = (found.node, found.gpu_type if node is None else node.gpu)
+    return nodes
+
+
 def _check_replicas(plan: Plan, problems: list[str]) -> None:
     world = len(plan.rank_map)
     ranks = [entry.rank for entry in plan.rank_map]
@@ -487,6 +506,7 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
             if len(replica.ranks) != tp * cp:
                 degree = f"tp × cp is {tp} × {cp}" if cp > 1 else f"tp is {tp}"
                 problems.append(f"{name} lists {len(replica.ranks)} ranks; its {degree}")
+            cp_nodes = _cp_nodes(replica, entry_of, cluster_nodes)
             node = cluster_nodes.get(replica.node)
             if node is None:
                 problems.append(f"{name} is on node '{replica.node}', not in the cluster")
@@ -505,8 +525,9 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
                     problems.append(f"{name} lists rank {rank}, which rank_map lacks")
                     continue
                 says = (found.pipeline_rank, found.dp_index, found.tp_index, found.node)
-                should = (p, d, t, replica.node)
-                if says != should or found.gpu_type != replica.gpu_type or found.cp_index != c:
+                should_node, should_type = cp_nodes[c] if c < len(cp_nodes) else cp_nodes[0]
+                should = (p, d, t, should_node)
+                if says != should or found.gpu_type != should_type or found.cp_index != c:
                     # The cp index is named only where cp is in play.
                     said = f"cp {found.cp_index}, " if cp > 1 or found.cp_index else ""
                     due = f"cp {c}, " if cp > 1 or found.cp_index else ""
@@ -514,8 +535,8 @@ def _check_replicas(plan: Plan, problems: list[str]) -> None:
                     problems.append(
                         f"rank {rank} says (pipeline {found.pipeline_rank}, dp {found.dp_index}, "
                         f"{said}tp {found.tp_index}, {found.node}, {found.gpu_type}); as {where} "
-                        f"of {name} it is (pipeline {p}, dp {d}, {due}tp {t}, {replica.node}, "
-                        f"{replica.gpu_type})"
+                        f"of {name} it is (pipeline {p}, dp {d}, {due}tp {t}, {should_node}, "
+                        f"{should_type})"
                     )
     for entry in plan.rank_map:
         if entry.rank not in owner:
@@ -654,13 +675,18 @@ def _estimate_kind(estimate: MemoryEstimate) -> _Kind:
 
 
 def _replica_kinds(plan: Plan) -> list[_Kind]:
-    """Every (pipeline rank, GPU type, tp, share) some replica has, in rank order."""
+    """Every (pipeline rank, GPU type, tp, share) some replica has, in rank order (each GPU
+    type of a cp group that spans types)."""
+    entry_of = {entry.rank: entry for entry in plan.rank_map}
+    cluster_nodes = {node.name: node for node in plan.inputs.cluster.nodes()}
     kinds: list[_Kind] = []
     for p, replicas in sorted(_replicas_of_rank(plan).items()):
         for replica in replicas:
-            kind = (p, replica.gpu_type, replica.tensor_parallel_degree, replica.micro_batch_size)
-            if kind not in kinds:
-                kinds.append(kind)
+            for _, gpu_type in _cp_nodes(replica, entry_of, cluster_nodes):
+                tp = replica.tensor_parallel_degree
+                kind = (p, gpu_type, tp, replica.micro_batch_size)
+                if kind not in kinds:
+                    kinds.append(kind)
     return kinds
 
 

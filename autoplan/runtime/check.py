@@ -89,15 +89,20 @@ def _check_replicas(plan: Plan) -> None:
                     "ranks must be distinct and ascending by tp index"
                 )
             tp = replica.tensor_parallel_degree
+            where = (replica.gpu_type, replica.node)
             for position, rank in enumerate(replica.ranks):
-                t = position % tp  # rank i of a replica is cp index i // tp, tp index i % tp
+                c, t = divmod(position, tp)  # rank i of a replica: cp index i // tp, tp i % tp
                 if not 0 <= rank < world or plan.rank_map[rank].rank != rank:
                     raise InputError(
                         f"stage {stage.index} replica {d} lists rank {rank}; the rank map "
                         f"holds ranks 0..{world - 1} in order"
                     )
                 entry = plan.rank_map[rank]
-                expected = (stage.pipeline_rank, d, t, replica.gpu_type, replica.node)
+                if t == 0 and c > 0 and replica.context_tokens is not None:
+                    # A cp group across GPU types spans nodes: each cp rank's tp group is on
+                    # the node of its first rank (the validator checks the types).
+                    where = (entry.gpu_type, entry.node)
+                expected = (stage.pipeline_rank, d, t, *where)
                 found = (
                     entry.pipeline_rank,
                     entry.dp_index,

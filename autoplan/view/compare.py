@@ -34,8 +34,9 @@ def _replicas_per_stage(plan: Plan) -> str:
     """Consecutive stages with the same replicas folded:
     's0-3: cpu tp1 × 2 (micro-batch 2 each)'."""
     runs: list[list] = []
+    types = {entry.rank: entry.gpu_type for entry in plan.rank_map}
     for stage in plan.stages:
-        text = replicas_text(stage)
+        text = replicas_text(stage, types)
         if runs and runs[-1][2] == text:
             runs[-1][1] = stage.index
         else:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Any
 
 from autoplan.cluster.catalog import precision_warnings
 from autoplan.plan.fingerprint import edited_since_costed
-from autoplan.plan.schema import Plan, Stage, StageTiming
+from autoplan.plan.schema import Plan, Replica, Stage, StageTiming
 from autoplan.plan.stage_spec import format_stage_specs, plan_stage_specs
 from autoplan.view.document import Document, Figure, Section
 from autoplan.view.memory_bars import memory_section
@@ -82,27 +83,51 @@ def _ms(milliseconds: float) -> Figure:
     return Figure(duration_text(milliseconds), milliseconds, "ms")
 
 
-def replicas_text(stage: Stage) -> str:
+def replicas_text(stage: Stage, rank_types: dict[int, str] | None = None) -> str:
     """A stage's replicas by kind, in order of first appearance, with each replica's
     micro-batch size (samples per micro-batch of one replica, as Megatron-LM counts it), e.g.
     'A100-40GB tp1 × 4 (micro-batch 8 each) + V100-16GB tp4 × 1 (micro-batch 4)'; a
     context-parallel replica reads 'H100 tp2 cp4 × 1' (cp groups of tp GPUs, each a chunk of
-    the sequence)."""
-    kinds: Counter[tuple[str, int, int, int]] = Counter()
+    the sequence), with uneven chunks 'H100 tp1 cp2 (H100 640 + A100 384 tokens) × 1' (each
+    cp rank's GPU type from ``rank_types``, global rank → GPU type, where given)."""
+    kinds: Counter[tuple[str, int, int, str, int]] = Counter()
     for replica in stage.replicas:
         kind = (
             replica.gpu_type,
             replica.tensor_parallel_degree,
             replica.context_parallel_degree,
+            _chunks_text(replica, rank_types or {}),
             replica.micro_batch_size,
         )
         kinds[kind] += 1
     parts = []
-    for (gpu_type, tp, cp, share), count in kinds.items():
+    for (gpu_type, tp, cp, chunks, share), count in kinds.items():
         each = " each" if count > 1 else ""
-        ring = f" cp{cp}" if cp > 1 else ""
+        ring = f" cp{cp}{chunks}" if cp > 1 else ""
         parts.append(f"{gpu_type} tp{tp}{ring} × {count} (micro-batch {share}{each})")
     return " + ".join(parts)
+
+
+def _chunks_text(replica: Replica, rank_types: dict[int, str]) -> str:
+    """' (H100 640 + 2 × A100 192 tokens)' for uneven chunks (runs of one GPU type and count
+    merged), '' for equal ones."""
+    if replica.context_tokens is None:
+        return ""
+    tp = replica.tensor_parallel_degree
+    runs: list[list[Any]] = []
+    for c, tokens in enumerate(replica.context_tokens):
+        rank = replica.ranks[c * tp] if c * tp < len(replica.ranks) else -1
+        # Unknown where the caller gives no rank map: the count alone.
+        gpu_type = rank_types.get(rank, "")
+        if runs and runs[-1][1:] == [gpu_type, tokens]:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, gpu_type, tokens])
+    parts = [
+        f"{f'{n} × ' if n > 1 else ''}{f'{gpu_type} ' if gpu_type else ''}{tokens}"
+        for n, gpu_type, tokens in runs
+    ]
+    return f" ({' + '.join(parts)} tokens)"
 
 
 def micro_batch_text(plan: Plan) -> str:
@@ -182,9 +207,13 @@ def overview_section(plan: Plan) -> Section:
         + _expert_text(plan),
     )
     virtual_flag = f" v={par.virtual_stages_per_rank}" if par.virtual_stages_per_rank > 1 else ""
+    uneven = any(r.context_tokens for s in plan.stages for r in s.replicas)
     section.add(
         "as cost --stages",
-        f"pp={par.pipeline_degree} m={par.num_micro_batches} {par.schedule}{virtual_flag}"
+        # The notation has no uneven cp chunks: a line without them would price another plan.
+        "- (uneven cp chunks, which the notation does not write)"
+        if uneven
+        else f"pp={par.pipeline_degree} m={par.num_micro_batches} {par.schedule}{virtual_flag}"
         f"{' sp' if par.sequence_parallel else ''} | " + format_stage_specs(plan_stage_specs(plan)),
     )
     if par.async_pb is not None:  # it changes the optimisation, not only the speed
@@ -286,6 +315,7 @@ def stages_section(plan: Plan) -> Section:
         right=frozenset({0, 1, 7, 8, 9}),
         heading_columns=2,
     )
+    node_of = {entry.rank: entry.node for entry in plan.rank_map}
     for stage in plan.stages:
         timing = timing_of.get(stage.index)
         last = stage.index + 1 == len(plan.stages)
@@ -306,8 +336,13 @@ def stages_section(plan: Plan) -> Section:
             Figure(str(stage.pipeline_rank), stage.pipeline_rank, ""),
             f"{stage.layer_start}-{stage.layer_end - 1} ({counted(count, 'layer')})"
             + (f": {units}" if units else ""),
-            replicas_text(stage),
-            node_ranges(replica.node for replica in stage.replicas),
+            replicas_text(stage, {entry.rank: entry.gpu_type for entry in plan.rank_map}),
+            # Every rank's node: a cp group across GPU types spans nodes.
+            node_ranges(
+                node_of.get(rank, replica.node)
+                for replica in stage.replicas
+                for rank in replica.ranks
+            ),
             runs_text(
                 replica.recompute + (" +offload" if replica.offload else "")
                 for replica in stage.replicas
