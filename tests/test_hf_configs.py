@@ -277,6 +277,12 @@ def _tiny_llama() -> dict:
         ({**_tiny_llama(), "rope_scaling": {"rope_type": "warp"}}, "rope_scaling type 'warp'"),
         ({**_tiny_llama(), "hidden_act": "tanh"}, "hidden_act 'tanh' is not supported"),
         ({**_tiny_llama(), "num_experts": 4}, "(4 experts) of a family autoplan does not read"),
+        # Found by fuzzing: an odd head width reached RoPE and failed inside torch's tracing.
+        ({**_tiny_llama(), "head_dim": 3}, "RoPE rotates 3 dimensions of each head"),
+        (
+            {**json.loads((DATA / "tiny-neox" / "config.json").read_text()), "rotary_pct": 0.1},
+            "RoPE rotates 1 dimensions of each head",
+        ),
     ],
 )
 def test_bad_configs_are_one_line_and_exit_code_2(

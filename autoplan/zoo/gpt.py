@@ -64,6 +64,13 @@ class GPTConfig:
             )
         if self.rotary_fraction is not None and not 0 < self.rotary_fraction <= 1:
             raise ValueError(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
+        rotated = self.rotary_dims
+        if rotated is not None and (rotated < 2 or rotated % 2):
+            # RoPE turns dimensions in pairs (i, i + d/2): an odd count has one left over.
+            raise ValueError(
+                f"RoPE rotates {rotated} dimensions of each head (rotary_fraction "
+                f"{self.rotary_fraction:g}); it needs an even number >= 2"
+            )
 
     @property
     def rotary_dims(self) -> int | None:

@@ -92,6 +92,13 @@ class LlamaConfig:
             )
         if not 0 < self.rotary_fraction <= 1:
             raise ValueError(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
+        rotated = int(self.head_dim * self.rotary_fraction)
+        if rotated < 2 or rotated % 2:
+            # RoPE turns dimensions in pairs (i, i + d/2): an odd count has one left over.
+            raise ValueError(
+                f"RoPE rotates {rotated} dimensions of each head (head_dim {self.head_dim}"
+                f" × rotary_fraction {self.rotary_fraction:g}); it needs an even number >= 2"
+            )
 
     @property
     def head_dim(self) -> int:
