@@ -31,11 +31,12 @@ well under a millisecond, where a CBC subprocess costs ~40 ms to start.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 # PuLP is imported where the ILP is built: most share searches enumerate in process, and
 # importing it costs a CLI solve ~30 ms of its start-up.
@@ -249,23 +250,64 @@ def _tuples(problem: ShareProblem) -> int:
 
 def _enumerate(problem: ShareProblem) -> ShareSolution | None:
     """Every size tuple (the last class's size follows from the batch); the least objective,
-    ties to the smaller m and sizes."""
+    ties to the smaller m and sizes.
+
+    Vectorised per m over the tuples in lexicographic order (numpy's first minimum is then
+    the smallest tuple among the least), with the objective's operations in
+    ``share_objective``'s order, so the values and the choice are those of a loop over
+    ``itertools.product``."""
     best: tuple[float, int, tuple[int, ...]] | None = None
+    head_classes = problem.classes[:-1]
     last = problem.classes[-1]
+    # The last class's figures by size (nan where it has none): looked up by the size left.
+    top = max(last.sizes)
+    last_time = np.full(top + 1, np.nan)
+    last_backward = np.full(top + 1, np.nan)
+    for size, (time, backward) in last.sizes.items():
+        last_time[size], last_backward[size] = time, backward
+    sizes = [np.array(sorted(c.sizes), dtype=np.int64) for c in head_classes]
+    grids = np.meshgrid(*sizes, indexing="ij") if sizes else []
+    heads = [grid.ravel() for grid in grids]
+    times = [
+        np.array([c.sizes[int(x)][0] for x in column])
+        for c, column in zip(head_classes, heads, strict=True)
+    ]
+    backwards = [
+        np.array([c.sizes[int(x)][1] for x in column])
+        for c, column in zip(head_classes, heads, strict=True)
+    ]
+    taken = sum(
+        (c.replicas * column for c, column in zip(head_classes, heads, strict=True)),
+        np.zeros(1, dtype=np.int64),
+    )
     for m in sorted(problem.micro_batch_counts):
         if problem.global_batch % m:
             continue
-        per_micro = problem.global_batch // m
-        for head in itertools.product(*(sorted(c.sizes) for c in problem.classes[:-1])):
-            left = per_micro - sum(
-                c.replicas * b for c, b in zip(problem.classes[:-1], head, strict=True)
-            )
-            if left <= 0 or left % last.replicas or left // last.replicas not in last.sizes:
-                continue
-            sizes = (*head, left // last.replicas)
-            value = share_objective(problem, m, sizes)
-            if best is None or (value, m, sizes) < best:
-                best = (value, m, sizes)
+        left = problem.global_batch // m - taken
+        share, rest = np.divmod(left, last.replicas)
+        ok = (left > 0) & (rest == 0) & (share <= top)
+        index = np.where(ok, share, 0)
+        ok &= ~np.isnan(last_time[index])
+        if not ok.any():
+            continue
+        slowest = last_time[index]
+        for column in times:
+            slowest = np.maximum(column, slowest)
+        shortest = last_backward[index]
+        for column in backwards:
+            shortest = np.minimum(column, shortest)
+        value = (
+            m * slowest + np.maximum(0.0, problem.allreduce_ms - shortest) + problem.optimizer_ms
+        )
+        value = np.where(ok, value, np.inf)
+        at = int(np.argmin(value))
+        found = (
+            float(value[at]),
+            m,
+            (*(int(column[at]) for column in heads), int(share[at])),
+        )
+        if best is None or found < best:
+            best = found
     if best is None:
         return None
     return ShareSolution(num_micro_batches=best[1], sizes=best[2], objective=best[0])

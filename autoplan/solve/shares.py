@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.devices import block_sizes
-from autoplan.cost.model import CostModel
+from autoplan.cost.model import CostModel, CostTables
 from autoplan.cost.offload import group_of
 from autoplan.cost.sharding import exposed_ms
 from autoplan.solve.options import SolveOptions
@@ -125,7 +125,7 @@ def share_sizes(
             act = t.saved[mode][n]
             if static + act > usable or t.parked[mode][n] > host:
                 continue  # or offload parks more than the GPU's share of host memory
-            if static + act + max(model.transient_bytes(c, mode) for c in t.layers) <= usable:
+            if static + act + _largest_transient(model, t, k, tp, b, mode) <= usable:
                 best = (t.work[mode][n] + 2 * overhead, t.backward[mode][n] + overhead, mode)
                 break
         if best is None:
@@ -138,6 +138,25 @@ def share_sizes(
             work, backward = work + forward_extra + backward_extra, backward + backward_extra
         out[b] = (work, backward, mode)
     return out
+
+
+def _largest_transient(
+    model: CostModel, tables: CostTables, k: int, tp: int, b: int, mode: str
+) -> float:
+    """The largest transient of the model's layers under ``mode`` on ``tables`` (class k at
+    tp and micro-batch b): the same for every ZeRO level, dp and set of classes that
+    ``share_sizes`` is asked for, so kept in the model (with the tables it was computed on,
+    compared by identity: a table rebuilt after the model's cache evicted it is recomputed)."""
+    cache: dict[tuple[object, ...], tuple[CostTables, float]] = vars(model).setdefault(
+        "_share_transient_cache", {}
+    )
+    key = (k, tp, b, mode, model.engine)
+    hit = cache.get(key)
+    if hit is not None and hit[0] is tables:
+        return hit[1]
+    value = max(model.transient_bytes(c, mode) for c in tables.layers)
+    cache[key] = (tables, value)
+    return value
 
 
 def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes, limit_s):
