@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from autoplan.cost.context_parallel import core_backward_share, kv_bytes, lockstep_ring
 from autoplan.cost.layers import LayerCost, layer_cost
+from autoplan.profile.schema import Profile
 
 if TYPE_CHECKING:
     from autoplan.cost.model import CostModel
@@ -86,6 +87,29 @@ def _hops(model: CostModel, span: ContextSpan) -> list[tuple[float | None, float
     return hops
 
 
+# Identical layers (a model's repeated blocks) cost the same: each is costed once. Keyed by the
+# profile's id, the profile kept with it (so that the id is not reused while it is cached).
+_DISTINCT: dict[int, tuple[Profile, list[int]]] = {}
+
+
+def _same_as(profile: Profile) -> list[int]:
+    """For each layer, the first layer identical to it (itself where none before is)."""
+    found = _DISTINCT.get(id(profile))
+    if found is None or found[0] is not profile:
+        first: dict[str, int] = {}
+        same = [
+            first.setdefault(
+                layer.model_dump_json(exclude={"index", "name", "replica_of", "block_index"}),
+                position,
+            )
+            for position, layer in enumerate(profile.layers)
+        ]
+        if len(_DISTINCT) > 16:
+            _DISTINCT.clear()
+        found = _DISTINCT[id(profile)] = (profile, same)
+    return found[1]
+
+
 def span_layer_costs(
     model: CostModel, span: ContextSpan, micro_batch_size: int, sequence_parallel: bool = False
 ) -> tuple[tuple[LayerCost, ...], ...]:
@@ -98,7 +122,12 @@ def span_layer_costs(
     hops = _hops(model, span)
     owners = span.rank_members()
     out: list[list[LayerCost]] = [[] for _ in span.members]
-    for layer in profile.layers:
+    same_as = _same_as(profile)
+    for position, layer in enumerate(profile.layers):
+        if same_as[position] != position:  # a repeated layer costs as its first
+            for costs in out:
+                costs.append(costs[same_as[position]])
+            continue
         own: list[LayerCost] = []
         for member in span.members:
             dc = model.classes[member.device_class]
