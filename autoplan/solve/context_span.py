@@ -18,8 +18,9 @@ within its class's usable memory.
 
 The heterogeneous search does not offer these groups yet (module ``autoplan.solve.hetero``): a
 plan of one needs ``CostModel.evaluate``, the placement and the emitter to hold a replica across
-two classes (``ReplicaGroup`` is one class), which they do not; a plan written by hand runs on the
-mesh executor (``Replica.context_tokens``, ranks consecutive across the two nodes).
+two classes (``ReplicaGroup`` is one class), which they do not. ``autoplan.solve.context_span_plan``
+writes the plan of one such group alone (the whole model on it), which the mesh executor runs
+(``Replica.context_tokens``, ranks consecutive across the two nodes).
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def price_split(
     costs = span_layer_costs(model, span, micro_batch_size, sequence_parallel)
     overhead = max(model.pass_overhead_ms(m.device_class) for m in span.members)
     params = sum(c.params_per_gpu for c in costs[0][i:j])
-    static = sum(model.static_bytes(params, 1, 0))
+    # DDP over the cp ranks: its gradient buckets count as the engine keeps them.
+    static = sum(model.static_bytes(params, span.cp, 0))
     best: SpanSplit | None = None
     for mode in modes:
         peaks = []
