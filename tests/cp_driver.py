@@ -1,6 +1,6 @@
-"""Run under torchrun (2 processes, one cp group): a float64 training step of gpt-tiny (learned
-positions) and llama-tiny (RoPE, grouped-query attention) with context parallelism 2, against
-the same step in one process on whole sequences: with equal chunks, and with uneven ones (a
+"""Run under torchrun (2 or 3 processes, one cp group): a float64 training step of gpt-tiny
+(learned positions) and llama-tiny (RoPE, grouped-query attention) with context parallelism 2
+(or 3: ``SPLITS_OF_3``), against the same step in one process on whole sequences: with equal chunks, and with uneven ones (a
 3:1 split of the 16 tokens, the larger chunk on either rank: ``SPLITS``).
 
 ``python -m torch.distributed.run --nproc-per-node 2 tests/cp_driver.py OUT`` writes
@@ -33,8 +33,10 @@ from autoplan.zoo import get_model_spec
 
 BATCH, SEQ = 2, 16
 # Tokens of each cp rank: equal chunks (None), then 3:1 with the larger chunk on rank 0 and on
-# rank 1 (the K/V buffers of the ring differ in size from step to step).
+# rank 1 (the K/V buffers of the ring differ in size from step to step); under 3 processes
+# three different counts (each step of the ring receives a chunk of another size).
 SPLITS: tuple[tuple[int, ...] | None, ...] = (None, (12, 4), (4, 12))
+SPLITS_OF_3: tuple[tuple[int, ...] | None, ...] = ((6, 2, 8),)
 
 
 def result_key(model: str, tokens: tuple[int, ...] | None) -> str:
@@ -92,10 +94,11 @@ def main(out_dir: Path) -> None:
     dist.init_process_group("gloo")
     rank = int(os.environ["RANK"])
     group = dist.group.WORLD
+    splits = SPLITS if dist.get_world_size() == 2 else SPLITS_OF_3
     result = {
         result_key(name, tokens): _compare(name, group, tokens)
         for name in ("gpt-tiny", "llama-tiny")
-        for tokens in SPLITS
+        for tokens in splits
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()

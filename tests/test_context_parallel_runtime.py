@@ -20,7 +20,7 @@ from autoplan.plan.validate import plan_problems
 from autoplan.runtime.context_parallel import chunk_positions
 from autoplan.runtime.report import RunReport
 from autoplan.view.plan_tables import replicas_text
-from tests.cp_driver import SPLITS, result_key
+from tests.cp_driver import SPLITS, SPLITS_OF_3, result_key
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
@@ -82,6 +82,26 @@ def test_cp2_step_equals_one_process(
         # Without the ring the rank's tokens would see only each other: far off.
         assert found["control_logits"] > 1e-3
     assert results[0][key]["loss_value"] == results[1][key]["loss_value"]
+
+
+@pytest.fixture(scope="module")
+def results_of_3(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("cp3")
+    torchrun("cp_driver.py", [str(out)], 3)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("tokens", SPLITS_OF_3)
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny"])
+def test_cp3_of_three_chunk_sizes_equals_one_process(
+    results_of_3: list[dict], model: str, tokens: tuple[int, ...]
+) -> None:
+    key = result_key(model, tokens)
+    for rank, found in enumerate(r[key] for r in results_of_3):
+        assert found["tokens"] == tokens[rank]
+        assert max(found["loss"], found["logits"], found["gradients"]) <= TOLERANCE
+        assert found["control_logits"] > 1e-3
 
 
 # ---- plans with cp through ``autoplan.runtime.train`` (the mesh executor) -------------------
