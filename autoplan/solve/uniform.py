@@ -40,7 +40,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel, LinkSide, PlanCost
@@ -100,6 +100,20 @@ class SearchResult:
     lower_bound_ms: float = 0.0
 
 
+@dataclass
+class StageTable:
+    """Stage figures one search's pipelines share (one model view and options): a stage's
+    choice (ZeRO level, recompute, work, backward) depends on its class, its in-flight count
+    and its layers beside the pipeline's (tp, dp, micro-batch size, m), and its
+    sequence-parallel edges on its class and layers at (tp, micro-batch size); the orders of
+    one composition and the compositions of one group ask for the same ones again."""
+
+    choices: dict[tuple[int, ...], tuple[int, str, float, float] | None] = field(
+        default_factory=dict
+    )
+    edges: dict[tuple[int, ...], float] = field(default_factory=dict)
+
+
 class _StageCoster:
     """O(1) stage costs for one (tp, dp, mbs, m, schedule, zero1, classes).
 
@@ -107,9 +121,15 @@ class _StageCoster:
     the same answers)."""
 
     def __init__(
-        self, model: CostModel, p: Pending, modes: tuple[str, ...], levels: tuple[int, ...]
+        self,
+        model: CostModel,
+        p: Pending,
+        modes: tuple[str, ...],
+        levels: tuple[int, ...],
+        shared: StageTable | None = None,
     ) -> None:
         self.model = model
+        self._shared = StageTable() if shared is None else shared
         self.p = p
         self.modes = modes
         self.levels = levels
@@ -138,7 +158,6 @@ class _StageCoster:
                 self.sends.append([0.0] * (model.num_layers + 1))
         self._transient: dict[tuple[int, str], list[list[float]]] = {}
         self._suffix: dict[int, tuple[list[float], int]] = {}
-        self._edge_cache: dict[tuple[int, int, int], float] = {}
 
     def _range_max(self, s: int, mode: str, i: int, j: int) -> float:
         key = (self.p.classes[s], mode)
@@ -197,12 +216,12 @@ class _StageCoster:
         ``CostModel.evaluate`` adds them to the forward and to the backward."""
         if not self.model.sequence_parallel or self.p.tp <= 1:
             return 0.0
-        key = (s, i, j)
-        found = self._edge_cache.get(key)
+        key = (self.p.tp, self.p.mbs, self.p.classes[s], i, j)
+        found = self._shared.edges.get(key)
         if found is None:
             group = group_of(self.p.classes[s], self.p.tp, 1, self.p.mbs, "none")
             found = self.model.sequence_edges_ms(StageChoice(i, j, (group,)), group, None)
-            self._edge_cache[key] = found
+            self._shared.edges[key] = found
         return found
 
     def _work(self, s: int, i: int, j: int, mode: str, level: int) -> tuple[float, float]:
@@ -227,6 +246,17 @@ class _StageCoster:
 
     def _choice(self, s: int, i: int, j: int) -> tuple[int, str, float, float] | None:
         """``choice_for`` with the chosen (work, backward) of ``_work``."""
+        p = self.p
+        key = (p.tp, p.dp, p.mbs, p.m, p.classes[s], self.flight[s], i, j)
+        choices = self._shared.choices
+        if key in choices:
+            return choices[key]
+        found = self._choose(s, i, j)
+        choices[key] = found
+        return found
+
+    def _choose(self, s: int, i: int, j: int) -> tuple[int, str, float, float] | None:
+        """``_choice`` computed."""
         t = self.tables[s]
         # The modes' order by time and the buffers do not depend on the level: once here.
         ordered = sorted(self.modes, key=lambda mode: t.span_work(mode, i, j))
@@ -410,11 +440,17 @@ def _fixed_split(options: SolveOptions, num_layers: int, pp: int) -> list[int] |
 
 
 def _solve_pipeline(
-    model: CostModel, p: Pending, options: SolveOptions, bound: float
+    model: CostModel,
+    p: Pending,
+    options: SolveOptions,
+    bound: float,
+    shared: StageTable | None = None,
 ) -> tuple[PlanConfig, float] | None:
+    """The best split of pipeline ``p`` below ``bound`` (its config and time), or None;
+    ``shared``: the stage figures of the search's earlier pipelines (``StageTable``)."""
     modes = recompute_modes(options)
     levels = zero_levels(p.dp, True, options)
-    coster = _StageCoster(model, p, modes, levels)
+    coster = _StageCoster(model, p, modes, levels, shared)
     pp = len(p.classes)
     num_layers = model.num_layers
     if p.chunks > 1:
@@ -553,6 +589,7 @@ def uniform_search(
     queue: list[tuple[float, int, int]] = [(g.bound, 2, x) for x, g in enumerate(groups)]
     heapq.heapify(queue)
     pending: list[Pending] = []
+    shared = StageTable()
     parts: list[tuple[int, Composition]] = []  # (group, composition) of the queue's kind 4
     expanded = 0
     unexplored = math.inf  # the least bound the deadline left in the queue
@@ -598,7 +635,7 @@ def uniform_search(
                 heapq.heappush(queue, (refined, 3, item))
                 continue
         solved += 1
-        found = _solve_pipeline(model, p, options, threshold())
+        found = _solve_pipeline(model, p, options, threshold(), shared)
         if found is not None:
             offer(found[1], found[0])
     candidates = []
