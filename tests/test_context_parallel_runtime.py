@@ -24,6 +24,7 @@ from tests.cp_driver import SPLITS, SPLITS_OF_3, result_key
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
+from tests.test_context_span_plan import solved_span_plan
 from tests.torchrun_plans import run_plans, torchrun
 
 TOLERANCE = 1e-10
@@ -140,6 +141,52 @@ def _as_cp(plan: Plan) -> Plan:
     return plan.model_copy(update={"stages": stages, "rank_map": entries, "prediction": prediction})
 
 
+# ---- a cp group across two GPU types (uneven chunks, the faster type holding more) ---------
+
+
+def _spanning_plan() -> Plan:
+    """One stage on cpu-hetero: a cp group of a cpu-fast and a cpu-slow rank (two nodes,
+    consecutive ranks: one (pp, dp, cp, tp) mesh), 12 of the 16 tokens on the fast one."""
+    plan = make_stages_plan(
+        [6],
+        [[ReplicaSpec(1, 2, node=0), ReplicaSpec(1, 2, node=1)]],
+        num_micro_batches=2,
+        cluster=load_cluster(example_cluster_path("cpu-hetero")),
+    )
+    idle = [
+        IdleGpus(gpu_type=t, count=1, reason="one GPU of each type is enough for the test")
+        for t in ("cpu-fast", "cpu-slow")
+    ]
+    plan = plan.model_copy(
+        update={"prediction": plan.prediction.model_copy(update={"idle_gpus": idle})}
+    )
+    return _uneven(_as_cp(plan), [12, 4])
+
+
+def test_a_spanning_cp_group_is_a_valid_mesh_and_shown_by_type() -> None:
+    plan = _spanning_plan()
+    (replica,) = plan.stages[0].replicas
+    assert [plan.rank_map[r].gpu_type for r in replica.ranks] == ["cpu-fast", "cpu-slow"]
+    assert plan_problems(plan) == []
+    assert plan.mesh_shape() == (1, 2, 1)
+    text = replicas_text(plan.stages[0], {e.rank: e.gpu_type for e in plan.rank_map})
+    assert text == "cpu-fast tp1 cp2 (cpu-fast 12 + cpu-slow 4 tokens) × 1 (micro-batch 4)"
+    # Without the rank map the types are unknown: the counts alone.
+    assert "cp2 (12 + 4 tokens)" in replicas_text(plan.stages[0])
+    # Without context_tokens the cp group must sit on one node.
+    even = plan.model_copy(
+        update={
+            "stages": [
+                plan.stages[0].model_copy(
+                    update={"replicas": [replica.model_copy(update={"context_tokens": None})]}
+                )
+            ]
+        }
+    )
+    message = "\n".join(plan_problems(even))
+    assert "rank 1 says (pipeline 0, dp 0, cp 1, tp 0, slow-0, cpu-slow)" in message
+
+
 def _uneven(plan: Plan, tokens: list[int]) -> Plan:
     """``plan`` with every cp replica's chunks of ``tokens`` (the same at every stage)."""
     stages = [
@@ -162,6 +209,10 @@ def _cp_plans() -> dict[str, Plan]:
         "cp2_pp2_uneven": _uneven(
             _as_cp(make_plan([3, 3], data_parallel=2, num_micro_batches=4)), [12, 4]
         ),
+        # world 2: a cp group across a cpu-fast and a cpu-slow node, by hand (12:4) and as
+        # autoplan.solve.context_span_plan solves it (tests/test_context_span_plan.py)
+        "span_fast_slow": _spanning_plan(),
+        "span_solved": solved_span_plan(),
         # world 2: cp 2 alone, full recompute (the ring reruns inside backward)
         "cp2_full_recompute": _as_cp(
             make_plan([6], data_parallel=2, num_micro_batches=2, recompute="full")
@@ -211,71 +262,3 @@ def test_cp_plan_trains_as_one_process(cp_runs: Path, name: str) -> None:
                 assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
                 covered.add(param_name)
         assert covered == set(reference[step])
-
-
-# ---- a cp group across two GPU types (uneven chunks, the faster type holding more) ---------
-
-
-def _spanning_plan() -> Plan:
-    """One stage on cpu-hetero: a cp group of a cpu-fast and a cpu-slow rank (two nodes,
-    consecutive ranks: one (pp, dp, cp, tp) mesh), 12 of the 16 tokens on the fast one."""
-    plan = make_stages_plan(
-        [6],
-        [[ReplicaSpec(1, 2, node=0), ReplicaSpec(1, 2, node=1)]],
-        num_micro_batches=2,
-        cluster=load_cluster(example_cluster_path("cpu-hetero")),
-    )
-    idle = [
-        IdleGpus(gpu_type=t, count=1, reason="one GPU of each type is enough for the test")
-        for t in ("cpu-fast", "cpu-slow")
-    ]
-    plan = plan.model_copy(
-        update={"prediction": plan.prediction.model_copy(update={"idle_gpus": idle})}
-    )
-    return _uneven(_as_cp(plan), [12, 4])
-
-
-def test_a_spanning_cp_group_is_a_valid_mesh_and_shown_by_type() -> None:
-    plan = _spanning_plan()
-    (replica,) = plan.stages[0].replicas
-    assert [plan.rank_map[r].gpu_type for r in replica.ranks] == ["cpu-fast", "cpu-slow"]
-    assert plan_problems(plan) == []
-    assert plan.mesh_shape() == (1, 2, 1)
-    text = replicas_text(plan.stages[0], {e.rank: e.gpu_type for e in plan.rank_map})
-    assert text == "cpu-fast tp1 cp2 (cpu-fast 12 + cpu-slow 4 tokens) × 1 (micro-batch 4)"
-    # Without the rank map the types are unknown: the counts alone.
-    assert "cp2 (12 + 4 tokens)" in replicas_text(plan.stages[0])
-    # Without context_tokens the cp group must sit on one node.
-    even = plan.model_copy(
-        update={
-            "stages": [
-                plan.stages[0].model_copy(
-                    update={"replicas": [replica.model_copy(update={"context_tokens": None})]}
-                )
-            ]
-        }
-    )
-    message = "\n".join(plan_problems(even))
-    assert "rank 1 says (pipeline 0, dp 0, cp 1, tp 0, slow-0, cpu-slow)" in message
-
-
-@pytest.fixture(scope="module")
-def spanning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_plans({"span": _spanning_plan()}, tmp_path_factory.mktemp("cp_span"))
-
-
-@pytest.mark.distributed
-def test_a_spanning_cp_group_trains_as_one_process(spanning_run: Path) -> None:
-    plan = _spanning_plan()
-    losses, reference = reference_training(plan, STEPS)
-    report = read_json_model(spanning_run / "span" / "report.json", RunReport)
-    assert report.executor == "mesh"
-    for record, expected in zip(report.steps, losses, strict=True):
-        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
-    for step in range(STEPS):
-        for rank in range(plan.world_size):
-            dumped = torch.load(spanning_run / "span" / f"rank{rank}_step{step}.pt")
-            assert set(dumped) == set(reference[step])
-            for param_name, grad in dumped.items():
-                error = (grad - reference[step][param_name]).abs().max().item()
-                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
