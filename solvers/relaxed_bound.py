@@ -48,7 +48,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["GRID_STEP", "PRICE_FACTORS", "RunRelaxation", "stage_floors"]
+__all__ = [
+    "COARSE_STEP",
+    "GRID_POINTS",
+    "GRID_STEP",
+    "PRICE_FACTORS",
+    "RunRelaxation",
+    "stage_floors",
+]
 
 GRID_STEP = 0.004
 """Relative step of the peak grid: the bound gives up at most (m - 1) × this × the peak."""
@@ -57,6 +64,9 @@ GRID_POINTS = 96
 
 STAGE_CAP_KEPT = 8
 """The most stages a run may have is kept in the relaxation up to this many (1F1B: m)."""
+
+COARSE_STEP = 8
+"""The first grid tried where the caller has a target: every this many caps of the grid."""
 
 _CAPS_AT_ONCE = 8
 """Caps whose stage counts are searched in one pass (``RunRelaxation``'s bound)."""
@@ -106,6 +116,7 @@ class RunRelaxation:
         *,
         min_stages: int = 1,
         max_stages: int | None = None,
+        target: float = math.inf,
     ) -> None:
         m = self.m = num_micro_batches
         n = num_layers
@@ -130,95 +141,38 @@ class RunRelaxation:
         by_group = np.argsort(group, kind="stable")
         starts = np.flatnonzero(np.diff(group[by_group], prepend=-1))
         floors = np.minimum.reduceat(floors[by_group], starts, axis=0)
-        grid = lowest_peak * (1.0 + GRID_STEP) ** np.arange(GRID_POINTS)
-        grid = np.append(grid, math.inf)  # A_{n+1}: no cap
         order = np.argsort(floors, axis=0, kind="stable")
         ordered = np.take_along_axis(floors, order, axis=0)  # (options, n + 1, n + 1)
-        flat = ordered.reshape(ordered.shape[0], -1)
-        cells = flat.shape[1]
-        size = len(grid)
-        # counts[g, cell]: options of floor <= A_g on cell (i, j). One search of every floor
-        # in the grid (the first A_g >= c) and a running count, not a search per cell.
-        first = np.searchsorted(grid, flat, "left")  # (options, cells)
-        seen = np.bincount(
-            (first * cells + np.arange(cells)).reshape(-1), minlength=(size + 1) * cells
+        run = _Run(
+            n,
+            m,
+            np.asarray(resources, dtype=np.float64),
+            uses.astype(np.float64),
+            order,
+            ordered.reshape(ordered.shape[0], -1),
+            weights,
+            lowest_peak,
+            min_stages,
+            most if most <= STAGE_CAP_KEPT else n,
         )
-        counts = np.cumsum(seen.reshape(size + 1, cells)[:size], axis=0)
-        # Where in [inf row; running minima] each (g, cell) reads: the row ``counts`` (row 0
-        # the inf of no option), the column its cell.
-        at = (counts * cells + np.arange(cells)).reshape(-1)
-        capacity = float(np.asarray(resources, dtype=np.float64) @ weights)
-        option_weight = uses.astype(np.float64) @ weights
-        scale = lowest_peak / capacity if capacity > 0 else 0.0
-        # A cap of many stages seldom binds: dropped (a relaxation), it costs far less.
-        capped = most if most <= STAGE_CAP_KEPT else n
-
-        def capped_costs(values: np.ndarray) -> np.ndarray:
-            """[k, g, i, j]: per row k of ``values`` ([k, option, cell], options in
-            ``order``), the least over the options of floor <= A_g on [i, j) (inf where
-            none)."""
-            padded = np.empty((len(values), len(flat) + 1, cells))
-            padded[:, 0] = math.inf
-            padded[:, 1:] = values
-            # The running minimum one option at a time: numpy's accumulate along an axis
-            # runs several times slower than these few whole-row minimums.
-            for k in range(2, len(flat) + 1):
-                np.minimum(padded[:, k - 1], padded[:, k], out=padded[:, k])
-            taken = np.take(padded.reshape(len(values), -1), at, axis=1)
-            return taken.reshape(len(values), size, n + 1, n + 1)
-
-        prices = np.array([factor * scale * weights for factor in PRICE_FACTORS])
-        # Every price's table in one array (the shortest paths run once over all of them).
-        sorted_weight = option_weight[order].reshape(flat.shape)
-        cost = capped_costs(
-            np.stack([flat + factor * scale * sorted_weight for factor in PRICE_FACTORS])
-        ).reshape(len(PRICE_FACTORS) * size, n + 1, n + 1)
-        priced = (prices @ np.asarray(resources, dtype=np.float64))[:, None]
-        prefix = _prefixes(cost, n).reshape(len(prices), size, n + 1)
-        # Where no partition of stages at most A_g fits the resources, D is infinite: for a
-        # direction ν >= 0, the least ν · Σ u over the partitions above ν · R proves it.
-        directions = np.vstack([weights[None, :], np.eye(len(resources))])
-        need = capped_costs(
-            np.stack([(uses.astype(np.float64) @ d)[order].reshape(flat.shape) for d in directions])
-        ).reshape(len(directions) * size, n + 1, n + 1)
-        # [direction, g, i]: least ν · Σ u over [0, i) at A_g
-        self.needs = _prefixes(need, n).reshape(len(directions), size, n + 1)
-        self.directions = directions
-        have = directions @ np.asarray(resources, dtype=np.float64)
-        short = np.any(self.needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9, axis=0)
-
-        def totals(values: np.ndarray, caps: np.ndarray) -> np.ndarray:
-            """(m - 1) A_g + D(A_{g + 1}) for the caps g + 1 of ``values`` ([price, cap]:
-            the least Σ c + μ · u at each price), D inf where the resources rule it out."""
-            best = np.maximum((values - priced).max(axis=0), 0.0)
-            best = np.where(np.take(short, caps), math.inf, best)
-            with np.errstate(invalid="ignore"):
-                out = (m - 1) * grid[caps - 1] + best
-            return np.where(np.isnan(out), math.inf, out)
-
-        # min over g of (m - 1) A_g + D(A_{g+1}), the last interval [A_n, ∞) read at the
-        # uncapped column. The stage counts cost most; without them (any count: a
-        # partition of fewer stages, or more, is also one here) the same sums are taken in
-        # the same order, so each cap's total is at most its counted one: only the caps
-        # whose uncounted total is below the best counted total found are counted, in the
-        # order of that total, a few at a time. The minimum is the one all would give.
-        caps = np.arange(1, size)
-        counted = min_stages > 1 or capped < n
-        loose = totals(_shortest(cost, n, 1, n).reshape(len(prices), size)[:, caps], caps)
-        if not counted:
-            self.bound = float(loose.min())
-        else:
-            bound = math.inf
-            pending = caps[np.argsort(loose, kind="stable")]
-            while len(pending) and loose[pending[0] - 1] < bound:
-                batch, pending = pending[:_CAPS_AT_ONCE], pending[_CAPS_AT_ONCE:]
-                rows = (np.arange(len(prices))[:, None] * size + batch[None, :]).reshape(-1)
-                values = _shortest(cost[rows], n, min_stages, capped)
-                bound = min(bound, float(totals(values.reshape(len(prices), -1), batch).min()))
-            self.bound = bound
+        grid = lowest_peak * (1.0 + GRID_STEP) ** np.arange(GRID_POINTS)
+        grid = np.append(grid, math.inf)  # A_{n+1}: no cap
+        if math.isfinite(target):
+            # First on every COARSE_STEP-th cap of the grid: each of its intervals holds
+            # several of the grid's, and each of their terms is at least that interval's
+            # term (A_g no lower, D no higher at a higher cap), so its bound is no higher
+            # than the grid's. Where it already reaches ``target`` it is the bound (the
+            # caller prunes the run on either), without the completion tables.
+            coarse = run.bound(np.append(grid[:-1:COARSE_STEP], math.inf))
+            if coarse >= target:
+                self.bound = coarse
+                return
+        self.bound = run.bound(grid)
         self.grid = grid
-        self.prefix = prefix  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
-        self.prices = prices
+        self.prefix = run.prefix  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
+        self.prices = run.prices
+        self.needs = run.needs  # [direction, g, i]: least ν · Σ u over [0, i) at A_g
+        self.directions = run.directions
 
     def completion_floors(
         self,
@@ -255,6 +209,108 @@ class RunRelaxation:
         out = least + sum_stages + max_tails
         result: np.ndarray = np.where(starts == 0, exact, np.maximum(out, exact))
         return result
+
+
+class _Run:
+    """What ``RunRelaxation`` computes for one grid of caps: its bound (``bound``), and the
+    tables ``completion_floors`` reads (``prefix``, ``needs``) of the last grid bounded."""
+
+    def __init__(
+        self,
+        n: int,
+        m: int,
+        resources: np.ndarray,
+        uses: np.ndarray,
+        order: np.ndarray,
+        flat: np.ndarray,
+        weights: np.ndarray,
+        lowest_peak: float,
+        least: int,
+        capped: int,
+    ) -> None:
+        self.n, self.m, self.resources, self.uses = n, m, resources, uses
+        self.order, self.flat, self.least, self.capped = order, flat, least, capped
+        capacity = float(resources @ weights)
+        self.scale = lowest_peak / capacity if capacity > 0 else 0.0
+        self.option_weight = (uses @ weights)[order].reshape(flat.shape)
+        self.prices = np.array([factor * self.scale * weights for factor in PRICE_FACTORS])
+        # Where no partition of stages at most A_g fits the resources, D is infinite: for a
+        # direction ν >= 0, the least ν · Σ u over the partitions above ν · R proves it.
+        self.directions = np.vstack([weights[None, :], np.eye(len(resources))])
+        self.prefix = np.zeros((0, 0, n + 1))
+        self.needs = np.zeros((0, 0, n + 1))
+
+    def bound(self, grid: np.ndarray) -> float:
+        """min over g of (m - 1) A_g + max_μ D_μ(A_{g+1}) on ``grid`` (A_0 first, inf last:
+        the last interval [A_n, ∞) read at the uncapped column)."""
+        n, m, flat = self.n, self.m, self.flat
+        cells = flat.shape[1]
+        size = len(grid)
+        # counts[g, cell]: options of floor <= A_g on cell (i, j). One search of every floor
+        # in the grid (the first A_g >= c) and a running count, not a search per cell.
+        first = np.searchsorted(grid, flat, "left")  # (options, cells)
+        seen = np.bincount(
+            (first * cells + np.arange(cells)).reshape(-1), minlength=(size + 1) * cells
+        )
+        counts = np.cumsum(seen.reshape(size + 1, cells)[:size], axis=0)
+        # Where in [inf row; running minima] each (g, cell) reads: the row ``counts`` (row 0
+        # the inf of no option), the column its cell.
+        at = (counts * cells + np.arange(cells)).reshape(-1)
+
+        def capped_costs(values: np.ndarray) -> np.ndarray:
+            """[k * g, i, j]: per row k of ``values`` ([k, option, cell], options in
+            ``order``), the least over the options of floor <= A_g on [i, j) (inf where
+            none)."""
+            padded = np.empty((len(values), len(flat) + 1, cells))
+            padded[:, 0] = math.inf
+            padded[:, 1:] = values
+            # The running minimum one option at a time: numpy's accumulate along an axis
+            # runs several times slower than these few whole-row minimums.
+            for k in range(2, len(flat) + 1):
+                np.minimum(padded[:, k - 1], padded[:, k], out=padded[:, k])
+            taken: np.ndarray = np.take(padded.reshape(len(values), -1), at, axis=1)
+            return taken.reshape(len(values) * size, n + 1, n + 1)
+
+        # Every price's table in one array (the shortest paths run once over all of them).
+        cost = capped_costs(
+            np.stack([flat + factor * self.scale * self.option_weight for factor in PRICE_FACTORS])
+        )
+        priced = (self.prices @ self.resources)[:, None]
+        self.prefix = _prefixes(cost, n).reshape(len(self.prices), size, n + 1)
+        need = capped_costs(
+            np.stack([(self.uses @ d)[self.order].reshape(flat.shape) for d in self.directions])
+        )
+        self.needs = _prefixes(need, n).reshape(len(self.directions), size, n + 1)
+        have = self.directions @ self.resources
+        short = np.any(self.needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9, axis=0)
+
+        def totals(values: np.ndarray, caps: np.ndarray) -> np.ndarray:
+            """(m - 1) A_g + D(A_{g + 1}) for the caps g + 1 of ``values`` ([price, cap]:
+            the least Σ c + μ · u at each price), D inf where the resources rule it out."""
+            best = np.maximum((values - priced).max(axis=0), 0.0)
+            best = np.where(np.take(short, caps), math.inf, best)
+            with np.errstate(invalid="ignore"):
+                out = (m - 1) * grid[caps - 1] + best
+            return np.where(np.isnan(out), math.inf, out)
+
+        # The stage counts cost most; without them (any count: a partition of fewer
+        # stages, or more, is also one here) the same sums are taken in the same order, so
+        # each cap's total is at most its counted one: only the caps whose uncounted total
+        # is below the best counted total found are counted, in the order of that total, a
+        # few at a time. The minimum is the one all would give.
+        caps = np.arange(1, size)
+        prices = len(self.prices)
+        loose = totals(_shortest(cost, n, 1, n).reshape(prices, size)[:, caps], caps)
+        if self.least <= 1 and self.capped >= n:
+            return float(loose.min())
+        bound = math.inf
+        pending = caps[np.argsort(loose, kind="stable")]
+        while len(pending) and loose[pending[0] - 1] < bound:
+            batch, pending = pending[:_CAPS_AT_ONCE], pending[_CAPS_AT_ONCE:]
+            rows = (np.arange(prices)[:, None] * size + batch[None, :]).reshape(-1)
+            values = _shortest(cost[rows], n, self.least, self.capped)
+            bound = min(bound, float(totals(values.reshape(prices, -1), batch).min()))
+        return bound
 
 
 def _prefixes(cost: np.ndarray, n: int) -> np.ndarray:

@@ -17,6 +17,7 @@ from autoplan.solve.hetero import HeteroSource, _root_bound
 from autoplan.solve.space import divisors
 from solvers.oracle import compositions
 from solvers.relaxed_bound import (
+    GRID_POINTS,
     GRID_STEP,
     STAGE_CAP_KEPT,
     RunRelaxation,
@@ -318,3 +319,24 @@ def test_the_shortest_partitions_are_the_brute_force_ones(case) -> None:
             default=math.inf,
         )
         assert got[row] == want, (row, got[row], want)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(problems(), st.sampled_from([0.5, 0.9, 0.99, 1.0, 1.01, 1.5]))
+def test_a_target_gives_the_bound_or_a_coarser_one_that_reaches_it(problem, ratio) -> None:
+    """With a target (what the run is pruned against), the bound is the full grid's, or a
+    coarser one no higher than it that already reaches the target: the run is pruned on
+    either or on neither."""
+    n, m, resources, uses, floors, least, most, weights = problem
+    _best, lowest = _brute_force(n, m, resources, uses, floors, least, most)
+    if math.isinf(lowest):
+        return
+    args = (n, m, tuple(resources.tolist()), uses, floors, weights, lowest)
+    full = RunRelaxation(*args, min_stages=least, max_stages=most).bound
+    target = full * ratio if math.isfinite(full) else 1e9
+    cut = RunRelaxation(*args, min_stages=least, max_stages=most, target=target)
+    assert cut.bound <= full
+    assert cut.bound == full or cut.bound >= target, (cut.bound, full, target)
+    assert (cut.bound >= target) == (full >= target)
+    if cut.bound < target:  # not pruned: the completion tables are the full grid's
+        assert len(cut.grid) == GRID_POINTS + 1

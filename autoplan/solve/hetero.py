@@ -715,6 +715,7 @@ def _root_bound(
     source_type: SourceType,
     relaxations: dict[int, RunRelaxation] | None = None,
     relaxed: bool = True,
+    target: float = math.inf,
 ) -> float:
     """A lower bound on run ``run``'s pipelines, the larger of two:
 
@@ -729,7 +730,9 @@ def _root_bound(
     It orders the exact pass, skips a run it puts at or above the incumbent, and bounds a
     run never started. The relaxation is kept in ``relaxations[index]``: the exact pass
     prunes its labels with it (``RunRelaxation.completion_floors``). ``relaxed`` False: the
-    first alone (cheap: what a search past its deadline still adds)."""
+    first alone (cheap: what a search past its deadline still adds). ``target``: the bound
+    the run is pruned against, where a coarser relaxation that reaches it is enough
+    (``RunRelaxation``)."""
     m, schedule, most, least = run
     if index not in sources:
         sources[index] = source_type(model, batch, m, schedule, options)
@@ -766,6 +769,7 @@ def _root_bound(
         spread,
         min_stages=least if pinned_pp is None else max(least, pinned_pp),
         max_stages=most if pinned_pp is None else min(most, pinned_pp),
+        target=target,
     )
     if relaxations is not None:
         relaxations[index] = relaxation
@@ -831,8 +835,19 @@ def hetero_candidates(
 
     def root(index: int) -> float:
         if index not in roots:
+            # The best plan held now, or a better one later, prunes a run whose bound
+            # reaches it (a coarser one will do). With --gap a skipped run's root bound is
+            # its floor, and may be the certificate's: computed in full.
             roots[index] = _root_bound(
-                model, batch, options, runs[index], sources, index, source_type, relaxations
+                model,
+                batch,
+                options,
+                runs[index],
+                sources,
+                index,
+                source_type,
+                relaxations,
+                target=bound if options.gap == 0 else math.inf,
             )
         return roots[index]
 
