@@ -340,3 +340,42 @@ def test_a_target_gives_the_bound_or_a_coarser_one_that_reaches_it(problem, rati
     assert (cut.bound >= target) == (full >= target)
     if cut.bound < target:  # not pruned: the completion tables are the full grid's
         assert len(cut.grid) == GRID_POINTS + 1
+
+
+def test_a_source_shared_with_the_other_schedule_costs_as_a_new_one() -> None:
+    """``HeteroSource.with_schedule``: the 1F1B and GPipe runs of one m share a source's
+    tables and caches; every stage cost and floor equals that of a source built for the
+    schedule, whichever of the two was costed first (on stages whose memory makes the
+    micro-batches in flight matter: the two schedules cost some of them differently)."""
+    profile = make_profile(
+        [layer(i, flops=10**11, params=10**6, saved=3 * 10**8, output=10**6) for i in range(4)]
+    )
+    cluster = make_cluster(
+        [("a", gpu("A", 60.0, 8.0), 4, 2), ("b", gpu("B", 25.0, 8.0), 2, 1)],
+        inter_gb_per_s=10.0,
+    )
+    model = cost_model(profile, cluster, OPTIONS)
+    batch, m = 12, 3
+    n = model.num_layers
+    spans = [(i, j) for i in range(n) for j in range(i + 1, n + 1)]
+    first = HeteroSource(model, batch, m, "1f1b", OPTIONS)
+    for option in range(len(first.allocations)):  # fill the caches under 1F1B
+        for i, j in spans:
+            first.cost(option, i, j, 1, None)
+    twin = first.with_schedule("gpipe")
+    fresh = {s: HeteroSource(model, batch, m, s, OPTIONS) for s in ("1f1b", "gpipe")}
+    compared = differ = 0
+    for source, schedule in ((twin, "gpipe"), (first, "1f1b")):
+        for j in range(1, n + 1):
+            assert np.array_equal(source.floor_table(j), fresh[schedule].floor_table(j))
+        for option in range(len(first.allocations)):
+            for i, j in spans:
+                for position in (1, 2, m + 1):
+                    got = source.cost(option, i, j, position, None)
+                    want = fresh[schedule].cost(option, i, j, position, None)
+                    assert got == want, (schedule, option, i, j, position)
+                    compared += got is not None
+                    other = fresh["1f1b" if schedule == "gpipe" else "gpipe"]
+                    differ += got != other.cost(option, i, j, position, None)
+    assert compared > 50
+    assert differ > 0, "the schedules cost every stage alike: the test shows nothing"

@@ -32,6 +32,7 @@ executor, as priced; the uniform and shared-stage families price theirs for the 
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import logging
@@ -165,6 +166,15 @@ class HeteroSource:
         self._send_floors: dict[tuple[float, LinkSide], np.ndarray] = {}
         self._edge_floors: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._floor_tables: dict[int, np.ndarray] = {}
+
+    def with_schedule(self, schedule: str) -> HeteroSource:
+        """This source for ``schedule`` at the same m: the schedule only sets how many
+        micro-batches a stage holds in flight where ``cost`` asks for it (every table and
+        cache here is keyed by that count or holds none), so the copy shares all of them (the
+        1F1B and GPipe runs of one m: one source's options, floors and stage costs)."""
+        twin = copy.copy(self)
+        twin.schedule = schedule
+        return twin
 
     # ---- the options ---------------------------------------------------------------------
     def _replica_counts(self, kind: Kind) -> list[int]:
@@ -705,6 +715,28 @@ def _config(labels, m: int, schedule: str) -> PlanConfig:
     return PlanConfig(m, schedule, 1, stages, executor="groups")
 
 
+def _run_source(
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    run: tuple[int, str, int, int],
+    sources: dict[int, StageSource],
+    index: int,
+    source_type: SourceType,
+) -> StageSource:
+    """The stage source of run ``index`` (kept in ``sources``): a ``HeteroSource`` of the
+    same m under the other schedule shared where there is one (``with_schedule``), else a
+    new one."""
+    if index not in sources:
+        m, schedule = run[0], run[1]
+        twin = next((s for s in sources.values() if type(s) is HeteroSource and s.m == m), None)
+        if twin is not None and source_type is HeteroSource:
+            sources[index] = twin.with_schedule(schedule)
+        else:
+            sources[index] = source_type(model, batch, m, schedule, options)
+    return sources[index]
+
+
 def _root_bound(
     model: CostModel,
     batch: int,
@@ -733,10 +765,8 @@ def _root_bound(
     first alone (cheap: what a search past its deadline still adds). ``target``: the bound
     the run is pruned against, where a coarser relaxation that reaches it is enough
     (``RunRelaxation``)."""
-    m, schedule, most, least = run
-    if index not in sources:
-        sources[index] = source_type(model, batch, m, schedule, options)
-    source = sources[index]
+    m, _schedule, most, least = run
+    source = _run_source(model, batch, options, run, sources, index, source_type)
     if not source.options():
         return math.inf
     num_layers = model.num_layers
@@ -855,9 +885,7 @@ def hetero_candidates(
         """One run; False when the deadline stopped it."""
         nonlocal costed, labels, bound
         m, schedule, most, least = runs[index]
-        if index not in sources:
-            sources[index] = source_type(model, batch, m, schedule, options)
-        source = sources[index]
+        source = _run_source(model, batch, options, runs[index], sources, index, source_type)
         if not source.options():
             promise[index] = math.inf
             floors[index] = math.inf
