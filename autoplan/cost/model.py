@@ -280,6 +280,10 @@ class LinkSide:
     single_node_class: int | None
 
 
+_PLAIN_TABLES_KEPT = 8192
+"""Table sets a model and its views keep (``CostModel.tables``), the oldest dropped first."""
+
+
 def _prefix(values: list[float]) -> list[float]:
     return [0.0, *accumulate(values)]
 
@@ -331,6 +335,7 @@ class CostModel:
         self.context_parallel = 1  # cp of groups that say 1 (``with_context_parallel``)
         self.expert_parallel = 1  # ep of stages that say 1 (``with_expert_parallel``)
         self.engine: Engine = "autoplan"  # whose runtime runs the plan (``with_engine``)
+        self._plain_tables: dict[tuple[int, int, int, int, bool, int, int], CostTables] = {}
 
     def with_engine(self, engine: Engine) -> CostModel:
         """This model costing plans as ``engine`` runs them (``ENGINES``): the search reads
@@ -477,13 +482,20 @@ class CostModel:
                 device_class, tp, micro_batch_size, sequence_parallel, cp, span
             )
         ep = self.expert_parallel if expert_parallel is None else expert_parallel
-        return self._tables(device_class, tp, micro_batch_size, sequence_parallel, cp, ep)
-
-    @functools.lru_cache(maxsize=8192)  # noqa: B019 (the model lives as long as one solve)
-    def _tables(
-        self, device_class: int, tp: int, micro_batch_size: int, sp: bool, cp: int, ep: int
-    ) -> CostTables:
-        return self._build_tables(device_class, tp, micro_batch_size, sp, cp, ep, None)
+        # Sequence parallelism changes nothing without tp (``layer_cost``): one table set.
+        sp = sequence_parallel and tp > 1
+        # Shared with every view of this model (``with_sequence_parallel`` and the others
+        # copy the reference): the key holds what a view changes that the tables read (the
+        # cp view's classes go with its ``context_parallel``).
+        key = (self.context_parallel, device_class, tp, micro_batch_size, sp, cp, ep)
+        cache = self._plain_tables
+        found = cache.get(key)
+        if found is None:
+            found = self._build_tables(device_class, tp, micro_batch_size, sp, cp, ep, None)
+            cache[key] = found
+            if len(cache) > _PLAIN_TABLES_KEPT:
+                del cache[next(iter(cache))]  # the oldest
+        return found
 
     # Experts placed by speed: a table set per (shares, split) of a spanning stage, many more
     # than the plain sets; a cache of their own keeps them from evicting those (the search's
