@@ -140,16 +140,19 @@ class RunRelaxation:
         group = np.asarray(group).reshape(-1)
         by_group = np.argsort(group, kind="stable")
         starts = np.flatnonzero(np.diff(group[by_group], prepend=-1))
-        floors = np.minimum.reduceat(floors[by_group], starts, axis=0)
-        order = np.argsort(floors, axis=0, kind="stable")
-        ordered = np.take_along_axis(floors, order, axis=0)  # (options, n + 1, n + 1)
+        # Only the cells of a stage, i < j, are ever read (the shortest paths and prefixes).
+        starts_at, ends_at = np.triu_indices(n + 1, k=1)
+        stages = floors[:, starts_at, ends_at]
+        stages = np.minimum.reduceat(stages[by_group], starts, axis=0)
+        order = np.argsort(stages, axis=0, kind="stable")
         run = _Run(
             n,
             m,
             np.asarray(resources, dtype=np.float64),
             uses.astype(np.float64),
             order,
-            ordered.reshape(ordered.shape[0], -1),
+            np.take_along_axis(stages, order, axis=0),  # (options, stage cells)
+            starts_at * (n + 1) + ends_at,
             weights,
             lowest_peak,
             min_stages,
@@ -223,6 +226,7 @@ class _Run:
         uses: np.ndarray,
         order: np.ndarray,
         flat: np.ndarray,
+        where: np.ndarray,
         weights: np.ndarray,
         lowest_peak: float,
         least: int,
@@ -230,6 +234,7 @@ class _Run:
     ) -> None:
         self.n, self.m, self.resources, self.uses = n, m, resources, uses
         self.order, self.flat, self.least, self.capped = order, flat, least, capped
+        self.where = where  # each stage cell's place in an (n + 1) × (n + 1) table
         capacity = float(resources @ weights)
         self.scale = lowest_peak / capacity if capacity > 0 else 0.0
         self.option_weight = (uses @ weights)[order].reshape(flat.shape)
@@ -253,9 +258,11 @@ class _Run:
             (first * cells + np.arange(cells)).reshape(-1), minlength=(size + 1) * cells
         )
         counts = np.cumsum(seen.reshape(size + 1, cells)[:size], axis=0)
-        # Where in [inf row; running minima] each (g, cell) reads: the row ``counts`` (row 0
-        # the inf of no option), the column its cell.
-        at = (counts * cells + np.arange(cells)).reshape(-1)
+        # Where in [inf row; running minima] each (g, i, j) reads: the row ``counts`` (row 0
+        # the inf of no option), the column its stage cell; (0, 0), an inf, where j <= i.
+        reads = np.zeros((size, (n + 1) * (n + 1)), dtype=np.int64)
+        reads[:, self.where] = counts * cells + np.arange(cells)
+        at = reads.reshape(-1)
 
         def capped_costs(values: np.ndarray) -> np.ndarray:
             """[k * g, i, j]: per row k of ``values`` ([k, option, cell], options in
