@@ -205,3 +205,18 @@ def test_an_overlay_replaces_catalog_and_cluster_types(tmp_path: Path) -> None:
     local = load_cluster(example_cluster_path("cpu-local"))
     cpu = gpu_specs(local)["cpu"].model_copy(update={"efficiency": 0.01})
     assert gpu_specs(with_overlay(local, [cpu]))["cpu"].efficiency == 0.01
+
+
+def test_the_shipped_files_read_alike_with_libyaml() -> None:
+    """``read_yaml_model(..., shipped=True)`` (libyaml's parser, for autoplan's own files)
+    gives the model the guarded pure-Python reader gives, for the catalog and every shipped
+    cluster."""
+    from autoplan.cluster.catalog import GpuCatalog
+    from autoplan.cluster.schema import Cluster
+    from autoplan.files import read_yaml_model
+
+    files = [(profiles_dir() / "gpus.yaml", GpuCatalog)]
+    files += [(p, Cluster) for p in sorted((profiles_dir() / "clusters").glob("*.yaml"))]
+    assert len(files) > 3
+    for path, model in files:
+        assert read_yaml_model(path, model, shipped=True) == read_yaml_model(path, model), path

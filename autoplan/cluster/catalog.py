@@ -113,7 +113,7 @@ def example_cluster_path(name: str) -> Path:
 
 @functools.cache
 def _catalog_from(path: Path) -> dict[str, GpuSpec]:
-    catalog = read_yaml_model(path, GpuCatalog)
+    catalog = read_yaml_model(path, GpuCatalog, shipped=True)
     return {gpu.name: gpu for gpu in catalog.gpus}
 
 
