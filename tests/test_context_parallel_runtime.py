@@ -17,6 +17,7 @@ from autoplan.errors import InputError
 from autoplan.files import read_json_model
 from autoplan.plan.schema import IdleGpus, Plan
 from autoplan.plan.validate import plan_problems
+from autoplan.runtime.check import check_runnable
 from autoplan.runtime.context_parallel import chunk_positions
 from autoplan.runtime.report import RunReport
 from autoplan.view.plan_tables import replicas_text
@@ -229,6 +230,14 @@ def _cp_plans() -> dict[str, Plan]:
             )
         ),
     }
+
+
+def test_uneven_chunks_of_a_factory_model_are_refused_in_one_line() -> None:
+    # A factory's loss is a plain sum of its output: no per-token mean to weight by tokens.
+    plan = _as_cp(make_plan([2, 2], model="tests.runtime_models:mlp_stack", data_parallel=2))
+    check_runnable(plan)  # equal chunks: as before
+    with pytest.raises(InputError, match=r"uneven cp chunks .* need the zoo's token cross-entropy"):
+        check_runnable(_uneven(plan, [12, 4]))
 
 
 @pytest.fixture(scope="module")
