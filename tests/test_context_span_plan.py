@@ -13,10 +13,11 @@ import pytest
 from autoplan.cluster.catalog import example_cluster_path, gpu_specs, load_cluster
 from autoplan.cost.context_span import ContextMember, ContextSpan
 from autoplan.cost.model import CostModel
-from autoplan.errors import InfeasibleError
+from autoplan.errors import InfeasibleError, InputError
 from autoplan.export import NotExpressibleError, export_plan, layer_kinds
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.plan.validate import plan_problems
+from autoplan.price.configuration import price_configuration
 from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import Profile
 from autoplan.runtime.trainer import select_executor
@@ -87,3 +88,9 @@ def test_what_cannot_be_placed_is_refused_in_one_line(profile: Profile) -> None:
         span_plan(model, plan.inputs, ((0, 1), (1, 1)), 1, 3)
     with pytest.raises(InfeasibleError, match="no cpu-fast node holds 4 GPUs"):
         span_plan(model, plan.inputs, ((0, 4), (1, 1)), 1, 4)
+
+
+def test_pricing_again_refuses_uneven_chunks_rather_than_drop_them(profile: Profile) -> None:
+    plan = _solved(profile)[1]
+    with pytest.raises(InputError, match="does not price"):
+        price_configuration(profile, None, plan=plan)

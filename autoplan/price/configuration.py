@@ -339,6 +339,13 @@ def config_from_plan(model: CostModel, plan: Plan) -> PlanConfig:
         raise InputError(
             "async_pb plans are priced by `autoplan solve --allow-async`, not by `autoplan cost`"
         )
+    if any(r.context_tokens for s in plan.stages for r in s.replicas):
+        # A configuration's groups are one class with equal chunks: pricing it as one would
+        # drop the chunks (autoplan.solve.context_span_plan prices the one such plan it writes).
+        raise InputError(
+            "the plan splits sequences unevenly over its cp ranks (context_tokens), which "
+            "`autoplan cost` does not price"
+        )
     class_of_group = {name: c.index for c in model.classes for name in c.groups}
     class_of_node = {node.name: class_of_group[node.group] for node in model.cluster.nodes()}
     stages = []
