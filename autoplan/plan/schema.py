@@ -27,7 +27,9 @@ each of its c cp groups of tp GPUs runs a chunk of every sample's sequence (ring
 and its ``ranks`` list cp index by cp index, tp index within (rank ``i`` is cp index
 ``i // tp``, tp index ``i % tp``). Plans written before the field have c = 1. The chunks are
 equal unless ``context_tokens`` gives each cp rank's tokens (uneven chunks: the faster GPUs of
-a cp group hold more; schema version 5).
+a cp group hold more; schema version 5); such a cp group may span nodes of two GPU types, its
+``gpu_type`` and ``node`` then those of its first cp rank, each cp rank's tp group on one node
+(the rank map says which).
 """
 
 from __future__ import annotations
@@ -200,8 +202,14 @@ class Parallelism(_Strict):
 class Replica(_Strict):
     """One data-parallel replica of a stage: tp GPUs of one type on one node."""
 
-    gpu_type: str = Field(description="GPU type of its GPUs.")
-    node: str = Field(description="The node its GPUs are on (a tp group never spans nodes).")
+    gpu_type: str = Field(
+        description="GPU type of its GPUs (of its first cp rank's where its cp group spans GPU "
+        "types: context_tokens; the rank map gives each rank's)."
+    )
+    node: str = Field(
+        description="The node its GPUs are on (a tp group never spans nodes; a cp group of "
+        "uneven chunks may: this is its first cp rank's)."
+    )
     tensor_parallel_degree: int = Field(
         ge=1, le=limits.MAX_GPUS_PER_NODE, description="tp: GPUs splitting each layer."
     )
