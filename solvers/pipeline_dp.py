@@ -363,6 +363,24 @@ def _open_floor(
     )
 
 
+LEFT_TABLES = 4096
+"""Most resource vectors ``best_pipelines`` keeps the tables of what a label leaves for."""
+
+
+def _left_tables(
+    source: StageSource, uses: np.ndarray, free: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For a label leaving ``free`` resources: which options fit in them, the prefix bound
+    of the stages before each (every start) with what it leaves, and their fill ratio. They
+    depend on the resources alone, and the labels at every position share a few hundred
+    resource vectors: computed once per vector."""
+    fits = np.all(uses <= free, axis=1)
+    if not fits.any():
+        return fits, np.zeros((len(uses), 0)), np.zeros(len(uses))
+    after = np.where(fits[:, None], free - uses, 0)
+    return fits, source.prefix_table(after), source.fill_ratio(after, fits)
+
+
 def best_pipelines(
     num_layers: int,
     num_micro_batches: int,
@@ -419,6 +437,8 @@ def best_pipelines(
 
     uses = np.array(options, dtype=np.int64).reshape(len(options), len(resources))
     capacity = np.array(resources, dtype=np.int64)
+    # Per resources used: what a label leaves to the stages in front (``_left_tables``).
+    left: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for j in range(num_layers, 0, -1):
         front = fronts.pop(j, None)
         if front is None:
@@ -453,13 +473,17 @@ def best_pipelines(
                     continue
                 position = label.stages + 1
                 free = capacity - np.array(label.used, dtype=np.int64)
-                fits = np.all(uses <= free, axis=1)
+                tables = left.get(label.used)
+                if tables is None:
+                    tables = _left_tables(source, uses, free)
+                    if len(left) < LEFT_TABLES:
+                        left[label.used] = tables
+                fits, whole, ratio = tables
                 if not fits.any():
                     continue
-                after = np.where(fits[:, None], free - uses, 0)
-                prefix = source.prefix_table(after)[:, :j]
+                prefix = whole[:, :j]
                 # The stages before it are options that fit in what this label leaves.
-                fill = prefix * source.fill_ratio(after, fits)[:, None]
+                fill = prefix * ratio[:, None]
                 stage_ok = cuts_ok & np.where(starts == 0, position >= min_stages, position < cap)
                 # The stage's own transfers, and the same added to the label's first stage
                 # (the root label has none after it).
