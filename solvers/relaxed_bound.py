@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -102,7 +103,10 @@ class RunRelaxation:
 
     ``uses[o]`` the resources of option o, ``floors`` from ``stage_floors``, ``weights`` per
     resource (the prices' direction), ``lowest_peak`` a lower bound on every pipeline's peak
-    a (> 0); ``min_stages`` and ``max_stages`` the run's stage counts."""
+    a (> 0); ``min_stages`` and ``max_stages`` the run's stage counts. ``like``: the
+    relaxation computed before (another schedule's run of the same micro-batch count, say);
+    where its inputs are these, its tables per grid are reused (only the stage counts
+    differ). It hands them over either way: one set of tables is kept, the latest."""
 
     def __init__(
         self,
@@ -117,6 +121,7 @@ class RunRelaxation:
         min_stages: int = 1,
         max_stages: int | None = None,
         target: float = math.inf,
+        like: RunRelaxation | None = None,
     ) -> None:
         m = self.m = num_micro_batches
         n = num_layers
@@ -126,6 +131,7 @@ class RunRelaxation:
         self.prices = np.zeros((0, len(resources)))
         self.needs = np.zeros((0, 0, n + 1))
         self.directions = np.zeros((0, len(resources)))
+        self._run: _Run | None = None
         if uses.shape[0] == 0:
             self.bound = math.inf
             return
@@ -135,29 +141,14 @@ class RunRelaxation:
             return
         if not math.isfinite(lowest_peak) or lowest_peak <= 0:
             return
-        # Options of one resource vector: only the least floor of each (start, end) counts.
-        uses, group = np.unique(uses, axis=0, return_inverse=True)
-        group = np.asarray(group).reshape(-1)
-        by_group = np.argsort(group, kind="stable")
-        starts = np.flatnonzero(np.diff(group[by_group], prepend=-1))
-        # Only the cells of a stage, i < j, are ever read (the shortest paths and prefixes).
-        starts_at, ends_at = np.triu_indices(n + 1, k=1)
-        stages = floors[:, starts_at, ends_at]
-        stages = np.minimum.reduceat(stages[by_group], starts, axis=0)
-        order = np.argsort(stages, axis=0, kind="stable")
-        run = _Run(
-            n,
-            m,
-            np.asarray(resources, dtype=np.float64),
-            uses.astype(np.float64),
-            order,
-            np.take_along_axis(stages, order, axis=0),  # (options, stage cells)
-            starts_at * (n + 1) + ends_at,
-            weights,
-            lowest_peak,
-            min_stages,
-            most if most <= STAGE_CAP_KEPT else n,
-        )
+        inputs = (n, m, tuple(resources), uses, floors, weights, lowest_peak)
+        run = None if like is None else like._run
+        if like is not None:
+            like._run = None
+        if run is None or not run.same_inputs(inputs):
+            run = _Run(*inputs)
+        self._run = run
+        least, capped = min_stages, most if most <= STAGE_CAP_KEPT else n
         grid = lowest_peak * (1.0 + GRID_STEP) ** np.arange(GRID_POINTS)
         grid = np.append(grid, math.inf)  # A_{n+1}: no cap
         if math.isfinite(target):
@@ -166,15 +157,16 @@ class RunRelaxation:
             # term (A_g no lower, D no higher at a higher cap), so its bound is no higher
             # than the grid's. Where it already reaches ``target`` it is the bound (the
             # caller prunes the run on either), without the completion tables.
-            coarse = run.bound(np.append(grid[:-1:COARSE_STEP], math.inf))
+            coarse = run.bound(np.append(grid[:-1:COARSE_STEP], math.inf), least, capped)
             if coarse >= target:
                 self.bound = coarse
                 return
-        self.bound = run.bound(grid)
+        self.bound = run.bound(grid, least, capped)
+        tables = run.tables(grid)
         self.grid = grid
-        self.prefix = run.prefix  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
+        self.prefix = tables.prefix  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
         self.prices = run.prices
-        self.needs = run.needs  # [direction, g, i]: least ν · Σ u over [0, i) at A_g
+        self.needs = tables.needs  # [direction, g, i]: least ν · Σ u over [0, i) at A_g
         self.directions = run.directions
 
     def completion_floors(
@@ -214,41 +206,76 @@ class RunRelaxation:
         return result
 
 
+@dataclass
+class _GridTables:
+    """A run's tables on one grid of caps (``_Run.tables``)."""
+
+    cost: np.ndarray  # [price * g, i, j]: least c + μ · u of [i, j) at cap A_g
+    prefix: np.ndarray  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
+    needs: np.ndarray  # [direction, g, i]: least ν · Σ u over [0, i) at A_g
+    short: np.ndarray  # [g]: no partition of stages at most A_g fits the resources
+    loose: np.ndarray  # [price, g]: the least Σ c + μ · u, any stage count
+
+
 class _Run:
-    """What ``RunRelaxation`` computes for one grid of caps: its bound (``bound``), and the
-    tables ``completion_floors`` reads (``prefix``, ``needs``) of the last grid bounded."""
+    """What ``RunRelaxation`` computes from its inputs: the tables of each grid of caps
+    (``tables``, kept per grid) and the bound on a grid for a range of stage counts
+    (``bound``); one per inputs, shared by relaxations of the same (``like``)."""
 
     def __init__(
         self,
         n: int,
         m: int,
-        resources: np.ndarray,
+        resources: tuple[int, ...],
         uses: np.ndarray,
-        order: np.ndarray,
-        flat: np.ndarray,
-        where: np.ndarray,
+        floors: np.ndarray,
         weights: np.ndarray,
         lowest_peak: float,
-        least: int,
-        capped: int,
     ) -> None:
-        self.n, self.m, self.resources, self.uses = n, m, resources, uses
-        self.order, self.flat, self.least, self.capped = order, flat, least, capped
-        self.where = where  # each stage cell's place in an (n + 1) × (n + 1) table
-        capacity = float(resources @ weights)
+        self.inputs = (n, m, resources, uses, floors, weights, lowest_peak)
+        self.n, self.m = n, m
+        # Options of one resource vector: only the least floor of each (start, end) counts.
+        uses, group = np.unique(uses, axis=0, return_inverse=True)
+        group = np.asarray(group).reshape(-1)
+        by_group = np.argsort(group, kind="stable")
+        starts = np.flatnonzero(np.diff(group[by_group], prepend=-1))
+        # Only the cells of a stage, i < j, are ever read (the shortest paths and prefixes).
+        starts_at, ends_at = np.triu_indices(n + 1, k=1)
+        stages = floors[:, starts_at, ends_at]
+        stages = np.minimum.reduceat(stages[by_group], starts, axis=0)
+        self.order = np.argsort(stages, axis=0, kind="stable")
+        self.flat = np.take_along_axis(stages, self.order, axis=0)  # (options, stage cells)
+        self.where = starts_at * (n + 1) + ends_at  # each stage cell's place in an n+1 square
+        self.resources = np.asarray(resources, dtype=np.float64)
+        self.uses = uses.astype(np.float64)
+        capacity = float(self.resources @ weights)
         self.scale = lowest_peak / capacity if capacity > 0 else 0.0
-        self.option_weight = (uses @ weights)[order].reshape(flat.shape)
+        self.option_weight = (self.uses @ weights)[self.order].reshape(self.flat.shape)
         self.prices = np.array([factor * self.scale * weights for factor in PRICE_FACTORS])
         # Where no partition of stages at most A_g fits the resources, D is infinite: for a
         # direction ν >= 0, the least ν · Σ u over the partitions above ν · R proves it.
         self.directions = np.vstack([weights[None, :], np.eye(len(resources))])
-        self.prefix = np.zeros((0, 0, n + 1))
-        self.needs = np.zeros((0, 0, n + 1))
+        self._tables: dict[bytes, _GridTables] = {}
 
-    def bound(self, grid: np.ndarray) -> float:
-        """min over g of (m - 1) A_g + max_μ D_μ(A_{g+1}) on ``grid`` (A_0 first, inf last:
-        the last interval [A_n, ∞) read at the uncapped column)."""
-        n, m, flat = self.n, self.m, self.flat
+    def same_inputs(self, inputs: tuple[object, ...]) -> bool:
+        """Whether ``inputs`` are this run's (arrays compared by value)."""
+        mine = self.inputs
+        return all(
+            np.array_equal(a, np.asarray(b)) if isinstance(a, np.ndarray) else a == b
+            for a, b in zip(mine, inputs, strict=True)
+        )
+
+    def tables(self, grid: np.ndarray) -> _GridTables:
+        """The tables on ``grid`` (A_0 first, inf last), computed once per grid."""
+        key = grid.tobytes()
+        found = self._tables.get(key)
+        if found is None:
+            found = self._grid_tables(grid)
+            self._tables[key] = found
+        return found
+
+    def _grid_tables(self, grid: np.ndarray) -> _GridTables:
+        n, flat = self.n, self.flat
         cells = flat.shape[1]
         size = len(grid)
         # counts[g, cell]: options of floor <= A_g on cell (i, j). One search of every floor
@@ -282,20 +309,30 @@ class _Run:
         cost = capped_costs(
             np.stack([flat + factor * self.scale * self.option_weight for factor in PRICE_FACTORS])
         )
-        priced = (self.prices @ self.resources)[:, None]
-        self.prefix = _prefixes(cost, n).reshape(len(self.prices), size, n + 1)
+        prefix = _prefixes(cost, n).reshape(len(self.prices), size, n + 1)
         need = capped_costs(
             np.stack([(self.uses @ d)[self.order].reshape(flat.shape) for d in self.directions])
         )
-        self.needs = _prefixes(need, n).reshape(len(self.directions), size, n + 1)
+        needs = _prefixes(need, n).reshape(len(self.directions), size, n + 1)
         have = self.directions @ self.resources
-        short = np.any(self.needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9, axis=0)
+        short = np.any(needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9, axis=0)
+        loose = _shortest(cost, n, 1, n).reshape(len(self.prices), size)
+        return _GridTables(cost, prefix, needs, short, loose)
+
+    def bound(self, grid: np.ndarray, least: int, capped: int) -> float:
+        """min over g of (m - 1) A_g + max_μ D_μ(A_{g+1}) on ``grid`` (A_0 first, inf last:
+        the last interval [A_n, ∞) read at the uncapped column), over partitions of least
+        to ``capped`` stages (``capped`` >= n: no cap)."""
+        n, m = self.n, self.m
+        tables = self.tables(grid)
+        size = len(grid)
+        priced = (self.prices @ self.resources)[:, None]
 
         def totals(values: np.ndarray, caps: np.ndarray) -> np.ndarray:
             """(m - 1) A_g + D(A_{g + 1}) for the caps g + 1 of ``values`` ([price, cap]:
             the least Σ c + μ · u at each price), D inf where the resources rule it out."""
             best = np.maximum((values - priced).max(axis=0), 0.0)
-            best = np.where(np.take(short, caps), math.inf, best)
+            best = np.where(np.take(tables.short, caps), math.inf, best)
             with np.errstate(invalid="ignore"):
                 out = (m - 1) * grid[caps - 1] + best
             return np.where(np.isnan(out), math.inf, out)
@@ -307,15 +344,15 @@ class _Run:
         # few at a time. The minimum is the one all would give.
         caps = np.arange(1, size)
         prices = len(self.prices)
-        loose = totals(_shortest(cost, n, 1, n).reshape(prices, size)[:, caps], caps)
-        if self.least <= 1 and self.capped >= n:
+        loose = totals(tables.loose[:, caps], caps)
+        if least <= 1 and capped >= n:
             return float(loose.min())
         bound = math.inf
         pending = caps[np.argsort(loose, kind="stable")]
         while len(pending) and loose[pending[0] - 1] < bound:
             batch, pending = pending[:_CAPS_AT_ONCE], pending[_CAPS_AT_ONCE:]
             rows = (np.arange(prices)[:, None] * size + batch[None, :]).reshape(-1)
-            values = _shortest(cost[rows], n, self.least, self.capped)
+            values = _shortest(tables.cost[rows], n, least, capped)
             bound = min(bound, float(totals(values.reshape(prices, -1), batch).min()))
         return bound
 

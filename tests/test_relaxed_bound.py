@@ -379,3 +379,28 @@ def test_a_source_shared_with_the_other_schedule_costs_as_a_new_one() -> None:
                     differ += got != other.cost(option, i, j, position, None)
     assert compared > 50
     assert differ > 0, "the schedules cost every stage alike: the test shows nothing"
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(problems(), st.integers(1, 4), st.booleans())
+def test_a_relaxation_like_another_reuses_its_tables_with_the_same_result(
+    problem, least, same
+) -> None:
+    """``like``: a relaxation of the same inputs (the other schedule's run of one m, other
+    stage counts) reuses the first one's tables, with the bound and tables of one computed
+    alone; one of other inputs (another m) computes its own, alike."""
+    n, m, resources, uses, floors, _least, most, weights = problem
+    _best, lowest = _brute_force(n, m, resources, uses, floors, 1, n)
+    if math.isinf(lowest):
+        return
+    first = RunRelaxation(
+        n, m, tuple(resources.tolist()), uses, floors, weights, lowest, max_stages=most
+    )
+    other_m = m if same else m + 1
+    args = (n, other_m, tuple(resources.tolist()), uses, floors, weights, lowest)
+    least = min(least, n)
+    alone = RunRelaxation(*args, min_stages=least)
+    reused = RunRelaxation(*args, min_stages=least, like=first)
+    assert reused.bound == alone.bound
+    for name in ("grid", "prefix", "prices", "needs", "directions"):
+        assert np.array_equal(getattr(reused, name), getattr(alone, name)), name

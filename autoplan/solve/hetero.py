@@ -800,6 +800,8 @@ def _root_bound(
         min_stages=least if pinned_pp is None else max(least, pinned_pp),
         max_stages=most if pinned_pp is None else min(most, pinned_pp),
         target=target,
+        # The last run's tables, where its inputs are these (the other schedule of its m).
+        like=next(reversed(relaxations.values()), None) if relaxations else None,
     )
     if relaxations is not None:
         relaxations[index] = relaxation
