@@ -9,6 +9,7 @@ import itertools
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -404,3 +405,32 @@ def test_a_relaxation_like_another_reuses_its_tables_with_the_same_result(
     assert reused.bound == alone.bound
     for name in ("grid", "prefix", "prices", "needs", "directions"):
         assert np.array_equal(getattr(reused, name), getattr(alone, name)), name
+
+
+@pytest.mark.parametrize("cells", [1, 50, 1 << 18])
+def test_floor_tables_in_passes_are_the_one_end_figures(monkeypatch, cells) -> None:
+    """``HeteroSource.floor_table``, computed a few ends per pass (one end, some, all), is
+    for every end j the figure of that end alone: a one-kind option's largest share, a
+    two-kind option's best whole split (``_two_kind_floor`` both ways), plus the passes."""
+    from autoplan.solve import hetero
+
+    monkeypatch.setattr(hetero, "_FLOOR_CELLS", cells)
+    model = _gpt2_on_a100_v100()
+    source = HeteroSource(model, 64, 4, "1f1b", OPTIONS)
+    counts, kinds = source._counts, source._kind_index
+    n1, n2 = counts[:, 0, None], counts[:, 1, None]
+    two = np.where(n2 > 0, n2, 1.0)
+    for j in range(1, model.num_layers + 1):
+        work = source._per_sample_matrix[:, j : j + 1] - source._per_sample_matrix[:, :j]
+        per_kind = work[kinds]
+        safe = np.where(per_kind > 0, per_kind, 1.0)
+        balanced = np.maximum(
+            hetero._two_kind_floor(safe[:, 0], safe[:, 1], n1, two, source.b),
+            hetero._two_kind_floor(safe[:, 1], safe[:, 0], two, n1, source.b),
+        )
+        zero = ((per_kind <= 0) & (counts[:, :, None] > 0)).any(axis=1)
+        balanced = np.where(zero, 0.0, balanced)
+        single = source._single_prefix[:, j : j + 1] - source._single_prefix[:, :j]
+        want = np.where(source._is_single[:, None], single, balanced) + source._overhead[:, None]
+        assert np.array_equal(source.floor_table(j), want), j
+    assert (~source._is_single).any() and source._is_single.any()

@@ -84,6 +84,10 @@ class _Core:
     side: LinkSide
 
 
+_FLOOR_CELLS = 1 << 18
+"""About how many (option, cell) figures ``HeteroSource.floor_table`` computes in one pass."""
+
+
 def _two_kind_floor(
     w1: np.ndarray, w2: np.ndarray, n1: np.ndarray, n2: np.ndarray, b: int
 ) -> np.ndarray:
@@ -257,16 +261,30 @@ class HeteroSource:
     def floor_table(self, j: int) -> np.ndarray:
         """``out[o, i]`` for i < j: a one-kind stage's time with its largest share and no
         recompute; a two-kind stage's best split in whole samples (``_two_kind_floor``);
-        plus the fixed per-pass times. Kept: the root bound and the DP both read it."""
-        found = self._floor_tables.get(j)
-        if found is None:
-            found = self._floor_table(j)
-            self._floor_tables[j] = found
-        return found
+        plus the fixed per-pass times. Kept: the root bound and the DP both read it. Every
+        end j at the first ask, a few ends per numpy pass (elementwise the same figures; the
+        root bound reads them all)."""
+        if not self._floor_tables:
+            # In place: a source of the other schedule shares this dict (``with_schedule``).
+            n = self.model.num_layers
+            # A few ends at a time, so that one pass holds about _FLOOR_CELLS figures.
+            most = max(1, _FLOOR_CELLS // max(1, len(self.allocations)))
+            first = 1
+            while first <= n:
+                last, cells = first, first
+                while last < n and cells + last + 1 <= most:
+                    last += 1
+                    cells += last
+                self._floor_tables.update(self._floor_tables_of(first, last))
+                first = last + 1
+        return self._floor_tables[j]
 
-    def _floor_table(self, j: int) -> np.ndarray:
-        work = self._per_sample_matrix[:, j : j + 1] - self._per_sample_matrix[:, :j]
-        per_kind = work[self._kind_index]  # (options, 2, j)
+    def _floor_tables_of(self, first: int, last: int) -> dict[int, np.ndarray]:
+        """``floor_table(j)`` for j in [first, last], in one pass over their cells (i, j)."""
+        ends = np.concatenate([np.full(j, j) for j in range(first, last + 1)])
+        starts = np.concatenate([np.arange(j) for j in range(first, last + 1)])
+        work = self._per_sample_matrix[:, ends] - self._per_sample_matrix[:, starts]
+        per_kind = work[self._kind_index]  # (options, 2, cells)
         zero = (per_kind <= 0) & (self._counts[:, :, None] > 0)
         safe = np.where(per_kind > 0, per_kind, 1.0)
         n1, n2 = self._counts[:, 0, None], self._counts[:, 1, None]
@@ -276,8 +294,12 @@ class HeteroSource:
             _two_kind_floor(safe[:, 1], safe[:, 0], two, n1, self.b),
         )
         balanced = np.where(zero.any(axis=1), 0.0, balanced)
-        single = self._single_prefix[:, j : j + 1] - self._single_prefix[:, :j]
-        return np.where(self._is_single[:, None], single, balanced) + self._overhead[:, None]
+        single = self._single_prefix[:, ends] - self._single_prefix[:, starts]
+        out = np.where(self._is_single[:, None], single, balanced) + self._overhead[:, None]
+        offsets = np.cumsum([0, *range(first, last + 1)])  # the cells of each end
+        return {
+            j: out[:, offsets[x] : offsets[x + 1]] for x, j in enumerate(range(first, last + 1))
+        }
 
     def prefix_table(self, free: np.ndarray) -> np.ndarray:
         """``out[o, i]`` = b Σ_{l<i} min_{k: free_k > 0} ω_k(l)/Ω_k / Σ_k free_k/Ω_k
