@@ -105,13 +105,16 @@ class StageTable:
     """Stage figures one search's pipelines share (one model view and options): a stage's
     choice (ZeRO level, recompute, work, backward) depends on its class, its in-flight count
     and its layers beside the pipeline's (tp, dp, micro-batch size, m), and its
-    sequence-parallel edges on its class and layers at (tp, micro-batch size); the orders of
-    one composition and the compositions of one group ask for the same ones again."""
+    sequence-parallel edges on its class and layers at (tp, micro-batch size), and a
+    boundary's send times on the two classes at (tp, dp, micro-batch size); the orders of one
+    composition and the compositions of one group ask for the same ones again."""
 
     choices: dict[tuple[int, ...], tuple[int, str, float, float] | None] = field(
         default_factory=dict
     )
     edges: dict[tuple[int, ...], float] = field(default_factory=dict)
+    # A boundary's send time per end layer, by (tp, dp, micro-batch size, class, next class).
+    sends: dict[tuple[int, ...], list[float]] = field(default_factory=dict)
 
 
 class _StageCoster:
@@ -153,7 +156,12 @@ class _StageCoster:
         self.sends: list[list[float]] = []
         for s in range(pp):
             if s + 1 < pp:
-                self.sends.append(_send_times(model, p, p.classes[s], p.classes[s + 1]))
+                key = (p.tp, p.dp, p.mbs, p.classes[s], p.classes[s + 1])
+                sends = self._shared.sends.get(key)
+                if sends is None:
+                    sends = _send_times(model, p, p.classes[s], p.classes[s + 1])
+                    self._shared.sends[key] = sends
+                self.sends.append(sends)
             else:
                 self.sends.append([0.0] * (model.num_layers + 1))
         self._transient: dict[tuple[int, str], list[list[float]]] = {}
