@@ -30,7 +30,13 @@ from autoplan.profile.schema import Profile
 if TYPE_CHECKING:
     from autoplan.cost.model import CostModel
 
-__all__ = ["ContextMember", "ContextSpan", "span_layer_costs", "span_pass_ms"]
+__all__ = [
+    "ContextMember",
+    "ContextSpan",
+    "span_layer_costs",
+    "span_pass_ms",
+    "whole_sequence_compute_ms",
+]
 
 
 @dataclass(frozen=True, order=True)
@@ -110,6 +116,55 @@ def _same_as(profile: Profile) -> list[int]:
     return found[1]
 
 
+def _rank_cost(
+    model: CostModel,
+    position: int,
+    device_class: int,
+    tp: int,
+    micro_batch_size: int,
+    sequence_parallel: bool,
+    token_share: float,
+) -> LayerCost:
+    """Layer ``position`` on one GPU of a cp rank of ``device_class`` holding ``token_share``
+    of every sample's tokens, without the ring (module docstring)."""
+    dc = model.classes[device_class]
+    return layer_cost(
+        model.profile.layers[position],
+        dc.gpu,
+        model.peak_tflops_of(dc.gpu.name),
+        tp=tp,
+        micro_batch_size=micro_batch_size,
+        profile_micro_batch_size=model.profile.micro_batch_size,
+        intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
+        intra_node_latency_us=dc.intra_node_latency_us,
+        sequence_parallel=sequence_parallel,
+        token_share=token_share,
+    )
+
+
+def whole_sequence_compute_ms(
+    model: CostModel, device_class: int, tp: int, micro_batch_size: int, sequence_parallel: bool
+) -> tuple[float, float]:
+    """(forward + backward compute of every layer, parameters per GPU) of one cp rank of
+    ``device_class`` holding the whole sequence. A rank holding a share x of it computes at
+    least x times this (``layer_cost`` scales its work by x, less only its fixed parts: the
+    weights read, the kernels launched), so it bounds a spanning group from below
+    (``autoplan.solve.context_span_family``)."""
+    same_as = _same_as(model.profile)
+    compute = params = 0.0
+    firsts: dict[int, LayerCost] = {}
+    for position in range(len(model.profile.layers)):
+        first = same_as[position]
+        if first not in firsts:
+            firsts[first] = _rank_cost(
+                model, first, device_class, tp, micro_batch_size, sequence_parallel, 1.0
+            )
+        cost = firsts[first]
+        compute += cost.forward_compute_ms + cost.backward_compute_ms
+        params += cost.params_per_gpu
+    return compute, params
+
+
 def span_layer_costs(
     model: CostModel, span: ContextSpan, micro_batch_size: int, sequence_parallel: bool = False
 ) -> tuple[tuple[LayerCost, ...], ...]:
@@ -128,23 +183,18 @@ def span_layer_costs(
             for costs in out:
                 costs.append(costs[same_as[position]])
             continue
-        own: list[LayerCost] = []
-        for member in span.members:
-            dc = model.classes[member.device_class]
-            own.append(
-                layer_cost(
-                    layer,
-                    dc.gpu,
-                    model.peak_tflops_of(dc.gpu.name),
-                    tp=tp,
-                    micro_batch_size=micro_batch_size,
-                    profile_micro_batch_size=profile.micro_batch_size,
-                    intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
-                    intra_node_latency_us=dc.intra_node_latency_us,
-                    sequence_parallel=sequence_parallel,
-                    token_share=member.tokens / seq,
-                )
+        own = [
+            _rank_cost(
+                model,
+                position,
+                member.device_class,
+                tp,
+                micro_batch_size,
+                sequence_parallel,
+                member.tokens / seq,
             )
+            for member in span.members
+        ]
         if not (layer.selective_recompute_flops and layer.forward_flops):
             for index, cost in enumerate(own):
                 out[index].append(cost)

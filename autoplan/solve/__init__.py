@@ -23,6 +23,7 @@ from autoplan.solve.async_plan import emit_async_plan
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
 from autoplan.solve.certificate import search_record, work_bound_ms
 from autoplan.solve.context_parallel import search_with_context_parallel
+from autoplan.solve.context_span_family import span_choice_plan, with_span_family
 from autoplan.solve.diagnose import (
     diagnose_before_search,
     diagnose_infeasible,
@@ -167,8 +168,11 @@ def solve_outcome(
     if options.strategy == "optimal":
         report_bound(work_bound_ms(model, global_batch_size, options))  # for a progress line
     result = solve_candidates(model, global_batch_size, options, progress)
+    # A cp group across two GPU types (autoplan.solve.context_span_family), where it wins.
+    deadline = started + options.time_limit_s
+    result, spanning = with_span_family(model, global_batch_size, options, result, deadline)
     feasible: list[Candidate] = [c for c in result.candidates if c.cost.feasible]
-    if not result.candidates:
+    if not result.candidates and spanning is None:
         diagnose = (
             diagnose_megatron_infeasible if options.strategy == "megatron" else diagnose_infeasible
         )
@@ -188,11 +192,10 @@ def solve_outcome(
             )
         raise InfeasibleError(found.message, short=found.short)
     violation = None
-    if not feasible:
+    if not feasible and spanning is None:
         violation = result.candidates[0].cost.violations[0]
         logger.warning("the %s plan does not fit: %s", options.strategy, violation)
         feasible = result.candidates
-    best, runners = feasible[0], feasible[1 : options.top_k + 1]
     inputs = PlanInputs(
         model=profile.model,
         profile_sha256=profile_sha256,
@@ -205,9 +208,13 @@ def solve_outcome(
         engine=options.engine,
     )
     try:
-        plan = emit_plan(
-            model, best.config, best.cost, inputs, [(c.config, c.cost) for c in runners]
-        )
+        if spanning is not None:
+            plan = span_choice_plan(model, inputs, spanning)
+        else:
+            best, runners = feasible[0], feasible[1 : options.top_k + 1]
+            plan = emit_plan(
+                model, best.config, best.cost, inputs, [(c.config, c.cost) for c in runners]
+            )
     except ValueError as error:  # a bug: the search only proposes what fits the nodes
         raise InfeasibleError(
             f"the {options.strategy} plan cannot be placed: {error}", short="cannot be placed"
@@ -222,7 +229,7 @@ def solve_outcome(
         )
         plan = plan.model_copy(update={"search": record})
     async_plan = None
-    if options.allow_async:
+    if options.allow_async and spanning is None:
         choice = best_async(model, feasible)
         if choice is not None:
             plan = async_alternative(model, plan, choice)

@@ -26,12 +26,13 @@ writes the plan of one such group alone (the whole model on it), which the mesh 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoplan.cost.context_span import ContextMember, ContextSpan, span_layer_costs, span_pass_ms
 from autoplan.cost.model import CostModel
 
-__all__ = ["SpanSplit", "best_split", "token_splits"]
+__all__ = ["SpanSplit", "best_split", "price_split", "split_prices", "token_splits"]
 
 MODES = ("none", "selective", "full")
 
@@ -40,13 +41,14 @@ MODES = ("none", "selective", "full")
 class SpanSplit:
     """A priced split: the group, its recompute, one micro-batch's forward and backward on the
     layers (per layer its slowest member's, with the passes' fixed overheads) and each
-    member's peak bytes per GPU."""
+    member's peak bytes per GPU and the parameters a GPU holds (every cp rank the same)."""
 
     span: ContextSpan
     recompute: str
     forward_ms: float
     backward_ms: float
     peak_bytes: tuple[float, ...]
+    params_per_gpu: float
 
     @property
     def work_ms(self) -> float:
@@ -68,7 +70,7 @@ def token_splits(
     return out
 
 
-def price_split(
+def split_prices(
     model: CostModel,
     span: ContextSpan,
     micro_batch_size: int,
@@ -76,16 +78,16 @@ def price_split(
     flight: int,
     modes: tuple[str, ...] = MODES,
     sequence_parallel: bool = False,
-) -> SpanSplit | None:
-    """``span`` on layers [i, j) at the fastest of ``modes`` that fits every member (module
-    docstring), or None where none fits."""
+) -> list[SpanSplit]:
+    """``span`` on layers [i, j) at every one of ``modes`` (in their order) that fits every
+    member (module docstring); empty where none fits."""
     i, j = layers
     costs = span_layer_costs(model, span, micro_batch_size, sequence_parallel)
     overhead = max(model.pass_overhead_ms(m.device_class) for m in span.members)
     params = sum(c.params_per_gpu for c in costs[0][i:j])
     # DDP over the cp ranks: its gradient buckets count as the engine keeps them.
     static = sum(model.static_bytes(params, span.cp, 0))
-    best: SpanSplit | None = None
+    out: list[SpanSplit] = []
     for mode in modes:
         peaks = []
         for member_costs in costs:
@@ -98,10 +100,25 @@ def price_split(
         ):
             continue
         forward, backward = span_pass_ms(costs, i, j, mode)
-        found = SpanSplit(span, mode, forward + overhead, backward + overhead, tuple(peaks))
-        if best is None or found.work_ms < best.work_ms:
-            best = found
-    return best
+        out.append(
+            SpanSplit(span, mode, forward + overhead, backward + overhead, tuple(peaks), params)
+        )
+    return out
+
+
+def price_split(
+    model: CostModel,
+    span: ContextSpan,
+    micro_batch_size: int,
+    layers: tuple[int, int],
+    flight: int,
+    modes: tuple[str, ...] = MODES,
+    sequence_parallel: bool = False,
+) -> SpanSplit | None:
+    """``span`` on layers [i, j) at the fastest of ``modes`` that fits every member (module
+    docstring; ties: the earlier mode), or None where none fits."""
+    found = split_prices(model, span, micro_batch_size, layers, flight, modes, sequence_parallel)
+    return min(found, key=lambda s: s.work_ms, default=None)
 
 
 def best_split(
@@ -113,16 +130,22 @@ def best_split(
     flight: int,
     modes: tuple[str, ...] = MODES,
     sequence_parallel: bool = False,
+    objective: Callable[[SpanSplit], float] | None = None,
 ) -> SpanSplit | None:
-    """The fastest fitting split (ties: the smaller t1) of a cp group of ``kinds`` ((device
-    class, cp ranks) in ring order) on layers [i, j) with ``flight`` micro-batches in flight,
-    every split tried (module docstring); None where none fits."""
+    """The split and mode of least ``objective`` (default: one micro-batch's forward +
+    backward; ties: the smaller t1, then the earlier mode) of a cp group of ``kinds``
+    ((device class, cp ranks) in ring order) on layers [i, j) with ``flight`` micro-batches
+    in flight, every split and mode tried (module docstring); None where none fits."""
     (k1, n1), (k2, n2) = kinds
     best: SpanSplit | None = None
+    best_value = math.inf
     seq = model.profile.seq_len
     for t1, t2 in token_splits((n1, n2), seq, tp, sequence_parallel):
         span = ContextSpan((ContextMember(k1, n1, t1), ContextMember(k2, n2, t2)), tp)
-        found = price_split(model, span, micro_batch_size, layers, flight, modes, sequence_parallel)
-        if found is not None and (best is None or found.work_ms < best.work_ms):
-            best = found
+        for found in split_prices(
+            model, span, micro_batch_size, layers, flight, modes, sequence_parallel
+        ):
+            value = found.work_ms if objective is None else objective(found)
+            if best is None or value < best_value:
+                best, best_value = found, value
     return best

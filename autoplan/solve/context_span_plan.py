@@ -10,12 +10,15 @@ nodes (the tp rings share it), of which the mesh executor's DDP hides what the l
 covers, and the slower member's optimizer step. The time breakdown puts the ring's exposed
 time, like tp's collectives, in tp_comm_ms.
 
-This is the one way autoplan writes such a plan today: the heterogeneous search does not offer
-spanning cp groups (``autoplan.solve.context_span`` says why), so ``autoplan solve`` never emits
-one.
+``span_times`` is that prediction's iteration time of a priced split, the figure the split is
+chosen by (every split and mode tried): the search's spanning family
+(``autoplan.solve.context_span_family``) ranks its groups by it and ``autoplan solve`` writes
+the winner with ``span_plan``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from autoplan.cluster.schema import Node
 from autoplan.cost.comm import ring_allreduce_ms
@@ -40,7 +43,39 @@ from autoplan.plan.schema import (
 from autoplan.solve.context_span import MODES, SpanSplit, best_split
 from autoplan.solve.emit import model_flops_per_iteration, with_fingerprint
 
-__all__ = ["span_plan"]
+__all__ = ["SpanTimes", "span_plan", "span_times"]
+
+
+@dataclass(frozen=True)
+class SpanTimes:
+    """A spanning plan's iteration (ms) and its parts beside m micro-batches of work."""
+
+    iteration_ms: float
+    allreduce_ms: float  # the gradient all-reduce over the cp ranks
+    exposed_ms: float  # what of it the last backward does not hide
+    step_ms: float  # the slower member's optimizer step
+
+
+def span_times(model: CostModel, found: SpanSplit, num_micro_batches: int) -> SpanTimes:
+    """The iteration of m = ``num_micro_batches`` micro-batches of ``found`` on one stage
+    (module docstring): m × its work, the exposed all-reduce and the slower member's step."""
+    span = found.span
+    names = {n for member in span.members for n in model.classes[member.device_class].groups}
+    bandwidth = model.cluster.inter_node_bandwidth(names) / span.tp
+    allreduce = ring_allreduce_ms(
+        found.params_per_gpu * model.dtype_bytes,
+        span.cp,
+        bandwidth,
+        model.cluster.inter_node_latency(names),
+    )
+    exposed = max(0.0, allreduce - found.backward_ms)  # DDP overlaps the last backward
+    step = max(
+        model.optimizer_ms(found.params_per_gpu, member.device_class, 1, 0)
+        + model.step_overhead_ms(member.device_class)
+        for member in span.members
+    )
+    iteration = num_micro_batches * found.work_ms + exposed + step
+    return SpanTimes(iteration, allreduce, exposed, step)
 
 
 def _node_of(model: CostModel, device_class: int, gpus: int) -> Node:
@@ -59,11 +94,16 @@ def span_plan(
     kinds: tuple[tuple[int, int], tuple[int, int]],
     tp: int,
     num_micro_batches: int,
+    modes: tuple[str, ...] = MODES,
+    sequence_parallel: bool = False,
+    found: SpanSplit | None = None,
 ) -> Plan:
     """The plan of one cp group of ``kinds`` ((device class, cp ranks) in ring order, tp GPUs
     a rank) running the whole model on micro-batches of global batch / ``num_micro_batches``
-    samples (module docstring); InfeasibleError where no split fits or the nodes cannot
-    hold it."""
+    samples at the split and recompute mode (of ``modes``) of least ``span_times``, with
+    sequence parallelism in the tp groups or not (module docstring); InfeasibleError where no
+    split fits or the nodes cannot hold it. ``found``: the split already chosen (by the
+    search's spanning family, at these micro-batches), taken as it is."""
     batch = inputs.global_batch_size
     if batch % num_micro_batches:
         raise InfeasibleError(
@@ -72,7 +112,18 @@ def span_plan(
     micro = batch // num_micro_batches
     layers = (0, len(model.profile.layers))
     # 1F1B on one stage: one micro-batch in flight.
-    found = best_split(model, kinds, tp, micro, layers, 1, MODES)
+    if found is None:
+        found = best_split(
+            model,
+            kinds,
+            tp,
+            micro,
+            layers,
+            1,
+            modes,
+            sequence_parallel,
+            objective=lambda split: span_times(model, split, num_micro_batches).iteration_ms,
+        )
     if found is None:
         raise InfeasibleError(
             "no token split of the cp group fits: every member's weights, optimizer states "
@@ -116,6 +167,7 @@ def span_plan(
                 schedule="1f1b",
                 num_micro_batches=num_micro_batches,
                 micro_batch_size=micro,
+                sequence_parallel=sequence_parallel,
                 executor="mesh",
             ),
             stages=[
@@ -132,7 +184,9 @@ def span_plan(
                 for i, (n, k) in enumerate(zip(nodes, kinds, strict=True))
             ],
             rank_map=entries,
-            prediction=_prediction(model, found, micro, num_micro_batches, nodes, inputs),
+            prediction=_prediction(
+                model, found, micro, num_micro_batches, inputs, sequence_parallel
+            ),
         )
     )
 
@@ -142,31 +196,22 @@ def _prediction(
     found: SpanSplit,
     micro: int,
     m: int,
-    nodes: list[Node],
     inputs: PlanInputs,
+    sequence_parallel: bool,
 ) -> Prediction:
     """The plan's figures (module docstring)."""
     span, mode = found.span, found.recompute
-    costs = span_layer_costs(model, span, micro)
+    costs = span_layer_costs(model, span, micro, sequence_parallel)
     # Per layer, the slowest member's collectives (its tp all-reduces and exposed ring).
     tp_ms = 0.0
     for per_member in zip(*costs, strict=True):
         slowest = max(per_member, key=lambda c: c.forward_ms() + c.backward_ms(mode))
         tp_ms += slowest.forward_tp_comm_ms + slowest.backward_tp_comm_ms
-    params = sum(c.params_per_gpu for c in costs[0])
-    names = {n for member in span.members for n in model.classes[member.device_class].groups}
-    bandwidth = model.cluster.inter_node_bandwidth(names) / span.tp
-    allreduce = ring_allreduce_ms(
-        params * model.dtype_bytes, span.cp, bandwidth, model.cluster.inter_node_latency(names)
-    )
-    exposed = max(0.0, allreduce - found.backward_ms)  # DDP overlaps the last backward
-    step = max(
-        model.optimizer_ms(params, member.device_class, 1, 0)
-        + model.step_overhead_ms(member.device_class)
-        for member in span.members
-    )
+    params = found.params_per_gpu
+    times = span_times(model, found, m)
+    allreduce, exposed, step = times.allreduce_ms, times.exposed_ms, times.step_ms
     work = m * found.work_ms
-    iteration = work + exposed + step
+    iteration = times.iteration_ms
     seconds = iteration / 1e3
     flops = model_flops_per_iteration(model, inputs.global_batch_size)
     world = span.cp * span.tp
