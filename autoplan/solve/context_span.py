@@ -16,11 +16,12 @@ states (whole on every cp rank, no ZeRO), ``flight`` micro-batches of its saved 
 tokens' share) and the largest transient (the ring's chunk in flight included); it must stay
 within its class's usable memory.
 
-The heterogeneous search does not offer these groups yet (module ``autoplan.solve.hetero``): a
-plan of one needs ``CostModel.evaluate``, the placement and the emitter to hold a replica across
-two classes (``ReplicaGroup`` is one class), which they do not. ``autoplan.solve.context_span_plan``
-writes the plan of one such group alone (the whole model on it), which the mesh executor runs
-(``Replica.context_tokens``, ranks consecutive across the two nodes).
+The heterogeneous search does not offer these groups as stages of its pipelines (module
+``autoplan.solve.hetero``): that needs ``CostModel.evaluate``, the placement and the emitter to
+hold a replica across two classes (``ReplicaGroup`` is one class), which they do not. The
+search's spanning family (``autoplan.solve.context_span_family``) offers one such group running
+the whole model, whose plan ``autoplan.solve.context_span_plan`` writes and the mesh executor
+runs (``Replica.context_tokens``, ranks consecutive across the two nodes).
 """
 
 from __future__ import annotations
