@@ -25,7 +25,7 @@ from tests.cp_driver import SPLITS, SPLITS_OF_3, result_key
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
-from tests.test_context_span_plan import solved_span_plan
+from tests.test_context_span_family import solved_family_plan
 from tests.torchrun_plans import run_plans, torchrun
 
 TOLERANCE = 1e-10
@@ -211,9 +211,10 @@ def _cp_plans() -> dict[str, Plan]:
             _as_cp(make_plan([3, 3], data_parallel=2, num_micro_batches=4)), [12, 4]
         ),
         # world 2: a cp group across a cpu-fast and a cpu-slow node, by hand (12:4) and as
-        # autoplan.solve.context_span_plan solves it (tests/test_context_span_plan.py)
+        # autoplan solve chooses it where no node holds the sequence (64 tokens, written by
+        # autoplan.solve.context_span_plan: tests/test_context_span_family.py)
         "span_fast_slow": _spanning_plan(),
-        "span_solved": solved_span_plan(),
+        "span_solved": solved_family_plan(),
         # world 2: cp 2 alone, full recompute (the ring reruns inside backward)
         "cp2_full_recompute": _as_cp(
             make_plan([6], data_parallel=2, num_micro_batches=2, recompute="full")

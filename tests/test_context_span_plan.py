@@ -1,12 +1,10 @@
 """A solved plan of one cp group across two GPU types (autoplan.solve.context_span_plan): its
 split searched, valid, played by the simulator as predicted and refused by the exports; the mesh
-executor runs it on gloo (float64) equal to one process within 1e-10 in
-tests/test_context_parallel_runtime.py (``solved_span_plan``, in the launch of its other plans
-of two processes)."""
+executor runs the one ``autoplan solve`` chooses on a cluster where no node holds the sequence
+(tests/test_context_span_family.py, also written by ``span_plan``) on gloo (float64) equal to one
+process within 1e-10 in tests/test_context_parallel_runtime.py (``span_solved``)."""
 
 from __future__ import annotations
-
-import functools
 
 import pytest
 
@@ -29,12 +27,6 @@ from autoplan.solve.context_span_plan import span_plan
 @pytest.fixture(scope="module")
 def profile() -> Profile:
     return profile_model("gpt-tiny", 16, 2, "fp64")
-
-
-@functools.cache
-def solved_span_plan() -> Plan:
-    """The plan these tests check, for the runtime test's launch."""
-    return _solved(profile_model("gpt-tiny", 16, 2, "fp64"))[1]
 
 
 def _solved(profile: Profile) -> tuple[CostModel, Plan]:

@@ -32,8 +32,8 @@ bounded below by m × (the least over real token shares of the slower member's c
 within it by the same at its own shares (a rank computes at least its share of the whole
 sequence; the ring, the collectives and recompute only add). Units are searched in the order
 of their bounds, splits within a unit likewise, and whatever is bounded above the best plan
-held (the other families' included) is not priced; the family's floor is the least of its best
-plan and the bounds it did not price (``autoplan.solve.certificate``). Memory grows with the
+held (the other families' included) is not priced; the family's floor is the least of the plans
+it priced and the bounds of those it did not (``autoplan.solve.certificate``). Memory grows with the
 micro-batch, so where no split of a unit fits, larger micro-batches of the same group are not
 tried. Deterministic: ties go to the canonical order of the choice (classes, tp, n1, n2, SP,
 micro-batch, t1, mode).
@@ -222,6 +222,7 @@ def span_family(
             for found in split_prices(model, span, micro, layers, 1, modes, sp):
                 fits = True
                 iteration = span_times(model, found, m).iteration_ms
+                floor = min(floor, iteration)  # a plan of the family, held or not
                 key = (*unit.key, t1, modes.index(found.recompute))
                 if iteration < incumbent_ms and (
                     best is None or (iteration, key) < (best.iteration_ms, best_key)
@@ -231,8 +232,6 @@ def span_family(
         else:  # every split priced
             if not fits:
                 no_fit[group] = min(micro, no_fit.get(group, micro))
-    if best is not None:
-        floor = min(floor, best.iteration_ms)
     return SpanFamily(best, floor, priced, timed_out)
 
 

@@ -1,0 +1,164 @@
+"""The search's spanning-context family (autoplan.solve.context_span_family): ``autoplan solve``
+chooses a cp group across two GPU types where no node holds the sequence (tests/data/cpu-span.yaml),
+its split and recompute mode those of a brute force over every split, the plan valid, simulated as
+predicted and accepted by the runtime (it trains equal to one process in
+tests/test_context_parallel_runtime.py, ``solved_family_plan``); the family's pruned search
+agrees with pricing every unit unpruned (oracle), whatever plan it is pruned against; and it is
+not searched outside its space."""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+
+from autoplan.cluster.catalog import example_cluster_path, load_cluster
+from autoplan.cost.context_span import ContextMember, ContextSpan
+from autoplan.cost.model import CostModel
+from autoplan.plan.schema import Plan
+from autoplan.plan.validate import plan_problems
+from autoplan.profile.profiler import profile_model
+from autoplan.profile.schema import Profile
+from autoplan.runtime.check import check_runnable
+from autoplan.runtime.trainer import select_executor
+from autoplan.simulate import simulate_plan
+from autoplan.solve import SolveOptions, cost_model, solve
+from autoplan.solve.context_span import MODES, best_split, price_split
+from autoplan.solve.context_span_family import in_space, span_family
+from autoplan.solve.context_span_plan import span_times
+
+SPAN_CLUSTER = Path(__file__).resolve().parent / "data" / "cpu-span.yaml"
+SEQ = 64
+# cp is searched from 8,192 tokens by default; the tiny model's 64 are long enough here.
+OPTIONS = SolveOptions(cp_min_seq_len=SEQ)
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    return profile_model("gpt-tiny", SEQ, 1, "fp64")
+
+
+@functools.cache
+def solved_family_plan() -> Plan:
+    """The plan ``autoplan solve`` writes on cpu-span (one sample), for the runtime test."""
+    return solve(profile_model("gpt-tiny", SEQ, 1, "fp64"), load_cluster(SPAN_CLUSTER), 1, OPTIONS)
+
+
+def test_solve_chooses_a_spanning_group_where_no_node_holds_the_sequence(
+    profile: Profile,
+) -> None:
+    model = cost_model(profile, load_cluster(SPAN_CLUSTER), OPTIONS)
+    layers = (0, len(profile.layers))
+    for k in (0, 1):  # a rank holding the whole sequence fits neither type at any mode
+        whole = ContextSpan((ContextMember(k, 1, SEQ),), 1)
+        assert price_split(model, whole, 1, layers, 1) is None
+    plan = solved_family_plan()
+    (stage,) = plan.stages
+    (replica,) = stage.replicas
+    assert [plan.rank_map[r].gpu_type for r in replica.ranks] == ["cpu-fast", "cpu-slow"]
+    tokens = replica.context_tokens
+    assert tokens is not None and sum(tokens) == SEQ and tokens[0] > tokens[1]
+    # Brute force: every pair of positive even counts summing to the sequence, every mode,
+    # priced as the plan's iteration (one micro-batch of one sample).
+    priced = []
+    for t1 in range(2, SEQ, 2):
+        span = ContextSpan((ContextMember(0, 1, t1), ContextMember(1, 1, SEQ - t1)), 1)
+        for mode in MODES:
+            found = price_split(model, span, 1, layers, 1, (mode,))
+            if found is not None:
+                priced.append((span_times(model, found, 1).iteration_ms, t1, mode))
+    fastest = min(priced)
+    assert len({t1 for _, t1, _ in priced}) > 1  # several splits fit: the choice is real
+    assert plan.prediction.iteration_time_ms == pytest.approx(fastest[0], rel=1e-12)
+    assert (tokens[0], replica.recompute) == (fastest[1], fastest[2])
+    even = [p for p in priced if p[1] == SEQ // 2]
+    assert not even or min(even)[0] > fastest[0]  # uneven chunks beat even ones
+    assert plan_problems(plan, profile) == []
+    assert simulate_plan(plan).iteration_time_ms == pytest.approx(
+        plan.prediction.iteration_time_ms, rel=1e-9
+    )
+    check_runnable(plan)
+    assert select_executor(plan) == "mesh"
+    assert plan.search is not None and plan.search.lower_bound_ms <= fastest[0] * (1 + 1e-12)
+
+
+def _unpruned(model: CostModel, batch: int) -> tuple[float, tuple]:
+    """The family's best by pricing every unit's every split and mode (``best_split`` at the
+    plan's iteration), nothing pruned: (iteration, (kinds, tp, SP, m, tokens, mode))."""
+    best: tuple[float, tuple] = (math.inf, ())
+    layers = (0, len(model.profile.layers))
+    for tp in (1, 2):
+        for n1 in range(1, 2 // tp + 1):
+            for n2 in range(1, 2 // tp + 1):
+                for sp in [False] if tp == 1 else [False, True]:
+                    for micro in (1, 2, 4):
+                        m = batch // micro
+                        kinds = ((0, n1), (1, n2))
+                        found = best_split(
+                            model,
+                            kinds,
+                            tp,
+                            micro,
+                            layers,
+                            1,
+                            MODES,
+                            sp,
+                            objective=lambda s, m=m: span_times(model, s, m).iteration_ms,
+                        )
+                        if found is None:
+                            continue
+                        time_ms = span_times(model, found, m).iteration_ms
+                        key = (kinds, tp, sp, m, found.span.rank_tokens(), found.recompute)
+                        if time_ms < best[0]:
+                            best = (time_ms, key)
+    return best
+
+
+def test_the_pruned_family_is_the_unpruned_enumeration(profile: Profile) -> None:
+    # cpu-hetero: two GPUs a node, so tp 1 and 2, one or two cp ranks a node, SP both ways,
+    # micro-batches of 1, 2 and 4 samples of a batch of 4.
+    model = cost_model(profile, load_cluster(example_cluster_path("cpu-hetero")), OPTIONS)
+    expected_ms, (kinds, tp, sp, m, tokens, mode) = _unpruned(model, 4)
+    assert math.isfinite(expected_ms)
+    family = span_family(model, 4, OPTIONS)
+    best = family.best
+    assert best is not None and not family.timed_out
+    assert best.iteration_ms == pytest.approx(expected_ms, rel=1e-12)
+    assert (best.kinds, best.tp, best.sequence_parallel, best.num_micro_batches) == (
+        kinds,
+        tp,
+        sp,
+        m,
+    )
+    assert (best.split.span.rank_tokens(), best.split.recompute) == (tokens, mode)
+    assert family.floor_ms == best.iteration_ms
+    # Pruned against a plan held: the same best where it is faster than that plan ...
+    held = span_family(model, 4, OPTIONS, incumbent_ms=expected_ms * 1.01)
+    assert held.best == best and held.splits_priced < family.splits_priced
+    # ... none where nothing of the family is, and a floor above the plan held (a bound).
+    beaten = span_family(model, 4, OPTIONS, incumbent_ms=expected_ms * 0.99)
+    assert beaten.best is None and expected_ms * 0.99 < beaten.floor_ms <= expected_ms
+
+
+def test_outside_its_space_the_family_is_not_searched(profile: Profile) -> None:
+    cluster = load_cluster(SPAN_CLUSTER)
+    model = cost_model(profile, cluster, OPTIONS)
+    assert in_space(model, OPTIONS)
+    for options in (
+        SolveOptions(),  # 64 tokens: below the default 8,192 where cp is searched
+        OPTIONS.model_copy(update={"pp": 2}),
+        OPTIONS.model_copy(update={"zero_stage": 1}),
+        OPTIONS.model_copy(update={"space": "uniform"}),
+        OPTIONS.model_copy(update={"strategy": "megatron"}),
+        OPTIONS.model_copy(update={"cp": 1}),
+    ):
+        assert not in_space(model, options)
+        assert span_family(model, 1, options).best is None
+    # One GPU type: no group spans two.
+    one_type = cost_model(profile, load_cluster(example_cluster_path("cpu-local")), OPTIONS)
+    assert not in_space(one_type, OPTIONS)
+    # With --pp 2 the solve writes a pipeline instead, as before the family.
+    plan = solve(profile, cluster, 1, OPTIONS.model_copy(update={"pp": 2}))
+    assert len(plan.stages) == 2 and all(r.context_tokens is None for r in plan.stages[0].replicas)
