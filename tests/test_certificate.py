@@ -175,3 +175,19 @@ def test_a_watcher_sees_the_plans_found_and_the_bound() -> None:
     assert math.isclose(state.incumbent_ms, plan.prediction.iteration_time_ms, rel_tol=1e-6)
     incumbents = [found for found, _ in seen]
     assert incumbents == sorted(incumbents, reverse=True)  # it only improves
+
+
+def test_the_zero_bubble_bound_with_a_tp_one_class_cannot_run() -> None:
+    """A pinned tp that one class's nodes cannot hold leaves that class without rank kinds:
+    the packing of layer types skips it (it once raised KeyError), and the solve proves."""
+    profile = transformer_profile(8, hidden=1024, seq_len=512, heads=16)
+    cluster = make_cluster(
+        [("f", gpu("FAST", 300.0, 40.0), 4, 2), ("s", gpu("SLOW", 40.0, 16.0), 2, 2)],
+        inter_gb_per_s=5.0,
+    )
+    options = SolveOptions(top_k=1, tp=4, time_limit_s=3600)
+    model = cost_model(profile, cluster, options)
+    assert math.isfinite(zero_bubble_bound_ms(model, 32, options))
+    plan = solve(profile, cluster, 32, options)
+    assert plan.search is not None and plan.search.lower_bound_ms is not None
+    assert plan.search.lower_bound_ms <= plan.prediction.iteration_time_ms

@@ -435,6 +435,8 @@ def _typed_cover_threshold(
         total[0] = 0
         alone = False
         for c in model.classes:
+            if c.index not in sides:
+                continue  # no rank kind of this class (no tp degree of the space fits it)
             plain, crossing = sides[c.index]
             room = model.usable_bytes(c.index)
             items = [
