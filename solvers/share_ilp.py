@@ -257,6 +257,8 @@ def _enumerate(problem: ShareProblem) -> ShareSolution | None:
     ``share_objective``'s order, so the values and the choice are those of a loop over
     ``itertools.product``."""
     best: tuple[float, int, tuple[int, ...]] | None = None
+    if any(not c.sizes for c in problem.classes):
+        return None  # a class with no size that fits: no tuple
     head_classes = problem.classes[:-1]
     last = problem.classes[-1]
     # The last class's figures by size (nan where it has none): looked up by the size left.

@@ -37,7 +37,7 @@ def _loop(problem: ShareProblem):
     st.lists(
         st.tuples(
             st.integers(1, 3),
-            st.lists(st.tuples(st.integers(1, 6), st.integers(0, 4)), min_size=1, max_size=6),
+            st.lists(st.tuples(st.integers(1, 6), st.integers(0, 4)), min_size=0, max_size=6),
         ),
         min_size=1,
         max_size=3,
