@@ -19,11 +19,13 @@ from autoplan.plan.schema import IdleGpus, Plan
 from autoplan.plan.validate import plan_problems
 from autoplan.runtime.check import check_runnable
 from autoplan.runtime.context_parallel import chunk_positions
+from autoplan.runtime.data import training_batches
 from autoplan.runtime.report import RunReport
 from autoplan.view.plan_tables import replicas_text
 from tests.cp_driver import SPLITS, SPLITS_OF_3, result_key
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
+from tests.runtime_models import HF_DECODER_LAYERS
 from tests.single_process_reference import reference_training
 from tests.test_context_span_family import solved_family_plan
 from tests.torchrun_plans import run_plans, torchrun
@@ -215,6 +217,11 @@ def _cp_plans() -> dict[str, Plan]:
         # autoplan.solve.context_span_plan: tests/test_context_span_family.py)
         "span_fast_slow": _spanning_plan(),
         "span_solved": solved_family_plan(),
+        # world 2: a factory decoder (a plain-sum loss: each rank's part weighted by cp, so
+        # that DDP's average over the cp ranks is the sum's gradient, not half of it; its
+        # unused targets not split), equal chunks and 12:4
+        "factory_cp2": _factory_cp2(),
+        "factory_cp2_uneven": _uneven(_factory_cp2(), [12, 4]),
         # world 2: cp 2 alone, full recompute (the ring reruns inside backward)
         "cp2_full_recompute": _as_cp(
             make_plan([6], data_parallel=2, num_micro_batches=2, recompute="full")
@@ -233,12 +240,27 @@ def _cp_plans() -> dict[str, Plan]:
     }
 
 
-def test_uneven_chunks_of_a_factory_model_are_refused_in_one_line() -> None:
-    # A factory's loss is a plain sum of its output: no per-token mean to weight by tokens.
+def _factory_cp2() -> Plan:
+    """A factory decoder (Hugging Face layout, a plain-sum loss) as one cp 2 replica."""
+    return _as_cp(
+        make_plan(
+            [7],
+            model="tests.runtime_models:hf_decoder",
+            layer_modules=HF_DECODER_LAYERS,
+            data_parallel=2,
+            num_micro_batches=2,
+        )
+    )
+
+
+def test_a_factory_input_without_the_sequence_is_refused_in_one_line() -> None:
+    # mlp_stack takes (batch, 8 features): nothing along which to split a sequence.
     plan = _as_cp(make_plan([2, 2], model="tests.runtime_models:mlp_stack", data_parallel=2))
-    check_runnable(plan)  # equal chunks: as before
-    with pytest.raises(InputError, match=r"uneven cp chunks .* need the zoo's token cross-entropy"):
-        check_runnable(_uneven(plan, [12, 4]))
+    check_runnable(plan)  # the plan is well formed; its data is what cp cannot split
+    with pytest.raises(InputError, match=r"cp 2\) splits inputs along a second dimension"):
+        next(training_batches(plan, 1))
+    # A factory of token sequences takes equal and uneven chunks alike (a plain sum adds up).
+    check_runnable(_uneven(_factory_cp2(), [12, 4]))
 
 
 @pytest.fixture(scope="module")

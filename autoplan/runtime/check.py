@@ -228,13 +228,6 @@ def check_runnable(plan: Plan) -> None:
             f"the plan's stages cover layers [0, {plan.stages[-1].layer_end}); the model has "
             f"{num_layers}"
         )
-    uneven = any(r.context_tokens for s in plan.stages for r in s.replicas)
-    if uneven and get_model_spec(plan.inputs.model.name).loss != "cross_entropy":
-        # Each cp rank's loss is weighted by its tokens (mesh_executor): a per-token mean.
-        raise InputError(
-            f"uneven cp chunks (context_tokens) need the zoo's token cross-entropy loss; "
-            f"model '{plan.inputs.model.name}' is trained on a plain sum of its output"
-        )
     cps = sorted({r.context_parallel_degree for s in plan.stages for r in s.replicas} - {1})
     if cps and plan.mesh_shape() is None:
         raise InputError(

@@ -44,11 +44,19 @@ def training_batches(plan: Plan, seed: int) -> Iterator[Batch]:
     tensors = (example,) if isinstance(example, torch.Tensor) else tuple(example)
     dtype = torch_dtype(plan.inputs.dtype)
     tensors = tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
+    cp = max(r.context_parallel_degree for stage in plan.stages for r in stage.replicas)
     for tensor in tensors:
         if tensor.dim() == 0 or tensor.shape[0] != batch:
             raise InputError(
                 f"factory '{spec.name}' gave an input of shape {tuple(tensor.shape)}; the runtime "
                 f"splits inputs along a first dimension of the global batch ({batch})"
+            )
+        if cp > 1 and (tensor.dim() < 2 or tensor.shape[1] != seq_len):
+            # Context parallelism splits every input along the sequence (dimension 1).
+            raise InputError(
+                f"factory '{spec.name}' gave an input of shape {tuple(tensor.shape)}; context "
+                f"parallelism (cp {cp}) splits inputs along a second dimension of the sequence "
+                f"length ({seq_len})"
             )
     targets = torch.zeros(batch)
     while True:

@@ -17,7 +17,10 @@ chunk of every sample (``autoplan.runtime.context_parallel``: ring attention ove
 group, the tokens' global positions), and data parallelism runs over the "dp" × "cp" ranks
 together (each rank's loss is the mean over its tokens, weighted by cp × its tokens / the
 sequence length, 1 for equal chunks, so DDP's average is the whole batch's mean), as
-torchtitan's FSDP over dp_shard × cp.
+torchtitan's FSDP over dp_shard × cp. A factory model's loss is a plain sum of its output
+(``autoplan.runtime.loss``), whose whole is the sum of the cp ranks' parts whatever their
+chunks: each rank's is weighted by cp, so that DDP's average over the cp ranks is that sum's
+gradient (not 1/cp of it), and its targets (unused) are not split.
 
 Uneven shares scale replica d's loss by dp × its samples / global batch, so that DDP's plain
 average of the replicas' gradients is the full-batch mean. (Each replica's pipeline is its own
@@ -106,7 +109,10 @@ class MeshExecutor:
         # The chunk of every cp rank is the same at every stage (mesh_shape): uneven chunks
         # weight each rank's token mean by its tokens' share of the sequence.
         self.tokens = replica.context_tokens
-        if self.tokens is not None:
+        self.token_targets = spec.loss == "cross_entropy"
+        if not self.token_targets:
+            weight *= self.cp  # a plain sum: the cp ranks' parts add up (module docstring)
+        elif self.tokens is not None:
             weight *= self.cp * self.tokens[entry.cp_index] / plan.inputs.seq_len
         schedule_class = get_schedule_class(SCHEDULE_CLASSES[par.schedule])
         loss_fn = loss_function(spec.loss, weight, loss_scale)
@@ -129,7 +135,7 @@ class MeshExecutor:
             # This rank's tokens of every sample (the same chunk at every stage); the layers
             # run them under the ring (apply_context_parallel).
             args = tuple(shard_sequence(t, self.cp_group, tokens=self.tokens) for t in args)
-            if target is not None:
+            if target is not None and self.token_targets:
                 target = shard_sequence(target, self.cp_group, tokens=self.tokens)
         losses: list[torch.Tensor] = []
         # loss_parallel (vocabulary-split logits) must cover the loss's forward and backward,
