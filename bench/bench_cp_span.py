@@ -19,11 +19,17 @@ step sends the chunk its rank holds, so the larger chunk's transfer sets the ste
 link is slow: the split that balances compute then lengthens the ring. A second table prices
 H100 + A100 as if their racks were joined at 200 GB/s a node (a cluster that is not shipped:
 ``JOINED``), where the link no longer decides.
+
+A third table is what ``autoplan solve`` makes of it (``autoplan.solve.context_span_family``):
+the spanning family's best (or, where it is pruned, its floor) beside the other families' best
+and the plan written, on tests/data/cpu-span.yaml (gpt-tiny at 64 tokens that no node holds)
+and for Llama-3.1-8B above at 8 samples on the shipped cluster.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -31,17 +37,20 @@ from rich.console import Console
 from rich.table import Table
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
-from autoplan.cluster.schema import InterNodeLink
+from autoplan.cluster.schema import Cluster, InterNodeLink
 from autoplan.cost.context_span import ContextMember, ContextSpan
 from autoplan.cost.model import CostModel
 from autoplan.limits import GIB
 from autoplan.profile.profiler import profile_model
-from autoplan.solve import SolveOptions, cost_model
+from autoplan.profile.schema import Profile
+from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
 from autoplan.solve.context_span import SpanSplit, best_split, price_split
+from autoplan.solve.context_span_family import span_family
 
 __all__ = ["main"]
 
 HF = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf"
+SPAN_CLUSTER = HF.parent / "cpu-span.yaml"
 SEQ_LEN = 131_072
 CLUSTER = "h100-a100-l4"
 TP = 8
@@ -91,6 +100,68 @@ def main() -> None:
     ):
         model = cost_model(profile, on, SolveOptions())
         console.print(_table(model, pairs, f"{title} (profiled in {took:.0f} s)"))
+    console.print(_solved_table(profile, cluster))
+
+
+def _solved_table(llama: Profile, cluster: Cluster) -> Table:
+    """What ``autoplan solve`` writes where the spanning family is searched (module
+    docstring): the family's best or floor beside the other families' best."""
+    table = Table(title="autoplan solve with the spanning-context family (context_span_family)")
+    for column in (
+        "case",
+        "other families' best (ms)",
+        "spanning family (ms)",
+        "family CPU s",
+        "solve's plan",
+    ):
+        table.add_column(column)
+    cases = [
+        (
+            "gpt-tiny, 64 tokens fp64, 1 sample, cpu-span (tests/data: no node holds it)",
+            profile_model("gpt-tiny", 64, 1, "fp64"),
+            load_cluster(SPAN_CLUSTER),
+            1,
+            SolveOptions(cp_min_seq_len=64),
+        ),
+        (
+            f"Llama-3.1-8B, {SEQ_LEN:,} tokens, 8 samples, {CLUSTER}",
+            llama,
+            cluster,
+            8,
+            SolveOptions(),
+        ),
+    ]
+    for name, profile, on, batch, options in cases:
+        model = cost_model(profile, on, options)
+        others = [c for c in solve_candidates(model, batch, options).candidates if c.cost.feasible]
+        other_ms = others[0].iteration_ms if others else math.inf
+        start = time.process_time()
+        family = span_family(model, batch, options, other_ms)
+        took = time.process_time() - start
+        plan = solve(profile, on, batch, options)
+        (replica, *_) = plan.stages[0].replicas
+        if replica.context_tokens is not None:
+            types = [
+                plan.rank_map[r].gpu_type for r in replica.ranks[:: replica.tensor_parallel_degree]
+            ]
+            chosen = "spanning cp: " + " + ".join(
+                f"{t} {n}" for t, n in zip(types, replica.context_tokens, strict=True)
+            )
+        else:
+            chosen = f"{len(plan.stages)} stage(s), cp {replica.context_parallel_degree}"
+        spanning = (
+            f"{family.best.iteration_ms:.3f}"
+            if family.best is not None
+            else f"none faster (floor {family.floor_ms:.0f})"
+        )
+        table.add_row(
+            name,
+            "none fits" if not others else f"{other_ms:.3f}",
+            spanning,
+            f"{took:.2f}",
+            f"{chosen}, {plan.prediction.iteration_time_ms:.3f} ms",
+        )
+    return table
 
 
 def _table(model: CostModel, pairs: list[tuple[str, str]], title: str) -> Table:

@@ -162,3 +162,23 @@ def test_outside_its_space_the_family_is_not_searched(profile: Profile) -> None:
     # With --pp 2 the solve writes a pipeline instead, as before the family.
     plan = solve(profile, cluster, 1, OPTIONS.model_copy(update={"pp": 2}))
     assert len(plan.stages) == 2 and all(r.context_tokens is None for r in plan.stages[0].replicas)
+
+
+def test_a_pinned_cp_no_node_holds_spans_two_nodes(profile: Profile) -> None:
+    # --cp 4 on cpu-hetero (two GPUs a node): no cp group of one node; the other families'
+    # search at that degree is skipped (it divided by zero), the spanning family places two
+    # ranks on each node, the faster type's holding more tokens.
+    plan = solve(
+        profile,
+        load_cluster(example_cluster_path("cpu-hetero")),
+        1,
+        OPTIONS.model_copy(update={"cp": 4}),
+    )
+    ((replica,),) = [stage.replicas for stage in plan.stages]
+    assert replica.context_parallel_degree == 4 and replica.context_tokens is not None
+    types = [plan.rank_map[r].gpu_type for r in replica.ranks]
+    assert types == ["cpu-fast", "cpu-fast", "cpu-slow", "cpu-slow"]
+    tokens = replica.context_tokens
+    assert sum(tokens) == SEQ and tokens[0] == tokens[1] > tokens[2] == tokens[3]
+    assert plan_problems(plan, profile) == []
+    assert plan.search is not None and plan.search.explored > 0

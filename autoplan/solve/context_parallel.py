@@ -51,6 +51,10 @@ def search_with_context_parallel(
     timed_out = False
     lower_bound = math.inf  # the least of the runs' proven bounds (autoplan.solve.certificate)
     for position, cp in enumerate(runs):
+        if cp > 1 and not any(c.gpus_per_node % cp == 0 for c in model.classes):
+            # A pinned degree no node holds: no plan of these families (the spanning family,
+            # autoplan.solve.context_span_family, may still span two nodes).
+            continue
         left = max(deadline - time.monotonic(), 1e-3) / (len(runs) - position)
         view = model if cp == 1 else model.with_context_parallel(cp)
         result = searcher(view, batch, options.model_copy(update={"time_limit_s": left}))

@@ -238,16 +238,17 @@ def span_family(
 def with_span_family(
     model: CostModel, batch: int, options: SolveOptions, result: SearchResult, deadline: float
 ) -> tuple[SearchResult, SpanChoice | None]:
-    """``result`` (the other families') with the family's floor in its bound and its time-out,
-    and the family's best plan where it is faster than ``result``'s best feasible one (else
-    None): a few lines of ``autoplan.solve.solve_outcome``."""
+    """``result`` (the other families') with the family's floor in its bound, its splits
+    priced among the configurations considered and its time-out, and the family's best plan
+    where it is faster than ``result``'s best feasible one (else None): a few lines of
+    ``autoplan.solve.solve_outcome``."""
     held = min((c.iteration_ms for c in result.candidates if c.cost.feasible), default=math.inf)
     family = span_family(model, batch, options, held, deadline)
     if family.best is None and not family.timed_out and family.floor_ms >= held:
         return result, None  # nothing of it bears on the result: as it was
     merged = SearchResult(
         result.candidates,
-        result.configs_considered,
+        result.configs_considered + family.splits_priced,
         result.partitions_solved,
         result.timed_out or family.timed_out,
         min(result.lower_bound_ms, family.floor_ms),
