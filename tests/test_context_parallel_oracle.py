@@ -123,10 +123,17 @@ def test_a_stage_at_cp_2_beside_one_at_cp_1_beats_every_single_degree() -> None:
     assert shape == [(1, 1), (2, 0)], best.config.summary()
     expected = brute_force_stage_degrees(model, 4, OPTIONS, [(1, 1), (2, 1)])
     assert math.isclose(best.iteration_ms, expected, rel_tol=1e-9)
-    # The plan carries each stage's cp, and the validator takes it.
-    plan = solve(model.profile, model.cluster, 4, OPTIONS)
+    # The plan carries each stage's cp, and the validator takes it (pp 2 pinned: see below).
+    plan = solve(model.profile, model.cluster, 4, OPTIONS.model_copy(update={"pp": 2}))
     assert [s.replicas[0].context_parallel_degree for s in plan.stages] == [1, 2]
     validate_plan(plan, model.profile)
+    # Unpinned, a cp group across the two types beats it (autoplan.solve.context_span_family):
+    # both layers on G0, G0, G1 ranks of 36, 36 and 56 tokens, G0's memory holding its chunks.
+    spanning = solve(model.profile, model.cluster, 4, OPTIONS)
+    (replica,) = spanning.stages[0].replicas
+    assert replica.context_tokens == [36, 36, 56]
+    assert spanning.prediction.iteration_time_ms < best.iteration_ms / 1.1
+    validate_plan(spanning, model.profile)
     for cp in (1, 2):
         pinned = OPTIONS.model_copy(update={"cp": cp})
         one = next(c for c in solve_candidates(model, 4, pinned).candidates if c.cost.feasible)
