@@ -25,8 +25,8 @@ from autoplan.runtime.check import check_runnable
 from autoplan.runtime.trainer import select_executor
 from autoplan.simulate import simulate_plan
 from autoplan.solve import SolveOptions, cost_model, solve
-from autoplan.solve.context_span import MODES, best_split, price_split
-from autoplan.solve.context_span_family import in_space, span_family
+from autoplan.solve.context_span import MODES, best_split, price_split, split_prices, token_splits
+from autoplan.solve.context_span_family import in_space, span_family, split_bound_ms
 from autoplan.solve.context_span_plan import span_times
 
 SPAN_CLUSTER = Path(__file__).resolve().parent / "data" / "cpu-span.yaml"
@@ -140,6 +140,30 @@ def test_the_pruned_family_is_the_unpruned_enumeration(profile: Profile) -> None
     # ... none where nothing of the family is, and a floor above the plan held (a bound).
     beaten = span_family(model, 4, OPTIONS, incumbent_ms=expected_ms * 0.99)
     assert beaten.best is None and expected_ms * 0.99 < beaten.floor_ms <= expected_ms
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny"])
+def test_the_bound_is_below_every_split_at_every_mode(name: str) -> None:
+    # The pruning's premise: no split of a unit, at any recompute mode, is faster than its
+    # bound (a rank computes at least its share of the whole sequence). Every unit of
+    # cpu-hetero (tp 1 and 2, SP both ways, 1-2 ranks a node, micro-batches 1, 2, 4 of 4).
+    profile = profile_model(name, SEQ, 1, "fp64")
+    model = cost_model(profile, load_cluster(example_cluster_path("cpu-hetero")), OPTIONS)
+    layers = (0, len(profile.layers))
+    checked = 0
+    for tp in (1, 2):
+        for n1, n2 in [(a, b) for a in range(1, 2 // tp + 1) for b in range(1, 2 // tp + 1)]:
+            for sp in [False] if tp == 1 else [False, True]:
+                for micro in (1, 2, 4):
+                    for t1, t2 in token_splits((n1, n2), SEQ, tp, sp):
+                        members = (ContextMember(0, n1, t1), ContextMember(1, n2, t2))
+                        span = ContextSpan(members, tp)
+                        bound = split_bound_ms(model, span, micro, 4 // micro, sp)
+                        for found in split_prices(model, span, micro, layers, 1, MODES, sp):
+                            priced = span_times(model, found, 4 // micro).iteration_ms
+                            assert bound <= priced, (tp, n1, n2, sp, micro, t1, found.recompute)
+                            checked += 1
+    assert checked > 500
 
 
 def test_outside_its_space_the_family_is_not_searched(profile: Profile) -> None:

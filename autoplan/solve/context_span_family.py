@@ -56,7 +56,15 @@ from autoplan.solve.search import SearchResult
 from autoplan.solve.space import class_tp_choices, micro_batch_choices
 from autoplan.solve.stage_degrees import expert_counts
 
-__all__ = ["SpanChoice", "SpanFamily", "span_choice_plan", "span_family", "with_span_family"]
+__all__ = [
+    "SpanChoice",
+    "SpanFamily",
+    "in_space",
+    "span_choice_plan",
+    "span_family",
+    "split_bound_ms",
+    "with_span_family",
+]
 
 # A bound is compared with a priced time computed in another order of operations.
 _ROUNDING = 1 - 1e-9
@@ -165,6 +173,24 @@ def _bound(
     overhead = max(model.pass_overhead_ms(k) for k in classes)
     step = max(model.optimizer_ms(params, k, 1, 0) + model.step_overhead_ms(k) for k in classes)
     return (m * (work_ms + 2 * overhead) + step) * _ROUNDING
+
+
+def split_bound_ms(
+    model: CostModel,
+    span: ContextSpan,
+    micro_batch_size: int,
+    num_micro_batches: int,
+    sequence_parallel: bool = False,
+) -> float:
+    """No recompute mode of ``span`` (two members) at these micro-batches takes less than
+    this (module docstring): the bound the family prunes a split by."""
+    (k1, t1), (k2, t2) = ((m.device_class, m.tokens) for m in span.members)
+    (c1, params), (c2, _) = (
+        whole_sequence_compute_ms(model, k, span.tp, micro_batch_size, sequence_parallel)
+        for k in (k1, k2)
+    )
+    work = max(t1 * c1, t2 * c2) / span.seq_len
+    return _bound(model, (k1, k2), num_micro_batches, work, params)
 
 
 def span_family(
