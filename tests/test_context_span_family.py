@@ -82,6 +82,9 @@ def test_solve_chooses_a_spanning_group_where_no_node_holds_the_sequence(
     check_runnable(plan)
     assert select_executor(plan) == "mesh"
     assert plan.search is not None and plan.search.lower_bound_ms <= fastest[0] * (1 + 1e-12)
+    # The other families' best are its alternatives: a pipeline over the two nodes, slower.
+    assert plan.alternatives and plan.alternatives[0].layer_split != [len(profile.layers)]
+    assert plan.alternatives[0].iteration_time_ms > plan.prediction.iteration_time_ms
 
 
 def _unpruned(model: CostModel, batch: int) -> tuple[float, tuple]:

@@ -209,7 +209,7 @@ def solve_outcome(
     )
     try:
         if spanning is not None:
-            plan = span_choice_plan(model, inputs, spanning)
+            plan = span_choice_plan(model, inputs, spanning, feasible[: options.top_k])
         else:
             best, runners = feasible[0], feasible[1 : options.top_k + 1]
             plan = emit_plan(

@@ -51,8 +51,9 @@ from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve.context_span import MODES, SpanSplit, split_prices, token_splits
 from autoplan.solve.context_span_plan import span_plan, span_times
+from autoplan.solve.emit import alternative_records, with_fingerprint
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import SearchResult
+from autoplan.solve.search import Candidate, SearchResult
 from autoplan.solve.space import class_tp_choices, micro_batch_choices
 from autoplan.solve.stage_degrees import expert_counts
 
@@ -282,9 +283,15 @@ def with_span_family(
     return merged, family.best
 
 
-def span_choice_plan(model: CostModel, inputs: PlanInputs, choice: SpanChoice) -> Plan:
-    """The plan of the family's ``choice`` (``context_span_plan.span_plan`` at its split)."""
-    return span_plan(
+def span_choice_plan(
+    model: CostModel,
+    inputs: PlanInputs,
+    choice: SpanChoice,
+    runners: list[Candidate] | None = None,
+) -> Plan:
+    """The plan of the family's ``choice`` (``context_span_plan.span_plan`` at its split),
+    the other families' best ``runners`` (best first) as its alternatives."""
+    plan = span_plan(
         model,
         inputs,
         choice.kinds,
@@ -293,3 +300,8 @@ def span_choice_plan(model: CostModel, inputs: PlanInputs, choice: SpanChoice) -
         sequence_parallel=choice.sequence_parallel,
         found=choice.split,
     )
+    if not runners:
+        return plan
+    others = [(c.config, c.cost) for c in runners]
+    records = alternative_records(model, others, inputs.global_batch_size)
+    return with_fingerprint(plan.model_copy(update={"alternatives": records}))

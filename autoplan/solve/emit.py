@@ -29,6 +29,7 @@ from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve.placement import place
 
 __all__ = [
+    "alternative_records",
     "config_stage_specs",
     "emit_plan",
     "model_flops_per_iteration",
@@ -270,17 +271,7 @@ def emit_plan(
         nodes=nodes,
         rank_map=rank_map,
         prediction=prediction,
-        alternatives=[
-            Alternative(
-                rank=i + 1,
-                summary=_summary(model, alt),
-                layer_split=[s.num_layers for s in alt.stages],
-                gpu_types=stage_types(model, alt),
-                iteration_time_ms=_round(alt_cost.iteration_ms),
-                samples_per_s=_round(batch / (alt_cost.iteration_ms / 1e3)),
-            )
-            for i, (alt, alt_cost) in enumerate(alternatives)
-        ],
+        alternatives=alternative_records(model, alternatives, batch),
     )
     if config.executor == "mesh" and not plan.runs_on_mesh():
         # Priced for the mesh executor but placed where one mesh cannot hold it (or with
@@ -289,6 +280,23 @@ def emit_plan(
         groups = dataclasses.replace(config, executor="groups")
         return emit_plan(model, groups, model.evaluate(groups), inputs, alternatives)
     return with_fingerprint(plan)
+
+
+def alternative_records(
+    model: CostModel, alternatives: list[tuple[PlanConfig, PlanCost]], batch: int
+) -> list[Alternative]:
+    """The plan's summaries of runner-ups (best first) at a global batch of ``batch``."""
+    return [
+        Alternative(
+            rank=i + 1,
+            summary=_summary(model, alt),
+            layer_split=[s.num_layers for s in alt.stages],
+            gpu_types=stage_types(model, alt),
+            iteration_time_ms=_round(alt_cost.iteration_ms),
+            samples_per_s=_round(batch / (alt_cost.iteration_ms / 1e3)),
+        )
+        for i, (alt, alt_cost) in enumerate(alternatives)
+    ]
 
 
 def with_fingerprint(plan: Plan) -> Plan:
