@@ -90,3 +90,13 @@ def test_proven_causes_have_a_short_form_and_a_timed_out_plan_says_so() -> None:
     cluster = make_cluster([("big", gpu("BIG", 200, 16), 4, 1)])
     outcome = solve_outcome(profile, cluster, 16, SolveOptions(time_limit_s=20))
     assert not outcome.timed_out and outcome.violation is None
+
+
+def test_a_pinned_cp_beyond_the_gpu_count_names_the_gpu_count_not_memory() -> None:
+    # It said "no configuration with {'cp': '8'} fits in memory" on 4 GPUs of ample memory.
+    profile = transformer_profile(blocks=2, hidden=256, seq_len=128, heads=8)
+    cluster = make_cluster([("big", gpu("BIG", 200, 16), 4, 1)])
+    with pytest.raises(InfeasibleError) as caught:
+        solve(profile, cluster, 8, SolveOptions(cp=8, cp_min_seq_len=1))
+    assert caught.value.short == "pp × dp × cp × tp = 8 > 4 GPUs"
+    assert str(caught.value) == "pp × dp × cp × tp = 8 GPUs asked; the cluster has 4"

@@ -61,13 +61,15 @@ def _diagnose_counts(model: CostModel, options: SolveOptions) -> Diagnosis | Non
     asked = 1
     # A pinned ep needs at least ep replicas in every stage (its expert groups).
     ep = options.expert_parallel or 1
-    for value in (options.tp, max(options.dp or 1, ep), options.pp):
+    for value in (options.tp, max(options.dp or 1, ep), options.pp, options.cp):
         asked *= value or 1
     if asked > gpus:
         floor = f" (dp at least ep {ep})" if ep > (options.dp or 1) else ""
+        # A pinned cp multiplies every replica's GPUs (cp ranks of tp GPUs each).
+        degrees = "pp × dp × cp × tp" if (options.cp or 1) > 1 else "pp × dp × tp"
         return Diagnosis(
-            f"pp × dp × tp = {asked} > {gpus} GPUs",
-            f"pp × dp × tp = {asked} GPUs asked{floor}; the cluster has {gpus}",
+            f"{degrees} = {asked} > {gpus} GPUs",
+            f"{degrees} = {asked} GPUs asked{floor}; the cluster has {gpus}",
         )
     return None
 
