@@ -72,10 +72,13 @@ def start_search(
     options: SolveOptions,
     progress: Callable[[int, int], None] | None = None,
     incumbent_ms: float = math.inf,
+    tensor_parallel_only: bool = False,
 ) -> Started:
     """The uniform and shared families of ``search`` (cheap, exact within themselves): a
     caller running several searches (``sequence_parallel``) starts them all first, so that
-    each heterogeneous family prunes against the best plan of every one."""
+    each heterogeneous family prunes against the best plan of every one.
+    ``tensor_parallel_only``: those two families' plans with tp > 1 only (the caller holds
+    the tp-1 ones from another run, where they are the same plans)."""
     deadline = time.monotonic() + options.time_limit_s
     if options.schedule in ZERO_BUBBLE_SCHEDULES and options.dp is None:
         options = options.model_copy(update={"dp": 1})  # torch runs them only at dp 1
@@ -87,6 +90,7 @@ def start_search(
         None if heterogeneous else progress,
         deadline=deadline,
         incumbent_ms=incumbent_ms,
+        tensor_parallel_only=tensor_parallel_only,
     )
     started = Started(
         options,
@@ -99,7 +103,9 @@ def start_search(
     )
     started.floors.add(uniform.lower_bound_ms)
     if options.strategy == "optimal":
-        shared = shared_search(model, batch, options, options.time_limit_s, deadline)
+        shared = shared_search(
+            model, batch, options, options.time_limit_s, deadline, tensor_parallel_only
+        )
         if not shared.complete:
             started.floors.add(work_bound_ms(model, batch, options))
         for config in shared.configs:

@@ -9,11 +9,14 @@ run once per setting, on a view of the cost model for each
 (``CostModel.with_sequence_parallel``), and the candidates merged: the best of the two runs
 is the best of the space with the knob in it. A plan without tp > 1 anywhere is the same
 plan either way and is kept with SP off (the validator rejects SP without tp). The second run
-is skipped where it cannot differ: the tp is pinned to 1 or no layer splits. Both runs' quick
-families (uniform, shared) come first, and each run's heterogeneous family prunes against the
-best plan held by then (of either setting), so it explores only what can beat it. Pinned on, the
-search runs once per tp > 1 the cluster allows, with that tp pinned (so a heterogeneous plan
-mixing tp 1 and tp > 1 stages is not among those it considers).
+is skipped where it cannot differ: the tp is pinned to 1 or no layer splits; where it runs, its
+uniform and shared families search only tp > 1 (theirs are one-tp plans: the tp-1 ones are the
+first run's, already held; the heterogeneous family mixes tp 1 and tp > 1 stages, so it searches
+all). Both runs' quick families (uniform, shared) come first, and each run's heterogeneous
+family prunes against the best plan held by then (of either setting), so it explores only what
+can beat it. Pinned on, the search runs once per tp > 1 the cluster allows, with that tp
+pinned (so a heterogeneous plan mixing tp 1 and tp > 1 stages is not among those it
+considers).
 """
 
 from __future__ import annotations
@@ -93,6 +96,9 @@ def search_with_sequence_parallel(
             run_options.model_copy(update={"time_limit_s": left}),
             progress,
             incumbent_ms=incumbent_ms,
+            # The SP-off run before it searched the same tp-1 plans: its best bounds this
+            # run's pruning (``incumbent_ms``) and its candidates are kept with SP off.
+            tensor_parallel_only=setting and position > 0 and not runs[0][0],
         )
         started.append((setting, view, begun))
         incumbent_ms = min(incumbent_ms, begun.best_ms())

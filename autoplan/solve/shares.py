@@ -58,8 +58,10 @@ def shared_search(
     options: SolveOptions,
     time_limit_s: float,
     deadline: float | None = None,
+    tensor_parallel_only: bool = False,
 ) -> SharedResult:
-    """``shared_candidates``, saying whether the family was searched to the end."""
+    """``shared_candidates``, saying whether the family was searched to the end;
+    ``tensor_parallel_only``: only plans with tp > 1 (as ``uniform_search`` takes it)."""
     if options.strategy not in ("optimal",) or options.micro_batch_size is not None:
         return SharedResult([], True)
     if (options.pp not in (None, 1)) or options.layer_split is not None:
@@ -70,6 +72,8 @@ def shared_search(
     found: list[PlanConfig] = []
     complete = True
     for tp in tp_choices(model, options):
+        if tensor_parallel_only and tp == 1:
+            continue
         usable = [c.index for c in model.classes if tp in block_sizes(c.gpus_per_node)]
         for size in range(2, len(usable) + 1):
             for subset in itertools.combinations(usable, size):

@@ -350,11 +350,15 @@ def _send_times(model: CostModel, p: Pending, k: int, k2: int) -> list[float]:
     return [0.0] + [model.boundary_ms(first, second, value) for value in per_sample]
 
 
-def _groups(model: CostModel, batch: int, options: SolveOptions) -> list[Group]:
+def _groups(
+    model: CostModel, batch: int, options: SolveOptions, tensor_parallel_only: bool = False
+) -> list[Group]:
     out = []
     num_layers = model.num_layers
     for tp in tp_choices(model, options):
         if options.strategy == "data-parallel" and tp != 1:
+            continue
+        if tensor_parallel_only and tp == 1:
             continue
         for dp in divisors(batch):
             if options.dp is not None and dp != options.dp:
@@ -558,11 +562,14 @@ def uniform_search(
     progress: Callable[[int, int], None] | None = None,
     deadline: float | None = None,
     incumbent_ms: float = math.inf,
+    tensor_parallel_only: bool = False,
 ) -> SearchResult:
     """The ``options.top_k + 1`` best distinct uniform configurations, best first (exact
     unless the deadline, a ``time.monotonic()`` value, stops it; module docstring); with an
     ``incumbent_ms`` (a plan the caller holds), only those faster than it. With
     ``options.gap`` it prunes what cannot beat the best by more than that fraction.
+    ``tensor_parallel_only``: only configurations with tp > 1 (a caller that searched the
+    tp-1 ones in another run where they are the same plans: ``solve.sequence_parallel``).
 
     The result's ``lower_bound_ms`` is the family's floor (``autoplan.solve.certificate``):
     everything pruned was bounded at or above the threshold when it was pruned, and the
@@ -570,7 +577,7 @@ def uniform_search(
     deadline = time.monotonic() + options.time_limit_s if deadline is None else deadline
     keep = options.top_k + 1
     best: list[tuple[float, tuple, PlanConfig]] = []
-    groups = _groups(model, batch, options)
+    groups = _groups(model, batch, options, tensor_parallel_only)
     solved = considered = 0
     timed_out = False
 
