@@ -50,6 +50,7 @@ import copy
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TypedDict
@@ -94,6 +95,7 @@ from autoplan.cost.offload import (
 )
 from autoplan.cost.schedule import blocking_stage_times, in_flight_chunks, pipeline_time_ms
 from autoplan.cost.sequence_parallel import ring_collective_ms, sequence_runs
+from autoplan.cost.totals import ModelTotals
 from autoplan.cost.zero_bubble import zero_bubble_pipeline
 from autoplan.plan.schema import Executor
 from autoplan.profile.schema import LayerProfile, Profile
@@ -336,6 +338,8 @@ class CostModel:
         self.expert_parallel = 1  # ep of stages that say 1 (``with_expert_parallel``)
         self.engine: Engine = "autoplan"  # whose runtime runs the plan (``with_engine``)
         self._plain_tables: dict[tuple[int, int, int, int, bool, int, int], CostTables] = {}
+        # The whole-model sums of single-stage plans (``totals``), shared with views alike.
+        self._plain_totals: dict[tuple[int, int, int, int, bool, int, int], ModelTotals] = {}
 
     def with_engine(self, engine: Engine) -> CostModel:
         """This model costing plans as ``engine`` runs them (``ENGINES``): the search reads
@@ -537,21 +541,9 @@ class CostModel:
                 cost, layer, dc, tp, ep, micro_batch_size, self.profile.micro_batch_size
             )
 
-        costed: dict[int, LayerCost] = {}
-        for position in sorted(set(self._same_as)):
-            costed[position] = layer_cost(
-                self.profile.layers[position],
-                dc.gpu,
-                self._peaks[device_class],
-                tp=tp,
-                micro_batch_size=micro_batch_size,
-                profile_micro_batch_size=self.profile.micro_batch_size,
-                intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
-                intra_node_latency_us=dc.intra_node_latency_us,
-                sequence_parallel=sequence_parallel,
-                **self._ring_link(dc, tp, cp),
-            )
-        costed = {x: with_experts(self.profile.layers[x], c) for x, c in costed.items()}
+        costed = self._distinct_costs(
+            device_class, tp, micro_batch_size, sequence_parallel, cp, with_experts
+        )
         layers = [costed[position] for position in self._same_as]
         host = dc.host_link_bandwidth_gb_per_s
         # Per distinct layer, then spread: a model's repeated blocks cost the same.
@@ -636,6 +628,76 @@ class CostModel:
             backward_tp=spread([c.backward_tp_comm_ms for c in unique]),
             parked={m: spread([parked_bytes(c, m) for c in unique]) for m in ALL_MODES},
         )
+
+    def _distinct_costs(
+        self,
+        device_class: int,
+        tp: int,
+        micro_batch_size: int,
+        sequence_parallel: bool,
+        cp: int,
+        with_experts: Callable[[LayerProfile, LayerCost], LayerCost],
+    ) -> dict[int, LayerCost]:
+        """Each distinct layer's cost (by its first position, ``_same_as``) for
+        ``_build_tables`` (``cp`` resolved: times the view's) and ``totals``."""
+        dc = self.classes[device_class]
+        costed: dict[int, LayerCost] = {}
+        for position in sorted(set(self._same_as)):
+            costed[position] = layer_cost(
+                self.profile.layers[position],
+                dc.gpu,
+                self._peaks[device_class],
+                tp=tp,
+                micro_batch_size=micro_batch_size,
+                profile_micro_batch_size=self.profile.micro_batch_size,
+                intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
+                intra_node_latency_us=dc.intra_node_latency_us,
+                sequence_parallel=sequence_parallel,
+                **self._ring_link(dc, tp, cp),
+            )
+        return {x: with_experts(self.profile.layers[x], c) for x, c in costed.items()}
+
+    def totals(self, device_class: int, tp: int, micro_batch_size: int) -> ModelTotals:
+        """The whole model's sums on one (class, tp, micro-batch size) as ``tables`` (with
+        the view's settings) would give them in their last entries, to the bit, without
+        building the per-layer tables (``autoplan.cost.totals``): a single-stage plan needs
+        no more. Read from the tables where they are built already, or where the model is
+        at sub-block grain (a stage holding both parts of a block runs the block)."""
+        sp = self.sequence_parallel and tp > 1
+        ep = self.expert_parallel
+        key = (self.context_parallel, device_class, tp, micro_batch_size, sp, 1, ep)
+        found = self._plain_totals.get(key)
+        if found is not None:
+            return found
+        tables = self._plain_tables.get(key)
+        if tables is not None or self._blocks:
+            t = tables if tables is not None else self.tables(device_class, tp, micro_batch_size)
+            found = ModelTotals(
+                list({id(c): c for c in t.layers}.values()),
+                t.params[-1],
+                lambda name, mode: getattr(t, name)[mode][-1],
+            )
+        else:
+            dc = self.classes[device_class]
+
+            def with_experts(layer: LayerProfile, cost: LayerCost) -> LayerCost:
+                return expert_layer_cost(
+                    cost, layer, dc, tp, ep, micro_batch_size, self.profile.micro_batch_size
+                )
+
+            costed = self._distinct_costs(
+                device_class, tp, micro_batch_size, sp, self.context_parallel, with_experts
+            )
+            index = {position: n for n, position in enumerate(costed)}
+            found = ModelTotals.of_layers(
+                list(costed.values()),
+                [index[position] for position in self._same_as],
+                dc.host_link_bandwidth_gb_per_s,
+            )
+        self._plain_totals[key] = found
+        if len(self._plain_totals) > _PLAIN_TABLES_KEPT:
+            del self._plain_totals[next(iter(self._plain_totals))]  # the oldest
+        return found
 
     def _ring_link(self, dc: DeviceClass, tp: int, cp: int) -> _RingLink:
         """``layer_cost``'s cp arguments: the ring inside a node when a replica's tp × cp GPUs

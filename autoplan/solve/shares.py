@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from autoplan.cost.config import PlanConfig, StageChoice
 from autoplan.cost.devices import block_sizes
-from autoplan.cost.model import CostModel, CostTables
+from autoplan.cost.model import CostModel
 from autoplan.cost.offload import group_of
 from autoplan.cost.sharding import exposed_ms
+from autoplan.cost.totals import ModelTotals
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import (
     MAX_SHARE_MICRO_BATCH,
@@ -112,25 +113,25 @@ def share_sizes(
     ``dp`` replicas; under ZeRO-2/3 the times include what one all-gather (or reduce-scatter)
     of ``collective_ms`` exposes per pass (``autoplan.cost.sharding``)."""
     out = {}
-    n = model.num_layers
     level = int(zero1)
     per_param = model.static_bytes_per_param(dp, level)
     usable = model.usable_bytes(k) - model.zero_transient_bytes(tp, dp, level)
     overhead = model.pass_overhead_ms(k)
     host = model.host_budget_bytes(k)
     for b in range(1, limit + 1):
-        t = model.tables(k, tp, b)
-        static = t.params[n] * per_param
+        # Whole-model sums only (``CostModel.totals``): the per-layer tables are not built.
+        t = model.totals(k, tp, b)
+        static = t.params * per_param
         best = None
         # The fastest mode that fits, by its work (with offload the order is the hardware's;
         # ties in the space's order: a stable sort), so the slower modes' memory is never
         # costed; the collectives it exposes are added after, as in hetero.
-        for mode in sorted(modes, key=lambda mode: t.work[mode][n]):
-            act = t.saved[mode][n]
-            if static + act > usable or t.parked[mode][n] > host:
+        for mode in sorted(modes, key=t.work):
+            act = t.saved(mode)
+            if static + act > usable or t.parked(mode) > host:
                 continue  # or offload parks more than the GPU's share of host memory
             if static + act + _largest_transient(model, t, k, tp, b, mode) <= usable:
-                best = (t.work[mode][n] + 2 * overhead, t.backward[mode][n] + overhead, mode)
+                best = (t.work(mode) + 2 * overhead, t.backward(mode) + overhead, mode)
                 break
         if best is None:
             break  # larger micro-batches need more memory still
@@ -145,21 +146,22 @@ def share_sizes(
 
 
 def _largest_transient(
-    model: CostModel, tables: CostTables, k: int, tp: int, b: int, mode: str
+    model: CostModel, totals: ModelTotals, k: int, tp: int, b: int, mode: str
 ) -> float:
-    """The largest transient of the model's layers under ``mode`` on ``tables`` (class k at
+    """The largest transient of the model's layers under ``mode`` on ``totals`` (class k at
     tp and micro-batch b): the same for every ZeRO level, dp and set of classes that
-    ``share_sizes`` is asked for, so kept in the model (with the tables it was computed on,
-    compared by identity: a table rebuilt after the model's cache evicted it is recomputed)."""
-    cache: dict[tuple[object, ...], tuple[CostTables, float]] = vars(model).setdefault(
+    ``share_sizes`` is asked for, so kept in the model (with the totals it was computed on,
+    compared by identity: totals rebuilt after the model's cache evicted them are
+    recomputed)."""
+    cache: dict[tuple[object, ...], tuple[ModelTotals, float]] = vars(model).setdefault(
         "_share_transient_cache", {}
     )
     key = (k, tp, b, mode, model.engine)
     hit = cache.get(key)
-    if hit is not None and hit[0] is tables:
+    if hit is not None and hit[0] is totals:
         return hit[1]
-    value = max(model.transient_bytes(c, mode) for c in tables.layers)
-    cache[key] = (tables, value)
+    value = max(model.transient_bytes(c, mode) for c in totals.layers)
+    cache[key] = (totals, value)
     return value
 
 
@@ -171,7 +173,7 @@ def _solve_shares_for(model, batch, options, tp, subset, replicas, zero1, modes,
         counts = [m for m in counts if m == options.num_micro_batches]
     if not counts:
         return None, True
-    params = model.tables(subset[0], tp, 1).params[-1]
+    params = model.totals(subset[0], tp, 1).params
     probe = tuple(group_of(k, tp, n, 1, modes[0]) for k, n in zip(subset, replicas, strict=True))
     # ZeRO-2/3 reduce-scatter in every backward: no all-reduce is left for the tail.
     allreduce = model.allreduce_ms(probe, (params,) * len(probe)) if zero1 <= 1 else 0.0
