@@ -70,27 +70,34 @@ def _rank_tables(
         return np.concatenate(([0.0], np.cumsum(np.sort(np.asarray(values, dtype=float)))))
 
     params = prefix([c.params_per_gpu for c in layers])
-    groups = (group_of(k, tp, dp, mbs, "none"),)  # recompute does not change the all-reduce
-    collective = np.array([model.allreduce_ms(groups, (float(x),)) / 2 for x in params])
-    collective[0] = 0.0
+    collective = None  # only ZeRO-2/3 with replicas read it: L + 1 all-reduce costings
+    if dp > 1 and any(level >= 2 for level in levels):
+        groups = (group_of(k, tp, dp, mbs, "none"),)  # recompute does not change it
+        collective = np.array([model.allreduce_ms(groups, (float(x),)) / 2 for x in params])
+        collective[0] = 0.0
+    # What does not depend on the level, once: the memory per mode, the time per recompute
+    # (offload's copies are left out of the least time: it only adds).
+    times: dict[str, np.ndarray] = {}
+    memory = {}
+    for mode in ALL_MODES:
+        recompute = split_mode(mode)[0]
+        if recompute not in times:
+            times[recompute] = prefix([c.forward_ms() + c.backward_ms(recompute) for c in layers])
+        memory[mode] = (
+            prefix([resident_saved_bytes(c, mode) for c in layers]),
+            prefix([parked_bytes(c, mode) for c in layers]),
+        )
     out = []
     for level, mode in itertools.product(levels, ALL_MODES):
-        recompute = split_mode(mode)[0]
-        least = prefix([c.forward_ms() + c.backward_ms(recompute) for c in layers])
+        least = times[split_mode(mode)[0]]
         # ZeRO-2/3: a pass takes at least its collectives (sharding.exposed_ms): one
         # all-gather forward, one (2) or two (3) more backward, each half an all-reduce of the
         # rank's parameters, which grows with them.
         passes = 0 if level <= 1 or dp <= 1 else (2 if level == 2 else 3)
-        if passes:
+        if passes and collective is not None:
             least = np.maximum(least, passes * collective)
-        out.append(
-            (
-                params * model.static_bytes_per_param(dp, level),
-                prefix([resident_saved_bytes(c, mode) for c in layers]),
-                prefix([parked_bytes(c, mode) for c in layers]),
-                least,
-            )
-        )
+        saved, parked = memory[mode]
+        out.append((params * model.static_bytes_per_param(dp, level), saved, parked, least))
     return out
 
 
