@@ -27,7 +27,7 @@ from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.runtime_models import HF_DECODER_LAYERS
 from tests.single_process_reference import reference_training
-from tests.test_context_span_family import solved_family_plan
+from tests.test_context_span_family import solved_family_dp_plan, solved_family_plan
 from tests.torchrun_plans import run_plans, torchrun
 
 TOLERANCE = 1e-10
@@ -217,6 +217,9 @@ def _cp_plans() -> dict[str, Plan]:
         # autoplan.solve.context_span_plan: tests/test_context_span_family.py)
         "span_fast_slow": _spanning_plan(),
         "span_solved": solved_family_plan(),
+        # world 4: two such groups as data-parallel replicas on two node pairs, as autoplan
+        # solve chooses them for two samples (DDP over the 2 x 2 cp ranks)
+        "span_solved_dp2": solved_family_dp_plan(),
         # world 2: a factory decoder (a plain-sum loss: each rank's part weighted by cp, so
         # that DDP's average over the cp ranks is the sum's gradient, not half of it; its
         # unused targets not split), equal chunks and 12:4
@@ -268,11 +271,11 @@ def cp_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_plans(_cp_plans(), tmp_path_factory.mktemp("cp_runs"), timeout_s=400)
 
 
-def test_cp_plans_are_valid_cp_meshes() -> None:
+def test_cp_plans_are_valid_cp_meshes() -> None:  # (dp, cp, tp): cp 2 in every plan
     for plan in _cp_plans().values():
         assert plan_problems(plan) == []
         shape = plan.mesh_shape()
-        assert shape is not None and shape[:2] == (1, 2) and plan.uniform_shape() is None
+        assert shape is not None and shape[1] == 2 and plan.uniform_shape() is None
 
 
 @pytest.mark.distributed

@@ -33,9 +33,12 @@ if TYPE_CHECKING:
 __all__ = [
     "ContextMember",
     "ContextSpan",
+    "RingCore",
+    "WholeSequence",
+    "crossing_link",
     "span_layer_costs",
     "span_pass_ms",
-    "whole_sequence_compute_ms",
+    "whole_sequence",
 ]
 
 
@@ -73,12 +76,19 @@ class ContextSpan:
         return tuple(index for index, m in enumerate(self.members) for _ in range(m.ranks))
 
 
+def crossing_link(model: CostModel, classes: tuple[int, ...], tp: int) -> tuple[float, float]:
+    """(bandwidth GB/s, latency us) of one tp rank's ring send between the nodes of a group
+    of ``classes`` (module docstring: the tp rings that leave a node share the link)."""
+    names = {n for k in classes for n in model.classes[k].groups}
+    return model.cluster.inter_node_bandwidth(names) / tp, model.cluster.inter_node_latency(names)
+
+
 def _hops(model: CostModel, span: ContextSpan) -> list[tuple[float | None, float]]:
     """(bandwidth, latency) of each rank's send to the next (module docstring)."""
     owners = span.rank_members()
-    names = {n for m in span.members for n in model.classes[m.device_class].groups}
-    between = model.cluster.inter_node_bandwidth(names) / span.tp
-    between_latency = model.cluster.inter_node_latency(names)
+    between, between_latency = crossing_link(
+        model, tuple(m.device_class for m in span.members), span.tp
+    )
     hops: list[tuple[float | None, float]] = []
     for r, owner in enumerate(owners):
         member = span.members[owner]
@@ -142,18 +152,42 @@ def _rank_cost(
     )
 
 
-def whole_sequence_compute_ms(
+@dataclass(frozen=True)
+class RingCore:
+    """A distinct attention layer of the profile on one cp rank holding the whole sequence:
+    its core's share of each pass and the K, V bytes of one token the ring sends."""
+
+    layers: int  # how many layers of the profile are identical to it
+    forward_ms: float  # the core's part of the forward (its share of the FLOPs)
+    backward_ms: float  # the core's part of the backward
+    kv_bytes_per_token: float  # one token's K and V of every sample of the micro-batch, a tp rank
+
+
+@dataclass(frozen=True)
+class WholeSequence:
+    """One cp rank of a device class holding the whole sequence: the figures a spanning
+    group is bounded from below by (``autoplan.solve.context_span_family``)."""
+
+    compute_ms: float  # forward + backward compute of every layer
+    outside_core_ms: float  # compute_ms less the attention cores
+    params_per_gpu: float
+    cores: tuple[RingCore, ...]  # the distinct attention layers, in the profile's order
+
+
+def whole_sequence(
     model: CostModel, device_class: int, tp: int, micro_batch_size: int, sequence_parallel: bool
-) -> tuple[float, float]:
-    """(forward + backward compute of every layer, parameters per GPU) of one cp rank of
-    ``device_class`` holding the whole sequence. A rank holding a share x of it computes at
-    least x times this (``layer_cost`` scales its work by x, less only its fixed parts: the
-    weights read, the kernels launched), so it bounds a spanning group from below
-    (``autoplan.solve.context_span_family``)."""
-    same_as = _same_as(model.profile)
+) -> WholeSequence:
+    """One cp rank of ``device_class`` holding the whole sequence (``WholeSequence``). A rank
+    holding a share x of it computes at least x times each of these times, its core and
+    what is outside its core alike (``layer_cost`` scales its work by x, less only its fixed
+    parts: the weights read, the kernels launched; ``span_layer_costs`` takes the core as the
+    same fraction of the pass at every share), so they bound a spanning group from below."""
+    profile = model.profile
+    same_as = _same_as(profile)
     compute = params = 0.0
     firsts: dict[int, LayerCost] = {}
-    for position in range(len(model.profile.layers)):
+    cores: dict[int, RingCore] = {}
+    for position, layer in enumerate(profile.layers):
         first = same_as[position]
         if first not in firsts:
             firsts[first] = _rank_cost(
@@ -162,7 +196,23 @@ def whole_sequence_compute_ms(
         cost = firsts[first]
         compute += cost.forward_compute_ms + cost.backward_compute_ms
         params += cost.params_per_gpu
-    return compute, params
+        if not (layer.selective_recompute_flops and layer.forward_flops):
+            continue
+        found = cores.get(first)
+        if found is None:  # as ``span_layer_costs`` takes the core and the ring's bytes
+            split = tp if (layer.tensor_parallel is not None and tp > 1) else 1
+            found = RingCore(
+                0,
+                cost.forward_compute_ms * layer.selective_recompute_flops / layer.forward_flops,
+                cost.backward_compute_ms
+                * core_backward_share(layer.selective_recompute_flops, layer.backward_flops),
+                kv_bytes(layer.attention_kv_bytes, layer.output_activation_bytes)
+                * micro_batch_size
+                / (profile.micro_batch_size * profile.seq_len * split),
+            )
+        cores[first] = dataclasses.replace(found, layers=found.layers + 1)
+    outside = compute - sum(c.layers * (c.forward_ms + c.backward_ms) for c in cores.values())
+    return WholeSequence(compute, max(0.0, outside), params, tuple(cores.values()))
 
 
 def span_layer_costs(

@@ -1,51 +1,80 @@
-"""The spanning-context family of the search: one cp group across two GPU types, the whole model.
+"""The spanning-context family of the search: cp groups across two GPU types, the whole model.
 
 A plan of this family is ``autoplan.solve.context_span_plan``'s: one stage (the whole model),
-one replica that is a cp group of n1 ranks of device class k1 on one node and n2 ranks of class
-k2 (another GPU type) on one node, each rank tp GPUs, sequence parallelism in the tp groups or
-not, m micro-batches of b = B / m samples under 1F1B, each rank holding its own number of
-every sample's tokens (uneven chunks). Its time is ``span_times``: m × the group's forward and
-backward at the split and recompute mode, the exposed gradient all-reduce and the slower
-member's step.
+k replicas, each a cp group of n1 ranks of device class k1 on one node and n2 ranks of class
+k2 (another GPU type) on one node (replica d on the d-th node of each class: disjoint node
+pairs), each rank tp GPUs, sequence parallelism in the tp groups or not, m micro-batches of
+b = B / (k·m) samples a replica under 1F1B, each rank holding its own number of every sample's
+tokens (uneven chunks, the same in every replica). Its time is ``span_times``: m × a group's
+forward and backward at the split and recompute mode, the exposed gradient all-reduce over the
+k × cp ranks and the slower member's step.
 
 The family's space, searched to the end: every pair of classes of two GPU types (k1 < k2, the
 ring's order; a ring of two members is the same ring either way round), every tp both classes
 run (``autoplan.solve.space.class_tp_choices``), every n1, n2 ≥ 1 with n·tp GPUs within one
 node of its class (n1 + n2 = cp where cp is pinned), SP on and off at tp > 1 (as pinned), every
-micro-batch size the options allow (``space.micro_batch_choices``), every token split
+k from 1 to the smaller class's node count dividing B (as dp is pinned), every micro-batch size
+the options allow (``space.micro_batch_choices`` of B / k), every token split
 (``context_span.token_splits``) and every recompute mode (as pinned). It is in the space where
 cp > 1 is (``autoplan.solve.context_parallel``: the optimal strategy, a model with attention,
 a sequence of at least ``cp_min_seq_len`` tokens or a pinned cp > 1), on the autoplan engine
 (the only one that runs uneven chunks) and the heterogeneous space, for a dense model, unless
-the options pin what a plan of it cannot be: pp or dp > 1, a layer split, a schedule other
-than 1F1B, ZeRO, offload.
+the options pin what a plan of it cannot be: pp > 1, a layer split, a schedule other than 1F1B,
+ZeRO, offload.
 
-What it does not cover: several spanning groups as data-parallel replicas (disjoint node
-pairs; a plan of them needs the emitter and the prediction of k groups, which ``span_plan``
-does not write), a spanning group as one stage of a pipeline, groups of three types or members
-spread over several nodes of a class, the GPUs it leaves idle. The other families' plans keep
+What it does not cover: a spanning group as one stage of a pipeline, groups of three types or
+members spread over several nodes of a class, replicas of different shapes or splits, spanning
+groups beside replicas of one type, the GPUs it leaves idle. The other families' plans keep
 every cp group within one class (``autoplan.solve.context_parallel``).
 
-Exact by enumeration with a bound: a unit (classes, n1, n2, tp, SP, micro-batch size) is
-bounded below by m × (the least over real token shares of the slower member's compute,
-``whole_sequence_compute_ms`` times its share, + the passes' overheads) + the step, and a split
-within it by the same at its own shares (a rank computes at least its share of the whole
-sequence; the ring, the collectives and recompute only add). Units are searched in the order
-of their bounds, splits within a unit likewise, and whatever is bounded above the best plan
-held (the other families' included) is not priced; the family's floor is the least of the plans
-it priced and the bounds of those it did not (``autoplan.solve.certificate``). Memory grows with the
-micro-batch, so where no split of a unit fits, larger micro-batches of the same group are not
-tried. Deterministic: ties go to the canonical order of the choice (classes, tp, n1, n2, SP,
-micro-batch, t1, mode).
+Exact by enumeration with a bound. A rank of class g holding x_g = t_g / s of the tokens
+computes at least x_g times each part of ``cost.context_span.whole_sequence``'s rank holding
+them all (outside its attention cores O_g, a layer's core K_g per pass); the ring, the
+collectives and recompute only add (a recompute mode's backward is at least mode none's). A
+layer of the group takes, for each member, its ranks' time outside the core + the ring's
+phase (``lockstep_ring``, the same for every rank), and a phase's step is at least any rank's
+max(attend, send): rank r attends chunk q for core_r · t_q / s and sends it on, p2p of its
+K, V (twice in backward, which ends with a hop of one chunk's dK, dV). Two ranks always send
+between the members' nodes (``context_span.crossing_link``): the last of member 1 (at steps
+0..n1 − 1 a chunk of member 1, then of member 2) and the last of member 2 (at 0..n2 − 1 of
+member 2, then of member 1), and neither sends at the last step. So a split's micro-batch
+works at least
+
+    max_g x_g O_g + Σ_layers Σ_steps max(x_1 K_1 t_a / s, x_2 K_2 t_b / s, p2p(t_a, t_b))
+
+(t_a, t_b the two crossing ranks' chunks at the step, p2p of the larger one's bytes, none at
+the last step, backward's last hop added), which is at least max_g x_g (O_g + K_g), the
+compute bound (each crossing rank attends every chunk once); every term grows with t1 and
+with t2, so at lower values of them it bounds every split above them (``_split_work_ms``).
+A split is bounded below by m × (that + the passes' overheads) + the slower member's step
+(``split_bound_ms``). A unit (classes, tp, n1, n2, SP, k, micro-batch size) is bounded first
+by the least over real shares of the compute bound and of the outside-core bound plus the
+crossing's sends (a crossing rank sends every chunk but one, at least s − s/cp tokens a pass,
+the least chunk being at most the mean), then, in its turn, by the least over 32 pieces of
+t1's range of the split bound at each piece's least t1 and t2 (``unit_bound_ms``). Units are
+searched in the order of their bounds, splits within a unit likewise, and whatever is bounded
+above the best plan held (the other families' included) is not priced; the family's floor is
+the least of the plans it priced and the bounds of those it did not
+(``autoplan.solve.certificate``). Memory grows with the micro-batch, so where no split of a
+unit fits, larger micro-batches of the same group are not tried. Deterministic: ties go to the
+canonical order of the choice (classes, tp, n1, n2, SP, k, micro-batch, t1, mode).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass
 
-from autoplan.cost.context_span import ContextMember, ContextSpan, whole_sequence_compute_ms
+from autoplan.cost.comm import p2p_ms
+from autoplan.cost.context_span import (
+    ContextMember,
+    ContextSpan,
+    WholeSequence,
+    crossing_link,
+    whole_sequence,
+)
 from autoplan.cost.model import CostModel
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
@@ -64,11 +93,14 @@ __all__ = [
     "span_choice_plan",
     "span_family",
     "split_bound_ms",
+    "unit_bound_ms",
     "with_span_family",
 ]
 
 # A bound is compared with a priced time computed in another order of operations.
 _ROUNDING = 1 - 1e-9
+# Pieces of the range of t1 a unit's refined bound takes the least over (``_pieces_work_ms``).
+_PIECES = 32
 
 
 @dataclass(frozen=True)
@@ -81,6 +113,7 @@ class SpanChoice:
     num_micro_batches: int
     split: SpanSplit
     iteration_ms: float
+    replicas: int = 1  # identical groups as data-parallel replicas, on disjoint node pairs
 
 
 @dataclass(frozen=True)
@@ -98,7 +131,8 @@ class SpanFamily:
 @dataclass(frozen=True, order=True)
 class _Unit:
     bound_ms: float
-    key: tuple  # canonical order: (k1, k2, tp, n1, n2, SP, micro-batch size)
+    key: tuple  # canonical order: (k1, k2, tp, n1, n2, SP, replicas, micro-batch size)
+    refined: bool = False  # bound_ms is the unit's bound over its pieces (``_pieces_work_ms``)
 
 
 def in_space(model: CostModel, options: SolveOptions) -> bool:
@@ -107,7 +141,6 @@ def in_space(model: CostModel, options: SolveOptions) -> bool:
     cp_pinned = options.cp is not None
     pinned_out = (
         options.pp not in (None, 1)
-        or options.dp not in (None, 1)
         or (options.layer_split is not None and len(options.layer_split) != 1)
         or options.schedule not in (None, "1f1b")
         or options.schedule in ZERO_BUBBLE_SCHEDULES
@@ -133,7 +166,7 @@ def in_space(model: CostModel, options: SolveOptions) -> bool:
 def _units(model: CostModel, batch: int, options: SolveOptions) -> list[_Unit]:
     """Every unit of the space with its bound (module docstring), in canonical order."""
     out: list[_Unit] = []
-    compute: dict[tuple, tuple[float, float]] = {}
+    whole: dict[tuple, WholeSequence] = {}
     for c1 in model.classes:
         for c2 in model.classes[c1.index + 1 :]:
             if c1.gpu.name == c2.gpu.name:
@@ -144,27 +177,146 @@ def _units(model: CostModel, batch: int, options: SolveOptions) -> list[_Unit]:
                 settings = [False] if tp == 1 else [False, True]
                 if options.sequence_parallel is not None:
                     settings = [s for s in settings if s == options.sequence_parallel]
+                pairs = min(c1.num_nodes, c2.num_nodes)
+                replica_counts = [
+                    k for k in range(1, pairs + 1) if batch % k == 0 and options.dp in (None, k)
+                ]
+                link = crossing_link(model, (k1, k2), tp)
                 for n1 in range(1, c1.gpus_per_node // tp + 1):
                     for n2 in range(1, c2.gpus_per_node // tp + 1):
                         if options.cp is not None and n1 + n2 != options.cp:
                             continue
-                        for sp in settings:
-                            for micro in micro_batch_choices(batch, options):
-                                for k in (k1, k2):
-                                    if (k, tp, micro, sp) not in compute:
-                                        compute[k, tp, micro, sp] = whole_sequence_compute_ms(
-                                            model, k, tp, micro, sp
+                        for sp, k in [(sp, k) for sp in settings for k in replica_counts]:
+                            for micro in micro_batch_choices(batch // k, options):
+                                for kc in (k1, k2):
+                                    if (kc, tp, micro, sp) not in whole:
+                                        whole[kc, tp, micro, sp] = whole_sequence(
+                                            model, kc, tp, micro, sp
                                         )
-                                (t1, params), (t2, _) = (
-                                    compute[k1, tp, micro, sp],
-                                    compute[k2, tp, micro, sp],
+                                one, two = whole[k1, tp, micro, sp], whole[k2, tp, micro, sp]
+                                work = _unit_work_ms(
+                                    one, two, (n1, n2), model.profile.seq_len, link
                                 )
-                                # The least over real shares of max(x1 T1, x2 T2), n1 x1 + n2
-                                # x2 = 1: both equal.
-                                work = 1 / (n1 / t1 + n2 / t2) if t1 > 0 and t2 > 0 else 0.0
-                                bound = _bound(model, (k1, k2), batch // micro, work, params)
-                                out.append(_Unit(bound, (k1, k2, tp, n1, n2, sp, micro)))
+                                m = batch // (k * micro)
+                                bound = _bound(model, (k1, k2), m, work, one.params_per_gpu)
+                                out.append(_Unit(bound, (k1, k2, tp, n1, n2, sp, k, micro)))
     return out
+
+
+def _least(n1: int, a: float, n2: int, b: float) -> float:
+    """The least over real shares x1, x2 ≥ 0 with n1 x1 + n2 x2 = 1 of max(x1 a, x2 b): both
+    equal (0 where either time is)."""
+    return 1 / (n1 / a + n2 / b) if a > 0 and b > 0 else 0.0
+
+
+def _unit_work_ms(
+    one: WholeSequence,
+    two: WholeSequence,
+    ranks: tuple[int, int],
+    seq: int,
+    link: tuple[float, float],
+) -> float:
+    """No split of ``ranks`` (members' classes ``one``, ``two``) takes less than this for one
+    micro-batch's forward and backward, the passes' overheads aside (module docstring: the
+    larger of the compute bound and the outside-core bound with the crossing's sends)."""
+    n1, n2 = ranks
+    cp = n1 + n2
+    bandwidth, latency = link
+    # A crossing rank sends every chunk but one: at least s − s/cp tokens a pass (the least
+    # chunk is at most the mean), in cp − 1 sends; backward twice the bytes, and its last hop
+    # a chunk of at least the mean.
+    volume = (seq - seq / cp) / (bandwidth * 1e6)  # ms per byte of one token's K, V
+    sends = sum(
+        core.layers
+        * (
+            2 * (cp - 1) * latency * 1e-3
+            + 3 * core.kv_bytes_per_token * volume
+            + p2p_ms(core.kv_bytes_per_token * seq / cp, bandwidth, latency)
+        )
+        for core in one.cores
+    )
+    return max(
+        _least(n1, one.compute_ms, n2, two.compute_ms),
+        _least(n1, one.outside_core_ms, n2, two.outside_core_ms) + sends,
+    )
+
+
+def _pieces_work_ms(
+    one: WholeSequence,
+    two: WholeSequence,
+    ranks: tuple[int, int],
+    seq: int,
+    link: tuple[float, float],
+) -> float:
+    """No split of ``ranks`` takes less than this for one micro-batch's work (module
+    docstring): t1 in [0, s / n1] cut into ``_PIECES`` pieces, on each ``_split_work_ms`` at
+    the least t1 and t2 of the piece, the least of them."""
+    n1, n2 = ranks
+    steps = _steps(ranks)
+    top = seq / n1
+    return min(
+        _split_work_ms(
+            one,
+            two,
+            (top * i / _PIECES, max(0.0, (seq - n1 * top * (i + 1) / _PIECES) / n2)),
+            seq,
+            link,
+            steps,
+        )
+        for i in range(_PIECES)
+    )
+
+
+def _steps(ranks: tuple[int, int]) -> list[tuple[bool, bool, int]]:
+    """The ring's sending steps at its two crossing ranks (module docstring): (whether the
+    last rank of member 1 attends and sends a chunk of member 1, whether the last of member 2
+    does, how many steps)."""
+    n1, n2 = ranks
+    counts: dict[tuple[bool, bool], int] = {}
+    for step in range(n1 + n2 - 1):
+        key = (step < n1, step >= n2)
+        counts[key] = counts.get(key, 0) + 1
+    return [(a, b, n) for (a, b), n in sorted(counts.items())]
+
+
+def _split_work_ms(
+    one: WholeSequence,
+    two: WholeSequence,
+    tokens: tuple[float, float],
+    seq: int,
+    link: tuple[float, float],
+    steps: list[tuple[bool, bool, int]],
+) -> float:
+    """No recompute mode of a split of ``seq`` tokens whose members' ranks (classes ``one``,
+    ``two``) hold ``tokens`` each, or at least ``tokens`` (every term grows with each), takes
+    less than this for one micro-batch's forward and backward, the passes' overheads aside
+    (module docstring: the slower member outside its cores + the ring's steps at the two
+    crossing ranks). ``steps``: ``_steps`` of the members' ranks."""
+    t1, t2 = tokens
+    x1, x2 = t1 / seq, t2 / seq
+    bandwidth, latency = link
+    work = max(x1 * one.outside_core_ms, x2 * two.outside_core_ms)
+    for c1, c2 in zip(one.cores, two.cores, strict=True):
+        kv = c1.kv_bytes_per_token
+        for core1, core2, times in (
+            (c1.forward_ms, c2.forward_ms, 1),
+            (c1.backward_ms, c2.backward_ms, 2),
+        ):
+            # Rank r attends chunk q at a step for at least x_r × its class's core × t_q / s.
+            a1, a2 = x1 * core1 / seq, x2 * core2 / seq
+            phase = max(a1 * t2, a2 * t1)  # the last step: the chunk after one's own, no send
+            for first, second, count in steps:
+                ta = t1 if first else t2
+                tb = t1 if second else t2
+                phase += count * max(
+                    a1 * ta, a2 * tb, p2p_ms(times * kv * max(ta, tb), bandwidth, latency)
+                )
+            if times == 2:  # backward's last hop: each chunk's dK, dV to its owner
+                phase += p2p_ms(kv * max(t1, t2), bandwidth, latency)
+            work += c1.layers * phase
+    # The compute bound (that a rank computes its share), which the above implies but for
+    # rounding.
+    return max(work, x1 * one.compute_ms, x2 * two.compute_ms)
 
 
 def _bound(
@@ -185,13 +337,35 @@ def split_bound_ms(
 ) -> float:
     """No recompute mode of ``span`` (two members) at these micro-batches takes less than
     this (module docstring): the bound the family prunes a split by."""
-    (k1, t1), (k2, t2) = ((m.device_class, m.tokens) for m in span.members)
-    (c1, params), (c2, _) = (
-        whole_sequence_compute_ms(model, k, span.tp, micro_batch_size, sequence_parallel)
-        for k in (k1, k2)
+    (k1, n1, t1), (k2, n2, t2) = ((m.device_class, m.ranks, m.tokens) for m in span.members)
+    one, two = (
+        whole_sequence(model, k, span.tp, micro_batch_size, sequence_parallel) for k in (k1, k2)
     )
-    work = max(t1 * c1, t2 * c2) / span.seq_len
-    return _bound(model, (k1, k2), num_micro_batches, work, params)
+    link = crossing_link(model, (k1, k2), span.tp)
+    work = _split_work_ms(one, two, (t1, t2), span.seq_len, link, _steps((n1, n2)))
+    return _bound(model, (k1, k2), num_micro_batches, work, one.params_per_gpu)
+
+
+def unit_bound_ms(
+    model: CostModel,
+    kinds: tuple[tuple[int, int], tuple[int, int]],
+    tp: int,
+    micro_batch_size: int,
+    num_micro_batches: int,
+    sequence_parallel: bool = False,
+) -> float:
+    """No split of a cp group of ``kinds`` ((device class, cp ranks) in ring order) at these
+    micro-batches takes less than this (module docstring): the bound the family orders and
+    prunes its units by."""
+    (k1, n1), (k2, n2) = kinds
+    one, two = (whole_sequence(model, k, tp, micro_batch_size, sequence_parallel) for k in (k1, k2))
+    link = crossing_link(model, (k1, k2), tp)
+    seq = model.profile.seq_len
+    work = max(
+        _unit_work_ms(one, two, (n1, n2), seq, link),
+        _pieces_work_ms(one, two, (n1, n2), seq, link),
+    )
+    return _bound(model, (k1, k2), num_micro_batches, work, one.params_per_gpu)
 
 
 def span_family(
@@ -213,30 +387,48 @@ def span_family(
     floor = math.inf
     priced = 0
     timed_out = False
-    # (k1, k2, tp, n1, n2, SP) -> the least micro-batch size at which no split fits
+    # (k1, k2, tp, n1, n2, SP, replicas) -> the least micro-batch size at which no split fits
     no_fit: dict[tuple, int] = {}
 
     def held() -> float:
         return min(incumbent_ms, math.inf if best is None else best.iteration_ms)
 
-    for unit in sorted(_units(model, batch, options)):
+    units = _units(model, batch, options)
+    heapq.heapify(units)
+    while units:
+        unit = heapq.heappop(units)
         if unit.bound_ms > held():
             floor = min(floor, unit.bound_ms)  # the units are in order: the rest are above
             break
-        k1, k2, tp, n1, n2, sp, micro = unit.key
-        group = unit.key[:6]
+        k1, k2, tp, n1, n2, sp, replicas, micro = unit.key
+        group = unit.key[:7]
         if micro >= no_fit.get(group, math.inf):
             continue  # memory grows with the micro-batch: nothing fits here either
+        if not unit.refined:  # its bound over its pieces, then in its turn again
+            m = batch // (replicas * micro)
+            refined = unit_bound_ms(model, ((k1, n1), (k2, n2)), tp, micro, m, sp)
+            heapq.heappush(units, _Unit(max(unit.bound_ms, refined), unit.key, True))
+            continue
         if time.monotonic() > deadline:
             timed_out = True
             floor = min(floor, unit.bound_ms)  # the least bound left unpriced
             break
-        m = batch // micro
-        (t_one, params), (t_two, _) = (
-            whole_sequence_compute_ms(model, k, tp, micro, sp) for k in (k1, k2)
-        )
+        m = batch // (replicas * micro)
+        one, two = (whole_sequence(model, k, tp, micro, sp) for k in (k1, k2))
+        link = crossing_link(model, (k1, k2), tp)
+        steps = _steps((n1, n2))
         splits = sorted(
-            (_bound(model, (k1, k2), m, max(t1 * t_one, t2 * t_two) / seq, params), t1, t2)
+            (
+                _bound(
+                    model,
+                    (k1, k2),
+                    m,
+                    _split_work_ms(one, two, (t1, t2), seq, link, steps),
+                    one.params_per_gpu,
+                ),
+                t1,
+                t2,
+            )
             for t1, t2 in token_splits((n1, n2), seq, tp, sp)
         )
         fits = False
@@ -248,13 +440,14 @@ def span_family(
             priced += 1
             for found in split_prices(model, span, micro, layers, 1, modes, sp):
                 fits = True
-                iteration = span_times(model, found, m).iteration_ms
+                iteration = span_times(model, found, m, replicas).iteration_ms
                 floor = min(floor, iteration)  # a plan of the family, held or not
                 key = (*unit.key, t1, modes.index(found.recompute))
                 if iteration < incumbent_ms and (
                     best is None or (iteration, key) < (best.iteration_ms, best_key)
                 ):
-                    choice = SpanChoice(((k1, n1), (k2, n2)), tp, sp, m, found, iteration)
+                    kinds = ((k1, n1), (k2, n2))
+                    choice = SpanChoice(kinds, tp, sp, m, found, iteration, replicas)
                     best, best_key = choice, key
         else:  # every split priced
             if not fits:
@@ -299,6 +492,7 @@ def span_choice_plan(
         choice.num_micro_batches,
         sequence_parallel=choice.sequence_parallel,
         found=choice.split,
+        replicas=choice.replicas,
     )
     if not runners:
         return plan
