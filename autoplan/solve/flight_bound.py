@@ -57,6 +57,39 @@ from autoplan.solve.bounds import Pending, fastest_work
 __all__ = ["fill_bound", "flight_bound", "order_bound", "rank_steps", "run_bound"]
 
 
+_Prefixes = tuple[np.ndarray, dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_prefixes(model: CostModel, tp: int, mbs: int, k: int) -> _Prefixes:
+    """What ``_rank_tables`` reads that depends on neither dp nor the ZeRO levels (one set
+    for the groups of every dp): the prefix sums over the n = 0..L smallest per-layer values,
+    each sorted on its own, of the parameters, of the least time per recompute (offload's
+    copies left out: they only add) and of the resident saved and parked bytes per mode.
+    Each figure once per distinct layer cost (a model's repeated blocks share one)."""
+    layers = model.tables(k, tp, mbs).layers
+    distinct: dict[int, int] = {}
+    slots = [distinct.setdefault(id(c), len(distinct)) for c in layers]
+    unique = list({id(c): c for c in layers}.values())
+
+    def prefix(values: list[float]) -> np.ndarray:
+        spread = np.asarray(values, dtype=float)[slots]
+        return np.concatenate(([0.0], np.cumsum(np.sort(spread))))
+
+    params = prefix([c.params_per_gpu for c in unique])
+    times: dict[str, np.ndarray] = {}
+    memory: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for mode in ALL_MODES:
+        recompute = split_mode(mode)[0]
+        if recompute not in times:
+            times[recompute] = prefix([c.forward_ms() + c.backward_ms(recompute) for c in unique])
+        memory[mode] = (
+            prefix([resident_saved_bytes(c, mode) for c in unique]),
+            prefix([parked_bytes(c, mode) for c in unique]),
+        )
+    return params, times, memory
+
+
 @functools.lru_cache(maxsize=4096)
 def _rank_tables(
     model: CostModel, tp: int, mbs: int, dp: int, levels: tuple[int, ...], k: int
@@ -64,29 +97,12 @@ def _rank_tables(
     """Per (ZeRO level, mode): prefix sums over the n = 0..L smallest per-layer values, each
     sorted on its own: static bytes, resident saved bytes, parked bytes, and the least time
     of n layers (their n least times, and at ZeRO-2/3 at least their collectives)."""
-    layers = model.tables(k, tp, mbs).layers
-
-    def prefix(values) -> np.ndarray:
-        return np.concatenate(([0.0], np.cumsum(np.sort(np.asarray(values, dtype=float)))))
-
-    params = prefix([c.params_per_gpu for c in layers])
+    params, times, memory = _layer_prefixes(model, tp, mbs, k)
     collective = None  # only ZeRO-2/3 with replicas read it: L + 1 all-reduce costings
     if dp > 1 and any(level >= 2 for level in levels):
         groups = (group_of(k, tp, dp, mbs, "none"),)  # recompute does not change it
         collective = np.array([model.allreduce_ms(groups, (float(x),)) / 2 for x in params])
         collective[0] = 0.0
-    # What does not depend on the level, once: the memory per mode, the time per recompute
-    # (offload's copies are left out of the least time: it only adds).
-    times: dict[str, np.ndarray] = {}
-    memory = {}
-    for mode in ALL_MODES:
-        recompute = split_mode(mode)[0]
-        if recompute not in times:
-            times[recompute] = prefix([c.forward_ms() + c.backward_ms(recompute) for c in layers])
-        memory[mode] = (
-            prefix([resident_saved_bytes(c, mode) for c in layers]),
-            prefix([parked_bytes(c, mode) for c in layers]),
-        )
     out = []
     for level, mode in itertools.product(levels, ALL_MODES):
         least = times[split_mode(mode)[0]]
