@@ -241,6 +241,34 @@ def test_the_bound_is_below_every_split_at_every_mode(name: str) -> None:
     assert checked > 1000 and raised
 
 
+def test_the_bound_leaves_out_the_modes_that_cannot_fit(profile: Profile) -> None:
+    # cpu-span: neither node holds the sequence, so memory decides which recompute modes a
+    # split can take. The bound takes the least over the modes searched that may fit (their
+    # saved activations, the share's exactly, within the GPU): every split at every mode that
+    # fits prices at or above it and at or above its bound with that mode pinned, and some
+    # splits fit no mode or only some.
+    model = cost_model(profile, load_cluster(SPAN_CLUSTER), OPTIONS)
+    layers = (0, len(profile.layers))
+    fitting: set[int] = set()
+    for micro in (1, 2):
+        unit = unit_bound_ms(model, ((0, 1), (1, 1)), 1, micro, 2 // micro)
+        for t1, t2 in token_splits((1, 1), SEQ):
+            span = ContextSpan((ContextMember(0, 1, t1), ContextMember(1, 1, t2)), 1)
+            bound = split_bound_ms(model, span, micro, 2 // micro)
+            assert unit <= bound
+            found = split_prices(model, span, micro, layers, 1, MODES)
+            fitting.add(len(found))
+            for split in found:
+                assert bound <= span_times(model, split, 2 // micro).iteration_ms
+            for mode in MODES:
+                pinned = split_bound_ms(model, span, micro, 2 // micro, modes=(mode,))
+                priced = [s for s in found if s.recompute == mode]
+                if priced:
+                    assert pinned <= span_times(model, priced[0], 2 // micro).iteration_ms
+                    assert bound <= pinned
+    assert 0 in fitting and fitting & {1, 2}
+
+
 def test_llama_131k_the_ring_bound_prunes_every_split() -> None:
     # Llama-3.1-8B at 131,072 tokens, 8 samples on h100-a100-l4: without the ring in the
     # bound, two spanning groups as replicas were bounded at 23.9 s, below the plan the other
@@ -257,6 +285,7 @@ def test_llama_131k_the_ring_bound_prunes_every_split() -> None:
     # The bound at this scale: a few splits of the units the compute bound ranked first
     # (H100 + A100, two groups of one or two nodes' ranks) price at or above it.
     layers = (0, len(llama.layers))
+    ruled_out = 0
     for tp, n in ((8, 1), (4, 2)):
         unit = unit_bound_ms(model, ((0, n), (1, n)), tp, 1, 4, True)
         assert held < unit
@@ -266,6 +295,13 @@ def test_llama_131k_the_ring_bound_prunes_every_split() -> None:
             assert unit <= bound
             for found in split_prices(model, span, 1, layers, 1, MODES, True):
                 assert bound <= span_times(model, found, 4, 2).iteration_ms
+            # Without recompute a rank's saved activations are its share of 125 GiB at tp 8
+            # + SP (246 GiB at tp 4): memory alone rules mode none out of some splits, and
+            # only where it does not fit.
+            if split_bound_ms(model, span, 1, 4, True, ("none",)) == math.inf:
+                assert not split_prices(model, span, 1, layers, 1, ("none",), True)
+                ruled_out += 1
+    assert ruled_out > 0
 
 
 def test_outside_its_space_the_family_is_not_searched(profile: Profile) -> None:

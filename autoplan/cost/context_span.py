@@ -172,6 +172,10 @@ class WholeSequence:
     outside_core_ms: float  # compute_ms less the attention cores
     params_per_gpu: float
     cores: tuple[RingCore, ...]  # the distinct attention layers, in the profile's order
+    # Per recompute mode: every layer's saved activations (bytes, one micro-batch) and the
+    # compute the mode's backward redoes (selective: the cores' forward; full: the forward).
+    saved_bytes: dict[str, float]
+    recompute_ms: dict[str, float]
 
 
 def whole_sequence(
@@ -181,12 +185,15 @@ def whole_sequence(
     holding a share x of it computes at least x times each of these times, its core and
     what is outside its core alike (``layer_cost`` scales its work by x, less only its fixed
     parts: the weights read, the kernels launched; ``span_layer_costs`` takes the core as the
-    same fraction of the pass at every share), so they bound a spanning group from below."""
+    same fraction of the pass at every share), so they bound a spanning group from below;
+    its saved activations are x times these exactly (``layer_cost`` scales them by x)."""
     profile = model.profile
     same_as = _same_as(profile)
     compute = params = 0.0
     firsts: dict[int, LayerCost] = {}
     cores: dict[int, RingCore] = {}
+    saved = {"none": 0.0, "selective": 0.0, "full": 0.0}
+    redone = {"none": 0.0, "selective": 0.0, "full": 0.0}
     for position, layer in enumerate(profile.layers):
         first = same_as[position]
         if first not in firsts:
@@ -196,6 +203,10 @@ def whole_sequence(
         cost = firsts[first]
         compute += cost.forward_compute_ms + cost.backward_compute_ms
         params += cost.params_per_gpu
+        for mode in saved:
+            saved[mode] += cost.saved_bytes[mode]
+        redone["selective"] += cost.selective_extra_ms
+        redone["full"] += cost.forward_compute_ms
         if not (layer.selective_recompute_flops and layer.forward_flops):
             continue
         found = cores.get(first)
@@ -212,7 +223,7 @@ def whole_sequence(
             )
         cores[first] = dataclasses.replace(found, layers=found.layers + 1)
     outside = compute - sum(c.layers * (c.forward_ms + c.backward_ms) for c in cores.values())
-    return WholeSequence(compute, max(0.0, outside), params, tuple(cores.values()))
+    return WholeSequence(compute, max(0.0, outside), params, tuple(cores.values()), saved, redone)
 
 
 def span_layer_costs(

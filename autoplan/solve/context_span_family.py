@@ -46,12 +46,16 @@ works at least
 the last step, backward's last hop added), which is at least max_g x_g (O_g + K_g), the
 compute bound (each crossing rank attends every chunk once); every term grows with t1 and
 with t2, so at lower values of them it bounds every split above them (``_split_work_ms``).
-A split is bounded below by m × (that + the passes' overheads) + the slower member's step
-(``split_bound_ms``). A unit (classes, tp, n1, n2, SP, k, micro-batch size) is bounded first
-by the least over real shares of the compute bound and of the outside-core bound plus the
-crossing's sends (a crossing rank sends every chunk but one, at least s − s/cp tokens a pass,
-the least chunk being at most the mean), then, in its turn, by the least over 32 pieces of
-t1's range of the split bound at each piece's least t1 and t2 (``unit_bound_ms``). Units are
+A recompute mode's backward redoes at least x_g times the whole's (selective: the cores'
+forward, full: the forward), added to O_g, and a mode fits only where each member's weights,
+gradients, optimizer states and saved activations (x_g times the whole's, exactly) are within
+its GPU: the work bound is the least over the modes searched that may fit (inf where none may;
+``_mode_limits``). A split is bounded below by m × (that + the passes' overheads) + the slower
+member's step (``split_bound_ms``). A unit (classes, tp, n1, n2, SP, k, micro-batch size) is
+bounded first by the least over real shares of the compute bound and of the outside-core bound
+plus the crossing's sends (a crossing rank sends every chunk but one, at least s − s/cp tokens
+a pass, the least chunk being at most the mean), then, in its turn, by the least over 32 pieces
+of t1's range of the split bound at each piece's least t1 and t2 (``unit_bound_ms``). Units are
 searched in the order of their bounds, splits within a unit likewise, and whatever is bounded
 above the best plan held (the other families' included) is not priced; the family's floor is
 the least of the plans it priced and the bounds of those it did not
@@ -247,6 +251,7 @@ def _pieces_work_ms(
     ranks: tuple[int, int],
     seq: int,
     link: tuple[float, float],
+    limits: list[tuple[float, float, float, float]],
 ) -> float:
     """No split of ``ranks`` takes less than this for one micro-batch's work (module
     docstring): t1 in [0, s / n1] cut into ``_PIECES`` pieces, on each ``_split_work_ms`` at
@@ -262,6 +267,7 @@ def _pieces_work_ms(
             seq,
             link,
             steps,
+            limits,
         )
         for i in range(_PIECES)
     )
@@ -279,6 +285,31 @@ def _steps(ranks: tuple[int, int]) -> list[tuple[bool, bool, int]]:
     return [(a, b, n) for (a, b), n in sorted(counts.items())]
 
 
+def _mode_limits(
+    model: CostModel,
+    one: WholeSequence,
+    two: WholeSequence,
+    classes: tuple[int, int],
+    cp: int,
+    modes: tuple[str, ...],
+) -> list[tuple[float, float, float, float]]:
+    """Per recompute mode of ``modes``: (the compute each member's backward redoes and the
+    largest share of the sequence each member's rank holds with its weights, gradients,
+    optimizer states and saved activations within its GPU, as ``split_prices`` checks, its
+    transient left out) for one micro-batch in flight, of a cp group of ``cp`` ranks."""
+    static = sum(model.static_bytes(one.params_per_gpu, cp, 0))
+    out = []
+    for mode in modes:
+        limits = [
+            (model.usable_bytes(k) - static) / whole.saved_bytes[mode]
+            if whole.saved_bytes[mode] > 0
+            else (math.inf if model.usable_bytes(k) >= static else -math.inf)
+            for k, whole in zip(classes, (one, two), strict=True)
+        ]
+        out.append((one.recompute_ms[mode], two.recompute_ms[mode], limits[0], limits[1]))
+    return out
+
+
 def _split_work_ms(
     one: WholeSequence,
     two: WholeSequence,
@@ -286,16 +317,18 @@ def _split_work_ms(
     seq: int,
     link: tuple[float, float],
     steps: list[tuple[bool, bool, int]],
+    limits: list[tuple[float, float, float, float]],
 ) -> float:
     """No recompute mode of a split of ``seq`` tokens whose members' ranks (classes ``one``,
     ``two``) hold ``tokens`` each, or at least ``tokens`` (every term grows with each), takes
     less than this for one micro-batch's forward and backward, the passes' overheads aside
-    (module docstring: the slower member outside its cores + the ring's steps at the two
-    crossing ranks). ``steps``: ``_steps`` of the members' ranks."""
+    (module docstring: the slower member outside its cores, with what its mode redoes, + the
+    ring's steps at the two crossing ranks; inf where no mode fits). ``steps``: ``_steps`` of
+    the members' ranks; ``limits``: ``_mode_limits`` of the modes searched."""
     t1, t2 = tokens
     x1, x2 = t1 / seq, t2 / seq
     bandwidth, latency = link
-    work = max(x1 * one.outside_core_ms, x2 * two.outside_core_ms)
+    ring = 0.0
     for c1, c2 in zip(one.cores, two.cores, strict=True):
         kv = c1.kv_bytes_per_token
         for core1, core2, times in (
@@ -313,10 +346,19 @@ def _split_work_ms(
                 )
             if times == 2:  # backward's last hop: each chunk's dK, dV to its owner
                 phase += p2p_ms(kv * max(t1, t2), bandwidth, latency)
-            work += c1.layers * phase
-    # The compute bound (that a rank computes its share), which the above implies but for
-    # rounding.
-    return max(work, x1 * one.compute_ms, x2 * two.compute_ms)
+            ring += c1.layers * phase
+    work = math.inf
+    for redo1, redo2, limit1, limit2 in limits:
+        # Saved activations are the share's exactly: a mode whose saved bytes alone exceed a
+        # member's room fits no split at these shares or above (rounding spared).
+        if x1 * _ROUNDING > limit1 or x2 * _ROUNDING > limit2:
+            continue
+        outside = max(x1 * (one.outside_core_ms + redo1), x2 * (two.outside_core_ms + redo2))
+        # The compute bound (that a rank computes its share), which the ring's part implies
+        # but for rounding.
+        compute = max(x1 * (one.compute_ms + redo1), x2 * (two.compute_ms + redo2))
+        work = min(work, max(outside + ring, compute))
+    return work
 
 
 def _bound(
@@ -334,15 +376,18 @@ def split_bound_ms(
     micro_batch_size: int,
     num_micro_batches: int,
     sequence_parallel: bool = False,
+    modes: tuple[str, ...] = MODES,
 ) -> float:
-    """No recompute mode of ``span`` (two members) at these micro-batches takes less than
-    this (module docstring): the bound the family prunes a split by."""
+    """No recompute mode of ``modes`` of ``span`` (two members) at these micro-batches takes
+    less than this (module docstring; inf where none fits): the bound the family prunes a
+    split by."""
     (k1, n1, t1), (k2, n2, t2) = ((m.device_class, m.ranks, m.tokens) for m in span.members)
     one, two = (
         whole_sequence(model, k, span.tp, micro_batch_size, sequence_parallel) for k in (k1, k2)
     )
     link = crossing_link(model, (k1, k2), span.tp)
-    work = _split_work_ms(one, two, (t1, t2), span.seq_len, link, _steps((n1, n2)))
+    limits = _mode_limits(model, one, two, (k1, k2), span.cp, modes)
+    work = _split_work_ms(one, two, (t1, t2), span.seq_len, link, _steps((n1, n2)), limits)
     return _bound(model, (k1, k2), num_micro_batches, work, one.params_per_gpu)
 
 
@@ -353,17 +398,19 @@ def unit_bound_ms(
     micro_batch_size: int,
     num_micro_batches: int,
     sequence_parallel: bool = False,
+    modes: tuple[str, ...] = MODES,
 ) -> float:
     """No split of a cp group of ``kinds`` ((device class, cp ranks) in ring order) at these
-    micro-batches takes less than this (module docstring): the bound the family orders and
-    prunes its units by."""
+    micro-batches and a recompute mode of ``modes`` takes less than this (module docstring;
+    inf where none fits): the bound the family orders and prunes its units by."""
     (k1, n1), (k2, n2) = kinds
     one, two = (whole_sequence(model, k, tp, micro_batch_size, sequence_parallel) for k in (k1, k2))
     link = crossing_link(model, (k1, k2), tp)
     seq = model.profile.seq_len
+    limits = _mode_limits(model, one, two, (k1, k2), n1 + n2, modes)
     work = max(
         _unit_work_ms(one, two, (n1, n2), seq, link),
-        _pieces_work_ms(one, two, (n1, n2), seq, link),
+        _pieces_work_ms(one, two, (n1, n2), seq, link, limits),
     )
     return _bound(model, (k1, k2), num_micro_batches, work, one.params_per_gpu)
 
@@ -406,7 +453,10 @@ def span_family(
             continue  # memory grows with the micro-batch: nothing fits here either
         if not unit.refined:  # its bound over its pieces, then in its turn again
             m = batch // (replicas * micro)
-            refined = unit_bound_ms(model, ((k1, n1), (k2, n2)), tp, micro, m, sp)
+            refined = unit_bound_ms(model, ((k1, n1), (k2, n2)), tp, micro, m, sp, modes)
+            if math.isinf(refined):  # no split fits at any mode searched
+                no_fit[group] = min(micro, no_fit.get(group, micro))
+                continue
             heapq.heappush(units, _Unit(max(unit.bound_ms, refined), unit.key, True))
             continue
         if time.monotonic() > deadline:
@@ -417,13 +467,14 @@ def span_family(
         one, two = (whole_sequence(model, k, tp, micro, sp) for k in (k1, k2))
         link = crossing_link(model, (k1, k2), tp)
         steps = _steps((n1, n2))
+        limits = _mode_limits(model, one, two, (k1, k2), n1 + n2, modes)
         splits = sorted(
             (
                 _bound(
                     model,
                     (k1, k2),
                     m,
-                    _split_work_ms(one, two, (t1, t2), seq, link, steps),
+                    _split_work_ms(one, two, (t1, t2), seq, link, steps, limits),
                     one.params_per_gpu,
                 ),
                 t1,
@@ -433,6 +484,8 @@ def span_family(
         )
         fits = False
         for bound, t1, t2 in splits:
+            if math.isinf(bound):
+                break  # this split and the rest fit no mode searched
             if bound > held():
                 floor = min(floor, bound)
                 break
