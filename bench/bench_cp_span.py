@@ -23,7 +23,8 @@ H100 + A100 as if their racks were joined at 200 GB/s a node (a cluster that is 
 A third table is what ``autoplan solve`` makes of it (``autoplan.solve.context_span_family``):
 the spanning family's best (or, where it is pruned, its floor) beside the other families' best
 and the plan written, on tests/data/cpu-span.yaml (gpt-tiny at 64 tokens that no node holds)
-and for Llama-3.1-8B above at 8 samples on the shipped cluster.
+and for Llama-3.1-8B above at 8 samples on the shipped cluster and at 2 on the joined one
+(where the bound's recompute, forced by memory, keeps the family from pricing its splits).
 """
 
 from __future__ import annotations
@@ -128,6 +129,14 @@ def _solved_table(llama: Profile, cluster: Cluster) -> Table:
             llama,
             cluster,
             8,
+            SolveOptions(),
+        ),
+        (
+            f"Llama-3.1-8B, {SEQ_LEN:,} tokens, 2 samples, {CLUSTER}, H100 and A100 racks "
+            "joined at 200 GB/s (not shipped)",
+            llama,
+            cluster.model_copy(update={"inter_node_links": [*cluster.inter_node_links, JOINED]}),
+            2,
             SolveOptions(),
         ),
     ]
