@@ -29,3 +29,25 @@ def test_the_installed_command_prints_its_version() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"autoplan {importlib.metadata.version('autoplan')}"
     assert result.stderr == ""
+
+
+def test_python_dash_m_autoplan_is_the_same_command() -> None:
+    # Where the console script is not on the PATH (a virtual environment not activated).
+    result = subprocess.run(
+        [sys.executable, "-m", "autoplan", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"autoplan {importlib.metadata.version('autoplan')}"
+    missing = subprocess.run(
+        [sys.executable, "-m", "autoplan", "validate", "no-such-plan.json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == ["error: no-such-plan.json: no such file"]
