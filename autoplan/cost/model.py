@@ -564,17 +564,8 @@ class CostModel:
             for p, block in self._blocks.items():
                 key = (self._same_as[p], self._same_as[p + 1])
                 if key not in merged:
-                    cost = layer_cost(
-                        block,
-                        dc.gpu,
-                        self._peaks[device_class],
-                        tp=tp,
-                        micro_batch_size=micro_batch_size,
-                        profile_micro_batch_size=self.profile.micro_batch_size,
-                        intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
-                        intra_node_latency_us=dc.intra_node_latency_us,
-                        sequence_parallel=sequence_parallel,
-                        **self._ring_link(dc, tp, cp),
+                    cost = self._layer_cost(
+                        block, device_class, tp, micro_batch_size, sequence_parallel, cp
                     )
                     cost = with_experts(block, cost)
                     merged[key] = block_cost(cost, layers[p], layers[p + 1])
@@ -640,22 +631,43 @@ class CostModel:
     ) -> dict[int, LayerCost]:
         """Each distinct layer's cost (by its first position, ``_same_as``) for
         ``_build_tables`` (``cp`` resolved: times the view's) and ``totals``."""
-        dc = self.classes[device_class]
-        costed: dict[int, LayerCost] = {}
-        for position in sorted(set(self._same_as)):
-            costed[position] = layer_cost(
+        costed = {
+            position: self._layer_cost(
                 self.profile.layers[position],
-                dc.gpu,
-                self._peaks[device_class],
-                tp=tp,
-                micro_batch_size=micro_batch_size,
-                profile_micro_batch_size=self.profile.micro_batch_size,
-                intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
-                intra_node_latency_us=dc.intra_node_latency_us,
-                sequence_parallel=sequence_parallel,
-                **self._ring_link(dc, tp, cp),
+                device_class,
+                tp,
+                micro_batch_size,
+                sequence_parallel,
+                cp,
             )
+            for position in sorted(set(self._same_as))
+        }
         return {x: with_experts(self.profile.layers[x], c) for x, c in costed.items()}
+
+    def _layer_cost(
+        self,
+        layer: LayerProfile,
+        device_class: int,
+        tp: int,
+        micro_batch_size: int,
+        sequence_parallel: bool,
+        cp: int,
+    ) -> LayerCost:
+        """``layer_cost`` of one layer on a GPU of ``device_class`` (its peaks, its tp and cp
+        links; ``cp`` resolved), experts aside."""
+        dc = self.classes[device_class]
+        return layer_cost(
+            layer,
+            dc.gpu,
+            self._peaks[device_class],
+            tp=tp,
+            micro_batch_size=micro_batch_size,
+            profile_micro_batch_size=self.profile.micro_batch_size,
+            intra_node_bandwidth_gb_per_s=dc.collective_bandwidth_gb_per_s(tp),
+            intra_node_latency_us=dc.intra_node_latency_us,
+            sequence_parallel=sequence_parallel,
+            **self._ring_link(dc, tp, cp),
+        )
 
     def totals(self, device_class: int, tp: int, micro_batch_size: int) -> ModelTotals:
         """The whole model's sums on one (class, tp, micro-batch size) as ``tables`` (with

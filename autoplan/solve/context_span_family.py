@@ -66,7 +66,9 @@ canonical order of the choice (classes, tp, n1, n2, SP, k, micro-batch, t1, mode
 
 from __future__ import annotations
 
+import functools
 import heapq
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -170,40 +172,40 @@ def in_space(model: CostModel, options: SolveOptions) -> bool:
 def _units(model: CostModel, batch: int, options: SolveOptions) -> list[_Unit]:
     """Every unit of the space with its bound (module docstring), in canonical order."""
     out: list[_Unit] = []
-    whole: dict[tuple, WholeSequence] = {}
-    for c1 in model.classes:
-        for c2 in model.classes[c1.index + 1 :]:
-            if c1.gpu.name == c2.gpu.name:
-                continue
-            k1, k2 = c1.index, c2.index
-            tps = set(class_tp_choices(model, k2, options))
-            for tp in [t for t in class_tp_choices(model, k1, options) if t in tps]:
-                settings = [False] if tp == 1 else [False, True]
-                if options.sequence_parallel is not None:
-                    settings = [s for s in settings if s == options.sequence_parallel]
-                pairs = min(c1.num_nodes, c2.num_nodes)
-                replica_counts = [
-                    k for k in range(1, pairs + 1) if batch % k == 0 and options.dp in (None, k)
-                ]
-                link = crossing_link(model, (k1, k2), tp)
-                for n1 in range(1, c1.gpus_per_node // tp + 1):
-                    for n2 in range(1, c2.gpus_per_node // tp + 1):
-                        if options.cp is not None and n1 + n2 != options.cp:
-                            continue
-                        for sp, k in [(sp, k) for sp in settings for k in replica_counts]:
-                            for micro in micro_batch_choices(batch // k, options):
-                                for kc in (k1, k2):
-                                    if (kc, tp, micro, sp) not in whole:
-                                        whole[kc, tp, micro, sp] = whole_sequence(
-                                            model, kc, tp, micro, sp
-                                        )
-                                one, two = whole[k1, tp, micro, sp], whole[k2, tp, micro, sp]
-                                work = _unit_work_ms(
-                                    one, two, (n1, n2), model.profile.seq_len, link
-                                )
-                                m = batch // (k * micro)
-                                bound = _bound(model, (k1, k2), m, work, one.params_per_gpu)
-                                out.append(_Unit(bound, (k1, k2, tp, n1, n2, sp, k, micro)))
+
+    @functools.cache
+    def whole(k: int, tp: int, micro: int, sp: bool) -> WholeSequence:
+        return whole_sequence(model, k, tp, micro, sp)
+
+    for c1, c2 in itertools.combinations(model.classes, 2):
+        if c1.gpu.name == c2.gpu.name:
+            continue
+        k1, k2 = c1.index, c2.index
+        tps = set(class_tp_choices(model, k2, options))
+        for tp in [t for t in class_tp_choices(model, k1, options) if t in tps]:
+            settings = [False] if tp == 1 else [False, True]
+            if options.sequence_parallel is not None:
+                settings = [s for s in settings if s == options.sequence_parallel]
+            pairs = min(c1.num_nodes, c2.num_nodes)
+            replica_counts = [
+                k for k in range(1, pairs + 1) if batch % k == 0 and options.dp in (None, k)
+            ]
+            link = crossing_link(model, (k1, k2), tp)
+            shapes = itertools.product(
+                range(1, c1.gpus_per_node // tp + 1),
+                range(1, c2.gpus_per_node // tp + 1),
+                settings,
+                replica_counts,
+            )
+            for n1, n2, sp, k in shapes:
+                if options.cp is not None and n1 + n2 != options.cp:
+                    continue
+                for micro in micro_batch_choices(batch // k, options):
+                    one, two = whole(k1, tp, micro, sp), whole(k2, tp, micro, sp)
+                    work = _unit_work_ms(one, two, (n1, n2), model.profile.seq_len, link)
+                    m = batch // (k * micro)
+                    bound = _bound(model, (k1, k2), m, work, one.params_per_gpu)
+                    out.append(_Unit(bound, (k1, k2, tp, n1, n2, sp, k, micro)))
     return out
 
 
