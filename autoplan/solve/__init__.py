@@ -24,6 +24,7 @@ from autoplan.solve.baselines import equal_share_candidates, megatron_search
 from autoplan.solve.certificate import search_record, work_bound_ms
 from autoplan.solve.context_parallel import search_with_context_parallel
 from autoplan.solve.context_span_family import span_choice_plan, with_span_family
+from autoplan.solve.deadline import Deadline
 from autoplan.solve.diagnose import (
     diagnose_before_search,
     diagnose_infeasible,
@@ -35,7 +36,7 @@ from autoplan.solve.granularity import block_seed_profile, seeded_search
 from autoplan.solve.host_memory import host_memory_diagnosis
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.progress import report_bound
-from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.ranking import Candidate, SearchResult
 
 __all__ = [
     "SolveOptions",
@@ -97,8 +98,12 @@ def solve_candidates(
     global_batch_size: int,
     options: SolveOptions,
     progress: Callable[[int, int], None] | None = None,
+    deadline: Deadline | None = None,
 ) -> SearchResult:
-    """The ranked candidates of the options' strategy (best first); no plan is built."""
+    """The ranked candidates of the options' strategy (best first); no plan is built.
+    ``deadline``: when every run of the search stops (default: the options' time limit from
+    now), shared out among them (``autoplan.solve.deadline``)."""
+    deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
     if options.strategy == "megatron":
         return megatron_search(model, global_batch_size, options)
     # At sub-block grain the block-grain plan seeds the search (autoplan.solve.granularity).
@@ -107,7 +112,9 @@ def solve_candidates(
 
     # One search per context-parallel degree and, inside it, per expert-parallel degree, each
     # on the models' views of them.
-    def one_degree(view: CostModel, batch: int, run: SolveOptions) -> SearchResult:
+    def one_degree(
+        view: CostModel, batch: int, run: SolveOptions, run_deadline: Deadline
+    ) -> SearchResult:
         cp = view.context_parallel
         block_view = block_model
         if block_model is not None and cp > 1:
@@ -117,10 +124,13 @@ def solve_candidates(
             block_view,
             batch,
             run,
-            lambda v, block_v, b, run_options: seeded_search(v, block_v, b, run_options, progress),
+            lambda v, block_v, b, run_options, share: seeded_search(
+                v, block_v, b, run_options, progress, share
+            ),
+            run_deadline,
         )
 
-    result = search_with_context_parallel(model, global_batch_size, options, one_degree)
+    result = search_with_context_parallel(model, global_batch_size, options, one_degree, deadline)
     if options.strategy == "data-parallel":
         extra = equal_share_candidates(model, global_batch_size, options)
         merged = sorted(result.candidates + extra, key=lambda c: c.iteration_ms)
@@ -161,16 +171,16 @@ def solve_outcome(
     """
     _check_options(profile, global_batch_size, options)
     started = time.monotonic()
+    deadline = Deadline.after(options.time_limit_s)  # the whole solve's, every family's
     model = cost_model(profile, cluster, options)
     # Said before a search that cannot succeed runs to its time limit.
     if options.strategy != "megatron" and (early := diagnose_before_search(model, options)):
         raise InfeasibleError(early.message, short=early.short)
     if options.strategy == "optimal":
         report_bound(work_bound_ms(model, global_batch_size, options))  # for a progress line
-    result = solve_candidates(model, global_batch_size, options, progress)
+    result = solve_candidates(model, global_batch_size, options, progress, deadline)
     # A cp group across two GPU types (autoplan.solve.context_span_family), where it wins.
-    deadline = started + options.time_limit_s
-    result, spanning = with_span_family(model, global_batch_size, options, result, deadline)
+    result, spanning = with_span_family(model, global_batch_size, options, result, deadline.at)
     feasible: list[Candidate] = [c for c in result.candidates if c.cost.feasible]
     if not result.candidates and spanning is None:
         diagnose = (

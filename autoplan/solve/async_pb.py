@@ -19,7 +19,7 @@ from autoplan.cost.async_pb import AsyncCost, async_pb_cost
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel
 from autoplan.plan.schema import Alternative, Plan
-from autoplan.solve.uniform import Candidate
+from autoplan.solve.ranking import Candidate
 
 __all__ = [
     "ASYNC_MARK",

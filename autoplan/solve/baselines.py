@@ -15,9 +15,10 @@ from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel
 from autoplan.cost.offload import group_of
 from autoplan.solve.options import SolveOptions
+from autoplan.solve.ranking import Candidate, SearchResult
 from autoplan.solve.shares import share_sizes
 from autoplan.solve.space import divisors, recompute_modes
-from autoplan.solve.uniform import Candidate, SearchResult, uniform_search
+from autoplan.solve.uniform import uniform_search
 
 __all__ = ["blind_model", "equal_share_candidates", "megatron_search"]
 

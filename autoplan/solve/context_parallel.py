@@ -21,61 +21,47 @@ sample's activations rarely bind, and each degree costs one more search.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 
 from autoplan.cost.config import with_cp
 from autoplan.cost.model import CostModel
+from autoplan.solve.deadline import Deadline
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.ranking import Candidate, Merged, SearchResult
 from autoplan.solve.stage_degrees import MAX_CONTEXT_PARALLEL, cp_choices
-from autoplan.solve.uniform import config_key
 
 __all__ = ["MAX_CONTEXT_PARALLEL", "cp_choices", "search_with_context_parallel"]
 
-# (model view, batch, options) -> the candidates of one search
-Searcher = Callable[[CostModel, int, SolveOptions], SearchResult]
+# (model view, batch, options, the run's deadline) -> the candidates of one search
+Searcher = Callable[[CostModel, int, SolveOptions, Deadline], SearchResult]
 
 
 def search_with_context_parallel(
-    model: CostModel, batch: int, options: SolveOptions, searcher: Searcher
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    searcher: Searcher,
+    deadline: Deadline | None = None,
 ) -> SearchResult:
     """``searcher`` once per cp degree on the model's view of it, the candidates merged and
-    ranked by ``model.evaluate`` (module docstring). The time limit is shared: each run gets
-    an equal part of what is left."""
+    ranked by ``model.evaluate`` (module docstring). ``deadline`` (default: the options' time
+    limit from now) is shared: each run gets an equal part of what is left."""
     runs = cp_choices(model, options)
-    deadline = time.monotonic() + options.time_limit_s
-    candidates: dict[tuple, Candidate] = {}
-    considered = solved = 0
-    timed_out = False
-    lower_bound = math.inf  # the least of the runs' proven bounds (autoplan.solve.certificate)
+    deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
+    merged = Merged()
     for position, cp in enumerate(runs):
         if cp > 1 and not any(c.gpus_per_node % cp == 0 for c in model.classes):
             # A pinned degree no node holds: no plan of these families (the spanning family,
             # autoplan.solve.context_span_family, may still span two nodes).
             continue
-        left = max(deadline - time.monotonic(), 1e-3) / (len(runs) - position)
         view = model if cp == 1 else model.with_context_parallel(cp)
-        result = searcher(view, batch, options.model_copy(update={"time_limit_s": left}))
-        considered += result.configs_considered
-        solved += result.partitions_solved
-        timed_out = timed_out or result.timed_out
-        lower_bound = min(lower_bound, result.lower_bound_ms)
-        for candidate in result.candidates:
-            config, cost = candidate.config, candidate.cost
-            if cp > 1:
-                config = with_cp(config, cp)
+        result = searcher(view, batch, options, deadline.share(len(runs) - position))
+        candidates = result.candidates
+        if cp > 1:
+            candidates = []
+            for candidate in result.candidates:
+                config = with_cp(candidate.config, cp)
                 cost = model.evaluate(config)
-            key = (*config_key(config), config.sequence_parallel)
-            candidates.setdefault(key, Candidate(cost.iteration_ms, config, cost))
-    ranked = sorted(
-        candidates.values(),
-        key=lambda c: (
-            not c.cost.feasible,
-            c.iteration_ms if math.isfinite(c.iteration_ms) else math.inf,
-            config_key(c.config),
-            c.config.sequence_parallel,
-        ),
-    )
-    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out, lower_bound)
+                candidates.append(Candidate(cost.iteration_ms, config, cost))
+        merged.add(result, candidates)
+    return merged.result(options.top_k + 1)

@@ -88,7 +88,7 @@ from autoplan.solve.context_span import MODES, SpanSplit, split_prices, token_sp
 from autoplan.solve.context_span_plan import span_plan, span_times
 from autoplan.solve.emit import alternative_records, with_fingerprint
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.ranking import Candidate, SearchResult
 from autoplan.solve.space import class_tp_choices, micro_batch_choices
 from autoplan.solve.stage_degrees import expert_counts
 

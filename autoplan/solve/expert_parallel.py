@@ -22,20 +22,19 @@ config on the plain model, which the view's figures equal.
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 from collections.abc import Callable
 
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel
+from autoplan.solve.deadline import Deadline
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.ranking import Candidate, Merged, SearchResult
 from autoplan.solve.stage_degrees import degree_options, expert_degrees
-from autoplan.solve.uniform import config_key
 
 __all__ = ["expert_degrees", "search_with_expert_parallel", "with_expert_degree"]
 
-Search = Callable[[CostModel, CostModel | None, int, SolveOptions], SearchResult]
+# (model view, block-grain view, batch, options, the run's deadline) -> one search's candidates
+Search = Callable[[CostModel, CostModel | None, int, SolveOptions, Deadline], SearchResult]
 
 
 def with_expert_degree(config: PlanConfig, ep: int) -> PlanConfig:
@@ -53,19 +52,18 @@ def search_with_expert_parallel(
     batch: int,
     options: SolveOptions,
     run: Search,
+    deadline: Deadline | None = None,
 ) -> SearchResult:
     """``run`` (the search at one ep, on views of ``model`` and ``block_model``) once per
-    degree of ``expert_degrees``, the candidates merged and ranked (module docstring)."""
+    degree of ``expert_degrees``, the candidates merged and ranked (module docstring);
+    ``deadline`` (default: the options' time limit from now) shared out among the degrees."""
     degrees = expert_degrees(model, options)
+    deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
     if degrees == [1]:
-        return run(model, block_model, batch, options)
-    deadline = time.monotonic() + options.time_limit_s
-    candidates: dict[tuple, Candidate] = {}
-    considered = solved = 0
-    timed_out = False
-    lower_bound = math.inf  # the least of the runs' proven bounds (autoplan.solve.certificate)
+        return run(model, block_model, batch, options, deadline)
+    merged = Merged()
     for position, ep in enumerate(degrees):
-        left = max(deadline - time.monotonic(), 1e-3) / (len(degrees) - position)
+        share = deadline.share(len(degrees) - position)
         degree = degree_options(options, ep)
         if degree is None:
             continue  # ZeRO-2/3 pinned: ep > 1 is not composed with them
@@ -73,24 +71,13 @@ def search_with_expert_parallel(
             model.with_expert_parallel(ep),
             None if block_model is None else block_model.with_expert_parallel(ep),
             batch,
-            degree.model_copy(update={"time_limit_s": left}),
+            degree,
+            share,
         )
-        considered += result.configs_considered
-        solved += result.partitions_solved
-        timed_out = timed_out or result.timed_out
-        lower_bound = min(lower_bound, result.lower_bound_ms)
+        candidates = []
         for candidate in result.candidates:
             config = with_expert_degree(candidate.config, ep)
             cost = model.evaluate(config)
-            key = (*config_key(config), config.sequence_parallel)
-            candidates.setdefault(key, Candidate(cost.iteration_ms, config, cost))
-    ranked = sorted(
-        candidates.values(),
-        key=lambda c: (
-            not c.cost.feasible,
-            c.iteration_ms,
-            config_key(c.config),
-            c.config.sequence_parallel,
-        ),
-    )
-    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out, lower_bound)
+            candidates.append(Candidate(cost.iteration_ms, config, cost))
+        merged.add(result, candidates)
+    return merged.result(options.top_k + 1)

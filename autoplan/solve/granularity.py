@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections.abc import Callable
 
 from autoplan.cost.block_parts import block_pairs, block_profile, unit_boundaries
@@ -30,10 +29,10 @@ from autoplan.cost.config import PlanConfig
 from autoplan.cost.model import CostModel
 from autoplan.profile.schema import Profile
 from autoplan.solve.certificate import work_bound_ms
+from autoplan.solve.deadline import Deadline
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import Candidate, SearchResult
+from autoplan.solve.ranking import Candidate, SearchResult, ranked
 from autoplan.solve.sequence_parallel import search_with_sequence_parallel
-from autoplan.solve.uniform import config_key
 
 __all__ = ["BLOCK_SHARE", "MIN_FINE_SHARE", "block_seed_profile", "lift", "seeded_search"]
 
@@ -80,15 +79,20 @@ def seeded_search(
     batch: int,
     options: SolveOptions,
     progress: Callable[[int, int], None] | None = None,
+    deadline: Deadline | None = None,
 ) -> SearchResult:
     """``search_with_sequence_parallel`` on ``model``, seeded with the best plans of
     ``block_model`` (the same model at block grain; None: not seeded) as the module
-    docstring says."""
+    docstring says; ``deadline`` (default: the options' time limit from now) bounds both."""
+    deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
     if block_model is None:
-        return search_with_sequence_parallel(model, batch, options, progress)
-    start = time.monotonic()
-    block_options = options.model_copy(update={"time_limit_s": options.time_limit_s * BLOCK_SHARE})
-    coarse = search_with_sequence_parallel(block_model, batch, block_options, progress)
+        return search_with_sequence_parallel(model, batch, options, progress, deadline=deadline)
+    block_deadline = Deadline(
+        deadline.at - deadline.budget_s * (1.0 - BLOCK_SHARE), deadline.budget_s * BLOCK_SHARE
+    )
+    coarse = search_with_sequence_parallel(
+        block_model, batch, options, progress, deadline=block_deadline
+    )
     boundaries = unit_boundaries(model.profile)
     seeds = []
     for candidate in coarse.candidates:
@@ -96,8 +100,7 @@ def seeded_search(
         cost = model.evaluate(config)
         seeds.append(Candidate(cost.iteration_ms, config, cost))
     incumbent = min((c.iteration_ms for c in seeds if c.cost.feasible), default=math.inf)
-    left = options.time_limit_s - (time.monotonic() - start)
-    if left < MIN_FINE_SHARE * options.time_limit_s:
+    if deadline.left_s() < MIN_FINE_SHARE * deadline.budget_s:
         # No time left to search the units: the block plans, not proven best at this grain.
         logger.warning(
             "time limit reached at block grain: the plan is the best block plan, the "
@@ -106,27 +109,11 @@ def seeded_search(
         fine = SearchResult([], 0, 0, True, work_bound_ms(model, batch, options))
     else:
         fine = search_with_sequence_parallel(
-            model,
-            batch,
-            options.model_copy(update={"time_limit_s": left}),
-            progress,
-            incumbent_ms=incumbent,
+            model, batch, options, progress, incumbent_ms=incumbent, deadline=deadline
         )
-    unique: dict[tuple, Candidate] = {}
-    for candidate in fine.candidates + seeds:
-        key = (*config_key(candidate.config), candidate.config.sequence_parallel)
-        unique.setdefault(key, candidate)
-    ranked = sorted(
-        unique.values(),
-        key=lambda c: (
-            not c.cost.feasible,
-            c.iteration_ms,
-            config_key(c.config),
-            c.config.sequence_parallel,
-        ),
-    )
+    best_first = ranked(fine.candidates + seeds)
     return SearchResult(
-        ranked[: options.top_k + 1],
+        best_first[: options.top_k + 1],
         coarse.configs_considered + fine.configs_considered,
         coarse.partitions_solved + fine.partitions_solved,
         # The finer search prunes only against plans it holds: exact unless it stopped.

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from autoplan.cost.model import CostModel
 from autoplan.solve.diagnose import Diagnosis
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import SearchResult
+from autoplan.solve.ranking import SearchResult
 
 __all__ = ["host_memory_diagnosis"]
 

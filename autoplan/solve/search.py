@@ -23,22 +23,23 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoplan.cost.model import CostModel
 from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve.certificate import Floors, work_bound_ms, zero_bubble_bound_ms
+from autoplan.solve.deadline import Deadline
 from autoplan.solve.hetero import hetero_candidates
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.progress import report_found
+from autoplan.solve.ranking import Candidate, SearchResult, ranked
 from autoplan.solve.shares import shared_search
 from autoplan.solve.stage_degrees import stage_source
-from autoplan.solve.uniform import Candidate, SearchResult, config_key, uniform_search
+from autoplan.solve.uniform import uniform_search
 from autoplan.solve.zero_bubble import zero_bubble_variants
 
-__all__ = ["Candidate", "SearchResult", "Started", "finish_search", "search", "start_search"]
+__all__ = ["Started", "finish_search", "search", "start_search"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +74,14 @@ def start_search(
     progress: Callable[[int, int], None] | None = None,
     incumbent_ms: float = math.inf,
     tensor_parallel_only: bool = False,
+    deadline: Deadline | None = None,
 ) -> Started:
     """The uniform and shared families of ``search`` (cheap, exact within themselves): a
     caller running several searches (``sequence_parallel``) starts them all first, so that
     each heterogeneous family prunes against the best plan of every one.
     ``tensor_parallel_only``: those two families' plans with tp > 1 only (the caller holds
     the tp-1 ones from another run, where they are the same plans)."""
-    deadline = time.monotonic() + options.time_limit_s
+    deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
     if options.schedule in ZERO_BUBBLE_SCHEDULES and options.dp is None:
         options = options.model_copy(update={"dp": 1})  # torch runs them only at dp 1
     heterogeneous = options.strategy == "optimal" and options.space == "heterogeneous"
@@ -88,13 +90,13 @@ def start_search(
         batch,
         options,
         None if heterogeneous else progress,
-        deadline=deadline,
+        deadline=deadline.at,
         incumbent_ms=incumbent_ms,
         tensor_parallel_only=tensor_parallel_only,
     )
     started = Started(
         options,
-        deadline,
+        deadline.at,
         list(uniform.candidates),
         uniform.configs_considered,
         uniform.partitions_solved,
@@ -104,7 +106,7 @@ def start_search(
     started.floors.add(uniform.lower_bound_ms)
     if options.strategy == "optimal":
         shared = shared_search(
-            model, batch, options, options.time_limit_s, deadline, tensor_parallel_only
+            model, batch, options, deadline.budget_s, deadline.at, tensor_parallel_only
         )
         if not shared.complete:
             started.floors.add(work_bound_ms(model, batch, options))
@@ -182,13 +184,6 @@ def finish_search(
     if options.schedule in ZERO_BUBBLE_SCHEDULES:  # the 1F1B-family bases were only a means
         candidates = [c for c in candidates if c.config.schedule == options.schedule]
         floors = Floors(_zero_bubble_floor(model, batch, options))
-    unique: dict[tuple, Candidate] = {}
-    for candidate in candidates:
-        unique.setdefault(config_key(candidate.config), candidate)
-    ranked = sorted(
-        unique.values(),
-        key=lambda c: (not c.cost.feasible, c.iteration_ms, config_key(c.config)),
-    )
-    feasible = [c.iteration_ms for c in ranked if c.cost.feasible]
-    floors.add(min(feasible, default=math.inf))
-    return SearchResult(ranked[:keep], considered, solved, timed_out, floors.floor_ms)
+    best_first = ranked(candidates)
+    floors.add(min((c.iteration_ms for c in best_first if c.cost.feasible), default=math.inf))
+    return SearchResult(best_first[:keep], considered, solved, timed_out, floors.floor_ms)

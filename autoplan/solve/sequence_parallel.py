@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 
 from autoplan.cost.config import PlanConfig
 from autoplan.cost.expert_parallel import expert_counts
 from autoplan.cost.model import CostModel
 from autoplan.errors import InputError
+from autoplan.solve.deadline import Deadline
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.search import Candidate, SearchResult, finish_search, start_search
+from autoplan.solve.ranking import Candidate, Merged, SearchResult
+from autoplan.solve.search import finish_search, start_search
 from autoplan.solve.space import tp_choices
-from autoplan.solve.uniform import config_key
 
 __all__ = ["has_tensor_parallel", "search_with_sequence_parallel"]
 
@@ -73,74 +73,55 @@ def search_with_sequence_parallel(
     options: SolveOptions,
     progress: Callable[[int, int], None] | None = None,
     incumbent_ms: float = math.inf,
+    deadline: Deadline | None = None,
 ) -> SearchResult:
     """``search`` over the space with the sequence-parallel knob (module docstring);
-    ``incumbent_ms`` as ``search`` takes it."""
+    ``incumbent_ms`` as ``search`` takes it; ``deadline`` (default: the options' time limit
+    from now) shared out among the runs."""
     runs = _runs(model, options)
-    deadline = time.monotonic() + options.time_limit_s
-    candidates: dict[tuple, Candidate] = {}
-    considered = solved = 0
-    timed_out = False
-    lower_bound = math.inf  # the least of the runs' bounds: each covers its setting's space
+    deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
+    merged = Merged()
     # Every setting's quick families first (``start_search``), so that each heterogeneous
     # family prunes against the best plan of all of them (GPT-Neo-2.7B 16+16: SP on's uniform
     # plan is 2% faster than SP off's best, and SP off's exact pass costs half with it).
     started = []
     for position, (setting, run_options) in enumerate(runs):
-        # The time limit is shared: each run gets an equal part of what is left.
-        left = max(deadline - time.monotonic(), 1e-3) / (len(runs) - position)
         view = model.with_sequence_parallel(setting)
         begun = start_search(
             view,
             batch,
-            run_options.model_copy(update={"time_limit_s": left}),
+            run_options,
             progress,
             incumbent_ms=incumbent_ms,
             # The SP-off run before it searched the same tp-1 plans: its best bounds this
             # run's pruning (``incumbent_ms``) and its candidates are kept with SP off.
             tensor_parallel_only=setting and position > 0 and not runs[0][0],
+            deadline=deadline.share(len(runs) - position),
         )
         started.append((setting, view, begun))
         incumbent_ms = min(incumbent_ms, begun.best_ms())
     for position, (setting, view, begun) in enumerate(started):
-        left = max(deadline - time.monotonic(), 1e-3) / (len(started) - position)
         result = finish_search(
             view,
             batch,
             begun,
             progress,
             incumbent_ms=incumbent_ms,
-            deadline=time.monotonic() + left,
+            deadline=deadline.share(len(started) - position).at,
         )
-        considered += result.configs_considered
-        solved += result.partitions_solved
-        timed_out = timed_out or result.timed_out
-        lower_bound = min(lower_bound, result.lower_bound_ms)
         # The next setting's run only has to beat the best plan held: it prunes against it
         # (exact for the best plan; the runners-up then come from the runs that found them).
         incumbent_ms = min(
             [incumbent_ms, *(c.iteration_ms for c in result.candidates if c.cost.feasible)]
         )
+        kept = []
         for candidate in result.candidates:
-            config = candidate.config
-            if setting and not has_tensor_parallel(config):
-                if options.sequence_parallel:
-                    continue  # pinned on: only plans where it means something
-                setting_here = False
-            else:
-                setting_here = setting
-            config = dataclasses.replace(config, sequence_parallel=setting_here)
-            key = (*config_key(config), setting_here)
-            candidates.setdefault(key, Candidate(candidate.iteration_ms, config, candidate.cost))
-    ranked = sorted(
-        candidates.values(),
-        key=lambda c: (
-            not c.cost.feasible,
-            c.iteration_ms,
-            config_key(c.config),
-            c.config.sequence_parallel,
-        ),
-    )
+            setting_here = setting and has_tensor_parallel(candidate.config)
+            if setting and not setting_here and options.sequence_parallel:
+                continue  # pinned on: only plans where it means something
+            config = dataclasses.replace(candidate.config, sequence_parallel=setting_here)
+            kept.append(Candidate(candidate.iteration_ms, config, candidate.cost))
+        merged.add(result, kept)
     if not runs:
-        lower_bound = 0.0
-    return SearchResult(ranked[: options.top_k + 1], considered, solved, timed_out, lower_bound)
+        return SearchResult([], 0, 0, False, 0.0)
+    return merged.result(options.top_k + 1)

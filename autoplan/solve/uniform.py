@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
-from autoplan.cost.model import CostModel, LinkSide, PlanCost
+from autoplan.cost.model import CostModel, LinkSide
 from autoplan.cost.offload import group_of
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.sharding import exposed_ms
@@ -59,6 +59,7 @@ from autoplan.solve.compositions import Composition, compositions, orders
 from autoplan.solve.flight_bound import order_bound
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.progress import report_found
+from autoplan.solve.ranking import Candidate, SearchResult, config_key
 from autoplan.solve.space import (
     class_caps,
     divisors,
@@ -72,32 +73,9 @@ from autoplan.solve.space import (
 )
 from solvers.partition_dp import best_partition, pipeline_objective
 
-__all__ = ["Candidate", "SearchResult", "config_key", "rank_groups", "uniform_search"]
+__all__ = ["rank_groups", "uniform_search"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A costed configuration."""
-
-    iteration_ms: float
-    config: PlanConfig
-    cost: PlanCost
-
-
-@dataclass
-class SearchResult:
-    """Best configurations first, and how the search went.
-
-    ``lower_bound_ms``: no plan of the space searched costs less (``autoplan.solve.certificate``;
-    0.0 proves nothing)."""
-
-    candidates: list[Candidate]
-    configs_considered: int
-    partitions_solved: int
-    timed_out: bool
-    lower_bound_ms: float = 0.0
 
 
 @dataclass
@@ -660,15 +638,3 @@ def uniform_search(
     candidates.sort(key=lambda c: (c.iteration_ms, config_key(c.config)))
     floor = min(threshold(), unexplored)
     return SearchResult(candidates, considered, solved, timed_out, floor)
-
-
-def config_key(config: PlanConfig) -> tuple:
-    """A canonical order of configurations, for ties."""
-    return (
-        config.world_size,
-        config.pipeline_degree,
-        config.num_micro_batches,
-        config.schedule,
-        config.chunks,
-        config.stages,
-    )
