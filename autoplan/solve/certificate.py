@@ -62,6 +62,18 @@ transfers per micro-batch across classes, on the slow link between them). Llama-
 h100-a100-l4 is the case it was made for: the count let an L4 tp-8 rank hold the head, which
 costs it 0.69 s of transfers to its neighbours, and let the H100s hold three blocks per tp-2
 rank where the rank next to the A100s cannot.
+
+Both count no activations, and so hold at the space's least m, where one micro-batch of B / m
+samples is the most a rank could keep. A zero-bubble rank keeps its saved activations from each
+forward to its W: at least q(p, m) = min(p, (m + 1) / 2) micro-batches' worth on every rank of a
+p-rank pipeline (``autoplan.solve.zero_bubble_bound``, which states the proof). Per micro-batch
+count m the packings are run again with each rank's memory counted (weights and optimizer
+states, plus q times its layers' saved activations in the recompute and offload mode that
+serves it best, each mode at its own time), and the bound is the least over m of the larger of
+that and the count above. Llama-2-13B on h100-a100-l4 is the case it was made for: without the
+activations the bound let 256 samples' activations sit in one micro-batch (m = 1) on ranks of
+seven blocks; counted, m <= 32 forces full recompute (+30% work) and m >= 64 pays its
+transfers' latencies, and the bound passes the 1F1B plan found.
 """
 
 from __future__ import annotations
@@ -76,6 +88,13 @@ from autoplan.cost.model import CostModel, LinkSide
 from autoplan.plan.schema import SearchRecord
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.space import class_tp_choices, divisors
+from autoplan.solve.zero_bubble_bound import (
+    RankKind,
+    in_flight_floor,
+    rank_kinds,
+    ranked_cover_threshold,
+    typed_cover_threshold,
+)
 
 __all__ = ["Floors", "search_record", "work_bound_ms", "zero_bubble_bound_ms"]
 
@@ -307,196 +326,6 @@ def _least_transfer_ms(model: CostModel, b: int, classes: list[int]) -> float:
     return min(model.boundary_ms(side(a), side(z), size) for a in classes for z in classes)
 
 
-TYPED_STATES = 64
-"""Most combinations of the non-bulk layer types (``_typed_cover_threshold``) the exact
-packing of layer types tracks; past it only the sorted-prefix count (``_cover_threshold``)."""
-
-TYPED_WORK = 400_000
-"""Most packing steps (GPUs × rank kinds × combinations²) one feasibility test of the typed
-packing may take; past it only the sorted-prefix count."""
-
-
-def _layer_types(
-    kinds: list[tuple[int, int, list[float], list[float]]], num_layers: int
-) -> tuple[list[int], dict[tuple[tuple[float, ...], tuple[float, ...]], list[int]]]:
-    """The layers grouped by type (the same work and parameter bytes on every rank kind),
-    in first-layer order."""
-    groups: dict[tuple[tuple[float, ...], tuple[float, ...]], list[int]] = {}
-    for l in range(num_layers):  # noqa: E741
-        key = (tuple(w[l] for *_, w, _ in kinds), tuple(p[l] for *_, p in kinds))
-        groups.setdefault(key, []).append(l)
-    return [members[0] for members in groups.values()], groups
-
-
-def _typed_cover_threshold(
-    model: CostModel,
-    kinds: list[tuple[int, int, list[float], list[float]]],
-    sides: dict[int, tuple[float, float]],
-) -> float | None:
-    r"""The least X at which ranks of two or more (each of time at most X) can hold every
-    layer, counting whole layers of each type and each rank's transfers; None when the types
-    are too many to count (``TYPED_STATES``, ``TYPED_WORK``).
-
-    Types: layers with the same work and parameter bytes on every rank kind (a transformer's
-    blocks; its embedding and head each alone). The most numerous type is the bulk; the
-    others' counts form a mixed-radix vector s (how many of each a set of ranks holds). A rank
-    of class k spends its layers' work plus, per iteration, its transfers: with two ranks or
-    more every rank has a neighbour, so at least ``sides[k][0]`` (two transfers per
-    micro-batch with the cheapest neighbour it can have); and when the plan spans two classes
-    or more, each class it uses has a rank next to another class (the chain of stages passes
-    through every rank), which spends at least ``sides[k][1]`` (two transfers per
-    micro-batch across classes) instead. For a rank of kind (k, t) holding non-bulk layers s',
-    n_{k,t}(s') is the most bulk layers it can add within time X and memory (−1 when s' alone
-    does not fit). Per class and flag β (a rank next to another class placed or not),
-    best_k[g][β][s] = the most bulk layers ranks using at most g of its GPUs can hold beside
-    non-bulk layers s: an unbounded knapsack over the rank kinds (tp groups are whole; their
-    placement in nodes only constrains further). The classes combine by their vectors (capped
-    at the counts), each used class with β = 1, or one class alone with either. X is feasible
-    when a combination holds every non-bulk layer and at least the bulk's count. Every
-    constraint is one a dp-1 plan of two ranks or more meets (the order of the pipeline and
-    the nodes only constrain further), so the least feasible X among the rank times that can
-    occur is a lower bound on such a plan's slowest rank."""
-    num_layers = model.num_layers
-    firsts, groups = _layer_types(kinds, num_layers)
-    members = list(groups.values())
-    bulk_index = max(range(len(members)), key=lambda i: (len(members[i]), -i))
-    bulk_layer, bulk_count = firsts[bulk_index], len(members[bulk_index])
-    others = [(firsts[i], len(members[i])) for i in range(len(members)) if i != bulk_index]
-    radix = [count + 1 for _, count in others]
-    states = math.prod(radix)
-    if states > TYPED_STATES:
-        return None
-    budgets = {
-        c.index: min(
-            c.total_gpus, num_layers * max((t for k, t, _, _ in kinds if k == c.index), default=0)
-        )
-        for c in model.classes
-    }
-    steps = 2 * sum(budgets[k] for k, _, _, _ in kinds) * states * states
-    if steps > TYPED_WORK:
-        return None
-    # vectors[state]: the counts of each non-bulk type, the first type varying fastest.
-    vectors = [tuple(reversed(v)) for v in itertools.product(*(range(r) for r in reversed(radix)))]
-    position = {v: i for i, v in enumerate(vectors)}
-    add = [
-        [
-            position[tuple(min(x + y, r - 1) for x, y, r in zip(u, v, radix, strict=True))]
-            for v in vectors
-        ]
-        for u in vectors
-    ]
-    full = states - 1
-    # Per kind and non-bulk vector: its work and parameter bytes; the bulk's per layer.
-    rank_kinds = []
-    for k, t, works, params in kinds:
-        fixed = [
-            (
-                sum(c * works[i] for (i, _), c in zip(others, v, strict=True)),
-                sum(c * params[i] for (i, _), c in zip(others, v, strict=True)),
-            )
-            for v in vectors
-        ]
-        rank_kinds.append((k, t, fixed, works[bulk_layer], params[bulk_layer]))
-
-    def gains(limit: float, room: float, fixed: list[tuple[float, float]], w: float, p: float):
-        """n(s') per non-bulk vector for a rank of time at most ``limit`` (−1: s' alone
-        does not fit)."""
-        # A little slack on both sides: the candidates are sums of these same figures, and a
-        # rounding below one must not make it infeasible (more slack only lowers the bound).
-        limit = limit * (1 + 1e-12) + 1e-9
-        out = []
-        for work, memory in fixed:
-            if work > limit or memory > room:
-                out.append(-1)
-                continue
-            n = bulk_count
-            if w > 0:
-                n = min(n, math.floor((limit - work) / w + 1e-9))
-            if p > 0:
-                n = min(n, math.floor((room - memory) / p + 1e-9))
-            out.append(n)
-        return out
-
-    def merge(left: list[int], right: list[int]) -> list[int]:
-        """The most bulk layers per vector of two disjoint sets of ranks together."""
-        out = [-1] * states
-        for s, held in enumerate(left):
-            if held < 0:
-                continue
-            row = add[s]
-            for extra, n in enumerate(right):
-                if n >= 0 and held + n > out[row[extra]]:
-                    out[row[extra]] = held + n
-        return out
-
-    def feasible(limit: float) -> bool:
-        """Whether ranks of time at most ``limit`` hold every layer (the docstring's test)."""
-        total = [-1] * states
-        total[0] = 0
-        alone = False
-        for c in model.classes:
-            if c.index not in sides:
-                continue  # no rank kind of this class (no tp degree of the space fits it)
-            plain, crossing = sides[c.index]
-            room = model.usable_bytes(c.index)
-            items = [
-                (
-                    t,
-                    gains(limit - plain, room, fixed, w, p),
-                    gains(limit - crossing, room, fixed, w, p),
-                )
-                for k, t, fixed, w, p in rank_kinds
-                if k == c.index
-            ]
-            if not items:
-                continue
-            budget = budgets[c.index]
-            # best[g][beta]: per vector, the most bulk layers (-1: unreachable).
-            best = [[[-1] * states, [-1] * states] for _ in range(budget + 1)]
-            best[0][0][0] = 0
-            for g in range(1, budget + 1):
-                rows = [list(best[g - 1][0]), list(best[g - 1][1])]  # a GPU left unused
-                for t, plain_gain, crossing_gain in items:
-                    if t > g:
-                        continue
-                    before = best[g - t]
-                    for beta in (0, 1):
-                        for gain, after in ((plain_gain, beta), (crossing_gain, 1)):
-                            row = rows[after]
-                            for s, held in enumerate(before[beta]):
-                                if held < 0:
-                                    continue
-                                into = add[s]
-                                for extra, n in enumerate(gain):
-                                    if n >= 0 and held + n > row[into[extra]]:
-                                        row[into[extra]] = held + n
-                best[g] = rows
-            alone = alone or best[budget][0][full] >= bulk_count
-            used = best[budget][1]
-            total = [max(x, y) for x, y in zip(total, merge(total, used), strict=True)]
-        return alone or total[full] >= bulk_count
-
-    # The candidates: every time a rank of some kind can have (non-bulk set plus n bulk).
-    allowances = {a for pair in sides.values() for a in pair if math.isfinite(a)}
-    candidates = sorted(
-        {
-            work + n * w + a
-            for _, _, fixed, w, _ in rank_kinds
-            for work, _ in fixed
-            for n in range(bulk_count + 1)
-            for a in allowances
-        }
-    )
-    low, high = 0, len(candidates)
-    while low < high:
-        middle = (low + high) // 2
-        if feasible(candidates[middle]):
-            high = middle
-        else:
-            low = middle + 1
-    return candidates[low] if low < len(candidates) else math.inf
-
-
 def _rank_sides(
     model: CostModel, b: int, m: int, classes: list[int]
 ) -> dict[int, tuple[float, float]]:
@@ -540,7 +369,12 @@ than that only lower the count to cover."""
 
 
 def zero_bubble_bound_ms(
-    model: CostModel, batch: int, options: SolveOptions, packing: bool = True
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    packing: bool = True,
+    memory: bool = True,
+    cap_ms: float = math.inf,
 ) -> float:
     """The zero-bubble bound of the module docstring: no zero-bubble plan of the space (dp 1)
     is faster; inf when none can exist (no count, or the layers never fit).
@@ -549,7 +383,10 @@ def zero_bubble_bound_ms(
     taken over the h heaviest layers for the ``HEAVY_SETS`` largest h (any set of layers must
     be covered too) and the largest kept; with ``packing`` (the default; off only for the
     tests that compare the two) the exact packing of layer types with each rank's transfers
-    (``_typed_cover_threshold``) raises it where the types are few."""
+    (``zero_bubble_bound.typed_cover_threshold``) raises it where the types are few; with
+    ``memory`` too, per micro-batch count, the packings that count each rank's memory
+    (``_memory_bound_ms``). At most ``cap_ms`` where the bound would be above it (a plan of
+    that time is in hand: the bound only has to say no zero-bubble plan beats it)."""
     counts = divisors(batch)
     if options.num_micro_batches is not None:
         counts = [m for m in counts if m == options.num_micro_batches]
@@ -558,7 +395,18 @@ def zero_bubble_bound_ms(
     m = min(counts)
     sequence_parallel = False if options.sequence_parallel is False else None
     cache = _cache_of(model).zero_bubble
-    key = (_view_key(model), batch, m, options.tp, sequence_parallel, packing)
+    key = (
+        _view_key(model),
+        batch,
+        m,
+        options.tp,
+        sequence_parallel,
+        packing,
+        memory,
+        options.recompute,
+        options.offload,
+        cap_ms,
+    )
     found = cache.get(key)
     if found is not None:
         return found
@@ -566,29 +414,107 @@ def zero_bubble_bound_ms(
     if not kinds:
         found = math.inf
     else:
-        # Heaviest first by the layers' least work over the kinds (a fixed order: any prefix
-        # of it is a set of layers every plan covers).
-        least = [min(works[l] for _, _, works, _ in kinds) for l in range(model.num_layers)]  # noqa: E741
-        order = sorted(range(model.num_layers), key=lambda l: (-least[l], l))  # noqa: E741
-        sizes = range(max(1, len(order) - HEAVY_SETS + 1), len(order) + 1)
-        work = max(_cover_threshold(model, kinds, order[:h]) for h in sizes)
-        usable = sorted({k for k, _, _, _ in kinds})
-
-        passes = min(2 * model.pass_overhead_ms(k) for k in usable)
-        step = min(model.step_overhead_ms(k) for k in usable)
-        # One rank holds every layer, or each rank also spends two transfers per micro-batch.
+        # One rank holds every layer (its work only grows with m: this holds at every count).
         single = min(
             (sum(works) for k, _, works, params in kinds if sum(params) <= model.usable_bytes(k)),
             default=math.inf,
         )
-        apart = work + 2 * m * _least_transfer_ms(model, batch // m, usable)
-        sides = _rank_sides(model, batch // m, m, usable)
-        typed = _typed_cover_threshold(model, kinds, sides) if packing else None
-        if typed is not None:
-            apart = max(apart, typed)
-        found = max(work, min(single, apart)) + m * passes + step
+        found = -math.inf
+        if packing and memory:
+            found = min(
+                _memory_bound_ms(model, batch, count, options, sequence_parallel, single, cap_ms)
+                for count in counts
+            )
+        if found < cap_ms:
+            found = max(found, _free_bound_ms(model, batch, m, options, kinds, single, packing))
+        found = min(found, cap_ms)
     cache[key] = found
     return found
+
+
+def _free_bound_ms(
+    model: CostModel,
+    batch: int,
+    m: int,
+    options: SolveOptions,
+    kinds: list[tuple[int, int, list[float], list[float]]],
+    single: float,
+    packing: bool,
+) -> float:
+    """The zero-bubble bound without the ranks' activations, at the space's least count m
+    (module docstring: it holds at every count)."""
+    sequence_parallel = False if options.sequence_parallel is False else None
+    # Heaviest first by the layers' least work over the kinds (a fixed order: any prefix
+    # of it is a set of layers every plan covers).
+    least = [min(works[l] for _, _, works, _ in kinds) for l in range(model.num_layers)]  # noqa: E741
+    order = sorted(range(model.num_layers), key=lambda l: (-least[l], l))  # noqa: E741
+    sizes = range(max(1, len(order) - HEAVY_SETS + 1), len(order) + 1)
+    work = max(_cover_threshold(model, kinds, order[:h]) for h in sizes)
+    usable = sorted({k for k, _, _, _ in kinds})
+    passes = min(2 * model.pass_overhead_ms(k) for k in usable)
+    step = min(model.step_overhead_ms(k) for k in usable)
+    # One rank holds every layer, or each rank also spends two transfers per micro-batch.
+    apart = work + 2 * m * _least_transfer_ms(model, batch // m, usable)
+    if packing:
+        sides = _rank_sides(model, batch // m, m, usable)
+        free = rank_kinds(model, batch, m, options, sequence_parallel, memory=False)
+        typed = typed_cover_threshold(model, free, sides, 0.0)
+        if typed is not None:
+            apart = max(apart, typed)
+    return max(work, min(single, apart)) + m * passes + step
+
+
+def _single_rank_ms(kinds: list[RankKind]) -> float:
+    """The least work of one rank holding every layer with its activations (one micro-batch
+    in flight at least: q(1, m) = 1), over the kinds and variants whose memory fits it."""
+    best = math.inf
+    for kind in kinds:
+        for v in kind.variants:
+            device = float(v.statics.sum() + v.saved.sum())
+            if device <= kind.room and float(v.parked.sum()) <= kind.host:
+                best = min(best, float(v.works.sum()))
+    return best
+
+
+def _memory_bound_ms(
+    model: CostModel,
+    batch: int,
+    m: int,
+    options: SolveOptions,
+    sequence_parallel: bool | None,
+    single: float,
+    cap_ms: float,
+) -> float:
+    """No zero-bubble plan of m micro-batches is faster (``autoplan.solve.zero_bubble_bound``:
+    its rank counts p >= (m + 1) / 2 by the typed packing at q = (m + 1) / 2, the fewer by the
+    rank-limited relaxation at q = p; one rank by ``single``); at most ``cap_ms``."""
+    kinds = rank_kinds(model, batch, m, options, sequence_parallel)
+    usable = sorted({kind.k for kind in kinds})
+    if not usable:
+        return math.inf
+    passes = m * min(2 * model.pass_overhead_ms(k) for k in usable)
+    step = min(model.step_overhead_ms(k) for k in usable)
+    cap = cap_ms - passes - step
+    sides = _rank_sides(model, batch // m, m, usable)
+    most = min(sum(c.total_gpus for c in model.classes), model.num_layers)
+    q = (m + 1) / 2  # every rank count p >= q holds q micro-batches in flight; fewer, p
+    few = [(p, in_flight_floor(p, m)) for p in range(2, min(most, math.ceil(q) - 1) + 1)]
+    many = math.inf
+    if most >= max(2, math.ceil(q)):  # some rank count p >= q exists
+        typed = typed_cover_threshold(model, kinds, sides, q, cap)
+        many = (
+            typed
+            if typed is not None
+            else ranked_cover_threshold(model, kinds, sides, [(most, q)], cap)
+        )
+    below = ranked_cover_threshold(model, kinds, sides, few, cap) if few else math.inf
+    found = min(_single_rank_ms(kinds), many, below)
+    if found < cap:  # the packing of types without activations, at this count, may be above
+        free = rank_kinds(model, batch, m, options, sequence_parallel, memory=False)
+        typed = typed_cover_threshold(model, free, sides, 0.0, cap)
+        if typed is not None:
+            found = max(found, min(single, typed))
+    return found + passes + step
 
 
 def search_record(

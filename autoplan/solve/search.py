@@ -44,9 +44,17 @@ __all__ = ["Started", "finish_search", "search", "start_search"]
 logger = logging.getLogger(__name__)
 
 
-def _zero_bubble_floor(model: CostModel, batch: int, options: SolveOptions) -> float:
-    """No zero-bubble plan of the space is faster (``autoplan.solve.certificate``)."""
-    return max(work_bound_ms(model, batch, options), zero_bubble_bound_ms(model, batch, options))
+def _zero_bubble_floor(
+    model: CostModel, batch: int, options: SolveOptions, candidates: list[Candidate]
+) -> float:
+    """No zero-bubble plan of the space is faster (``autoplan.solve.certificate``), or none
+    is faster than the best of ``candidates`` (the bound stops there: it is the floor of a
+    search that holds that plan)."""
+    best = min((c.iteration_ms for c in candidates if c.cost.feasible), default=math.inf)
+    return max(
+        work_bound_ms(model, batch, options),
+        zero_bubble_bound_ms(model, batch, options, cap_ms=best),
+    )
 
 
 @dataclass
@@ -180,10 +188,10 @@ def finish_search(
         # Torch runs them at dp 1 only. Tried at the best partitions only: the zero-bubble
         # plans elsewhere are bounded by the bounds that hold for every dp-1 plan of every
         # schedule (``certificate``: the work bound and the zero-bubble bound).
-        floors.add(_zero_bubble_floor(model, batch, options))
+        floors.add(_zero_bubble_floor(model, batch, options, candidates))
     if options.schedule in ZERO_BUBBLE_SCHEDULES:  # the 1F1B-family bases were only a means
         candidates = [c for c in candidates if c.config.schedule == options.schedule]
-        floors = Floors(_zero_bubble_floor(model, batch, options))
+        floors = Floors(_zero_bubble_floor(model, batch, options, candidates))
     best_first = ranked(candidates)
     floors.add(min((c.iteration_ms for c in best_first if c.cost.feasible), default=math.inf))
     return SearchResult(best_first[:keep], considered, solved, timed_out, floors.floor_ms)
