@@ -185,7 +185,9 @@ class _BoundCache:
     """The bounds computed for one model and its views, by what they were computed for."""
 
     spread: dict[tuple[object, ...], tuple[float, float, float]] = field(default_factory=dict)
-    zero_bubble: dict[tuple[object, ...], float] = field(default_factory=dict)
+    # (bound, exact): exact unless it stopped at the cap it was asked with (the bound is then
+    # at least that value)
+    zero_bubble: dict[tuple[object, ...], tuple[float, bool]] = field(default_factory=dict)
 
 
 def _cache_of(model: CostModel) -> _BoundCache:
@@ -405,11 +407,10 @@ def zero_bubble_bound_ms(
         memory,
         options.recompute,
         options.offload,
-        cap_ms,
     )
-    found = cache.get(key)
-    if found is not None:
-        return found
+    known = cache.get(key)
+    if known is not None and (known[1] or cap_ms <= known[0]):
+        return min(known[0], cap_ms)  # exact, or at least a cap above this one
     kinds = _zero_bubble_works(model, batch, m, options.tp, sequence_parallel)
     if not kinds:
         found = math.inf
@@ -428,7 +429,8 @@ def zero_bubble_bound_ms(
         if found < cap_ms:
             found = max(found, _free_bound_ms(model, batch, m, options, kinds, single, packing))
         found = min(found, cap_ms)
-    cache[key] = found
+    # Below the cap it is the bound itself (every count's part stops only at the cap).
+    cache[key] = (found, found < cap_ms)
     return found
 
 
@@ -501,12 +503,12 @@ def _memory_bound_ms(
     few = [(p, in_flight_floor(p, m)) for p in range(2, min(most, math.ceil(q) - 1) + 1)]
     many = math.inf
     if most >= max(2, math.ceil(q)):  # some rank count p >= q exists
-        typed = typed_cover_threshold(model, kinds, sides, q, cap)
-        many = (
-            typed
-            if typed is not None
-            else ranked_cover_threshold(model, kinds, sides, [(most, q)], cap)
-        )
+        # The blocks alone first (cheap): where they do not fit below the cap, neither does
+        # the exact packing, which only adds constraints.
+        many = ranked_cover_threshold(model, kinds, sides, [(most, q)], cap)
+        if many < cap:
+            typed = typed_cover_threshold(model, kinds, sides, q, cap)
+            many = many if typed is None else max(many, typed)
     below = ranked_cover_threshold(model, kinds, sides, few, cap) if few else math.inf
     found = min(_single_rank_ms(kinds), many, below)
     if found < cap:  # the packing of types without activations, at this count, may be above

@@ -45,12 +45,18 @@ logger = logging.getLogger(__name__)
 
 
 def _zero_bubble_floor(
-    model: CostModel, batch: int, options: SolveOptions, candidates: list[Candidate]
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    candidates: list[Candidate],
+    incumbent_ms: float = math.inf,
 ) -> float:
     """No zero-bubble plan of the space is faster (``autoplan.solve.certificate``), or none
-    is faster than the best of ``candidates`` (the bound stops there: it is the floor of a
-    search that holds that plan)."""
-    best = min((c.iteration_ms for c in candidates if c.cost.feasible), default=math.inf)
+    is faster than the best of ``candidates`` and ``incumbent_ms`` (the bound stops there:
+    it is the floor of a search whose caller holds that plan)."""
+    best = min(
+        [incumbent_ms, *(c.iteration_ms for c in candidates if c.cost.feasible)], default=math.inf
+    )
     return max(
         work_bound_ms(model, batch, options),
         zero_bubble_bound_ms(model, batch, options, cap_ms=best),
@@ -188,10 +194,10 @@ def finish_search(
         # Torch runs them at dp 1 only. Tried at the best partitions only: the zero-bubble
         # plans elsewhere are bounded by the bounds that hold for every dp-1 plan of every
         # schedule (``certificate``: the work bound and the zero-bubble bound).
-        floors.add(_zero_bubble_floor(model, batch, options, candidates))
+        floors.add(_zero_bubble_floor(model, batch, options, candidates, incumbent_ms))
     if options.schedule in ZERO_BUBBLE_SCHEDULES:  # the 1F1B-family bases were only a means
         candidates = [c for c in candidates if c.config.schedule == options.schedule]
-        floors = Floors(_zero_bubble_floor(model, batch, options, candidates))
+        floors = Floors(_zero_bubble_floor(model, batch, options, candidates, incumbent_ms))
     best_first = ranked(candidates)
     floors.add(min((c.iteration_ms for c in best_first if c.cost.feasible), default=math.inf))
     return SearchResult(best_first[:keep], considered, solved, timed_out, floors.floor_ms)
