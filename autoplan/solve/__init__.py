@@ -113,7 +113,7 @@ def solve_candidates(
     # One search per context-parallel degree and, inside it, per expert-parallel degree, each
     # on the models' views of them.
     def one_degree(
-        view: CostModel, batch: int, run: SolveOptions, run_deadline: Deadline
+        view: CostModel, batch: int, run: SolveOptions, run_deadline: Deadline, incumbent: float
     ) -> SearchResult:
         cp = view.context_parallel
         block_view = block_model
@@ -124,10 +124,11 @@ def solve_candidates(
             block_view,
             batch,
             run,
-            lambda v, block_v, b, run_options, share: seeded_search(
-                v, block_v, b, run_options, progress, share
+            lambda v, block_v, b, run_options, share, best: seeded_search(
+                v, block_v, b, run_options, progress, share, best
             ),
             run_deadline,
+            incumbent,
         )
 
     result = search_with_context_parallel(model, global_batch_size, options, one_degree, deadline)

@@ -32,8 +32,8 @@ from autoplan.solve.stage_degrees import MAX_CONTEXT_PARALLEL, cp_choices
 
 __all__ = ["MAX_CONTEXT_PARALLEL", "cp_choices", "search_with_context_parallel"]
 
-# (model view, batch, options, the run's deadline) -> the candidates of one search
-Searcher = Callable[[CostModel, int, SolveOptions, Deadline], SearchResult]
+# (model view, batch, options, the run's deadline, the incumbent's ms) -> one search's candidates
+Searcher = Callable[[CostModel, int, SolveOptions, Deadline, float], SearchResult]
 
 
 def search_with_context_parallel(
@@ -45,7 +45,10 @@ def search_with_context_parallel(
 ) -> SearchResult:
     """``searcher`` once per cp degree on the model's view of it, the candidates merged and
     ranked by ``model.evaluate`` (module docstring). ``deadline`` (default: the options' time
-    limit from now) is shared: each run gets an equal part of what is left."""
+    limit from now) is shared: each run gets an equal part of what is left. Each run prunes
+    against the best plan held (of the degrees before it): the view's figure of a
+    configuration is the model's (``CostModel.with_context_parallel``), so what it prunes
+    cannot beat that plan."""
     runs = cp_choices(model, options)
     deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
     merged = Merged()
@@ -55,7 +58,9 @@ def search_with_context_parallel(
             # autoplan.solve.context_span_family, may still span two nodes).
             continue
         view = model if cp == 1 else model.with_context_parallel(cp)
-        result = searcher(view, batch, options, deadline.share(len(runs) - position))
+        result = searcher(
+            view, batch, options, deadline.share(len(runs) - position), merged.best_ms()
+        )
         candidates = result.candidates
         if cp > 1:
             candidates = []

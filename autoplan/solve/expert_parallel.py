@@ -22,6 +22,7 @@ config on the plain model, which the view's figures equal.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from autoplan.cost.config import PlanConfig
@@ -33,8 +34,9 @@ from autoplan.solve.stage_degrees import degree_options, expert_degrees
 
 __all__ = ["expert_degrees", "search_with_expert_parallel", "with_expert_degree"]
 
-# (model view, block-grain view, batch, options, the run's deadline) -> one search's candidates
-Search = Callable[[CostModel, CostModel | None, int, SolveOptions, Deadline], SearchResult]
+# (model view, block-grain view, batch, options, the run's deadline, the incumbent's ms)
+# -> one search's candidates
+Search = Callable[[CostModel, CostModel | None, int, SolveOptions, Deadline, float], SearchResult]
 
 
 def with_expert_degree(config: PlanConfig, ep: int) -> PlanConfig:
@@ -53,14 +55,17 @@ def search_with_expert_parallel(
     options: SolveOptions,
     run: Search,
     deadline: Deadline | None = None,
+    incumbent_ms: float = math.inf,
 ) -> SearchResult:
     """``run`` (the search at one ep, on views of ``model`` and ``block_model``) once per
     degree of ``expert_degrees``, the candidates merged and ranked (module docstring);
-    ``deadline`` (default: the options' time limit from now) shared out among the degrees."""
+    ``deadline`` (default: the options' time limit from now) shared out among the degrees.
+    Each degree's run prunes against the best plan held (``incumbent_ms``, a plan the caller
+    holds, or one of the degrees before it): the view's figures are the model's."""
     degrees = expert_degrees(model, options)
     deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
     if degrees == [1]:
-        return run(model, block_model, batch, options, deadline)
+        return run(model, block_model, batch, options, deadline, incumbent_ms)
     merged = Merged()
     for position, ep in enumerate(degrees):
         share = deadline.share(len(degrees) - position)
@@ -73,6 +78,7 @@ def search_with_expert_parallel(
             batch,
             degree,
             share,
+            min(incumbent_ms, merged.best_ms()),
         )
         candidates = []
         for candidate in result.candidates:

@@ -80,18 +80,22 @@ def seeded_search(
     options: SolveOptions,
     progress: Callable[[int, int], None] | None = None,
     deadline: Deadline | None = None,
+    incumbent_ms: float = math.inf,
 ) -> SearchResult:
     """``search_with_sequence_parallel`` on ``model``, seeded with the best plans of
     ``block_model`` (the same model at block grain; None: not seeded) as the module
-    docstring says; ``deadline`` (default: the options' time limit from now) bounds both."""
+    docstring says; ``deadline`` (default: the options' time limit from now) bounds both;
+    ``incumbent_ms``: a plan the caller holds, which both prune against."""
     deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
     if block_model is None:
-        return search_with_sequence_parallel(model, batch, options, progress, deadline=deadline)
+        return search_with_sequence_parallel(
+            model, batch, options, progress, incumbent_ms=incumbent_ms, deadline=deadline
+        )
     block_deadline = Deadline(
         deadline.at - deadline.budget_s * (1.0 - BLOCK_SHARE), deadline.budget_s * BLOCK_SHARE
     )
     coarse = search_with_sequence_parallel(
-        block_model, batch, options, progress, deadline=block_deadline
+        block_model, batch, options, progress, incumbent_ms=incumbent_ms, deadline=block_deadline
     )
     boundaries = unit_boundaries(model.profile)
     seeds = []
@@ -99,7 +103,9 @@ def seeded_search(
         config = lift(candidate.config, boundaries)
         cost = model.evaluate(config)
         seeds.append(Candidate(cost.iteration_ms, config, cost))
-    incumbent = min((c.iteration_ms for c in seeds if c.cost.feasible), default=math.inf)
+    incumbent = min(
+        [incumbent_ms, *(c.iteration_ms for c in seeds if c.cost.feasible)], default=math.inf
+    )
     if deadline.left_s() < MIN_FINE_SHARE * deadline.budget_s:
         # No time left to search the units: the block plans, not proven best at this grain.
         logger.warning(

@@ -95,6 +95,11 @@ class Merged:
         self.lower_bound_ms = min(self.lower_bound_ms, result.lower_bound_ms)
         self.candidates.extend(result.candidates if candidates is None else candidates)
 
+    def best_ms(self) -> float:
+        """The fastest feasible plan held (inf: none): the incumbent the next run prunes
+        against (a run searches only what can beat it; the best plan stays exact)."""
+        return min((c.iteration_ms for c in self.candidates if c.cost.feasible), default=math.inf)
+
     def result(self, keep: int) -> SearchResult:
         """The merged result: the ``keep`` best distinct candidates, best first."""
         return SearchResult(
