@@ -93,10 +93,12 @@ class CompletionBound(Protocol):
         sum_stages: np.ndarray,
         max_tails: np.ndarray,
         free: np.ndarray,
+        limit: float = math.inf,
     ) -> np.ndarray:
         """Per row, a lower bound on F of every pipeline that completes a partial one
         covering [start, L) with (M, S, U) and ``free[row]`` resources left (M, S with
-        what the stage in front adds to its first stage's a, as far as known)."""
+        what the stage in front adds to its first stage's a, as far as known); a row whose
+        bound reaches ``limit`` may have any value that does."""
         ...
 
 
@@ -510,6 +512,7 @@ def best_pipelines(
                             label.sum_stage + sent + own,
                             np.full(len(rows), label.max_tail),
                             free[None, :] - uses[rows],
+                            limit,
                         )
                         candidates[rows[floor >= limit], cols[floor >= limit]] = False
                 pending: list[PipelineLabel] = []
@@ -564,6 +567,7 @@ def best_pipelines(
                         np.array([x.sum_stage for x in pending]),
                         np.array([x.max_tail for x in pending]),
                         capacity[None, :] - np.array([x.used for x in pending], dtype=np.int64),
+                        threshold(),
                     )
                     limit = threshold()
                     pending = [x for x, f in zip(pending, floor.tolist(), strict=True) if f < limit]

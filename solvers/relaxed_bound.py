@@ -69,6 +69,10 @@ STAGE_CAP_KEPT = 8
 COARSE_STEP = 8
 """The first grid tried where the caller has a target: every this many caps of the grid."""
 
+COARSE_ROWS = 32
+"""``completion_floors`` bounds at least this many rows on the coarse caps first (fewer: the
+two passes' fixed costs are more than the work they save)."""
+
 _CAPS_AT_ONCE = 8
 """Caps whose stage counts are searched in one pass (``RunRelaxation``'s bound)."""
 
@@ -132,6 +136,8 @@ class RunRelaxation:
         self.needs = np.zeros((0, 0, n + 1))
         self.directions = np.zeros((0, len(resources)))
         self._run: _Run | None = None
+        # completion_floors' tables per step of caps (``_caps``)
+        self._caps_by_step: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         if uses.shape[0] == 0:
             self.bound = math.inf
             return
@@ -176,6 +182,7 @@ class RunRelaxation:
         sum_stages: np.ndarray,
         max_tails: np.ndarray,
         free: np.ndarray,
+        limit: float = math.inf,
     ) -> np.ndarray:
         """Per row, a lower bound on F of every pipeline that completes a partial one
         covering [start, L) with (M, S, U) and ``free[row]`` resources left: with A' the
@@ -183,27 +190,75 @@ class RunRelaxation:
         + U + D_μ[0, start)(A_{g+1}) - μ · free, D over partitions of [0, start) priced as
         in the run's bound (where A' < A_0 the g = 0 term is no larger: the whole
         pipeline's peak is at least A_0, and D only shrinks as A grows). The least over g
-        of the largest over the prices."""
+        of the largest over the prices.
+
+        With a finite ``limit`` (what the caller prunes at), a row whose bound reaches it
+        may come back with a lower value that still does: every row is first bounded on
+        every ``COARSE_STEP``-th cap of the grid (each coarse interval's term is at most
+        the terms of the grid's intervals inside it: A_g no lower, D and the caps where the
+        stages before are short no higher at a higher cap, exactly so in floating point,
+        as the tables are running minima and sums of them), and only the rows that bound
+        leaves below ``limit`` are bounded on the whole grid. The rows pruned are the
+        same; most of the work (the [row, price, cap] arrays) is an eighth."""
         m = self.m
         exact: np.ndarray = (m - 1) * max_stages + sum_stages + max_tails
         if not len(self.grid):
             return exact
-        # [row, price, g]: D over [0, start) at cap A_g less the free resources' price.
-        inside = self.prefix[:, :, starts].transpose(2, 0, 1)
-        best = (inside - (free @ self.prices.T)[:, :, None]).max(axis=1)
-        best = np.maximum(best, 0.0)
-        # Caps at which the stages before cannot fit in what is free (the run's bound's test).
-        needs = self.needs[:, :, starts].transpose(2, 0, 1)  # [row, direction, g]
-        have = free @ self.directions.T
-        short = (needs > have[:, :, None] * (1 + 1e-9) + 1e-9).any(axis=1)
-        best = np.where(short, math.inf, best)
-        peaks = np.maximum(self.grid[None, :-1], max_stages[:, None])
-        with np.errstate(invalid="ignore"):
-            totals = (m - 1) * peaks + best[:, 1:]
-        least = np.where(np.isnan(totals), math.inf, totals).min(axis=1)
+        if math.isinf(limit) or len(starts) < COARSE_ROWS or len(self.grid) <= 2 * COARSE_STEP:
+            least = self._least(starts, max_stages, free, self._caps(1))
+        else:
+            least = self._least(starts, max_stages, free, self._caps(COARSE_STEP))
+            close = np.flatnonzero(np.maximum(least + sum_stages + max_tails, exact) < limit)
+            if len(close):
+                least[close] = self._least(
+                    starts[close], max_stages[close], free[close], self._caps(1)
+                )
         out = least + sum_stages + max_tails
         result: np.ndarray = np.where(starts == 0, exact, np.maximum(out, exact))
         return result
+
+    def _caps(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The tables ``_least`` reads on every ``step``-th cap of the grid (and the last,
+        uncapped): per start i, D over [0, i) at each interval's upper cap [i, price, k] and
+        the least uses [i, direction, k]; each interval's lower cap [k]. Made once per
+        step, laid out by start so that a call gathers its rows in one take."""
+        found = self._caps_by_step.get(step)
+        if found is None:
+            size = len(self.grid)
+            points = np.append(np.arange(0, size - 1, step), size - 1)
+            upper = points[1:]
+            found = (
+                np.ascontiguousarray(self.prefix[:, upper].transpose(2, 0, 1)),
+                np.ascontiguousarray(self.needs[:, upper].transpose(2, 0, 1)),
+                self.grid[points[:-1]],
+            )
+            self._caps_by_step[step] = found
+        return found
+
+    def _least(
+        self,
+        starts: np.ndarray,
+        max_stages: np.ndarray,
+        free: np.ndarray,
+        caps: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> np.ndarray:
+        """Per row, the least over the intervals [A_lower, A_upper) of ``caps`` (``_caps``:
+        consecutive caps of the grid, or every ``COARSE_STEP``-th) of (m - 1) max(M,
+        A_lower) + D[0, start)(A_upper) - μ · free (``completion_floors``)."""
+        prefix, needs, lower = caps
+        # [row, price, k]: D over [0, start) at the upper cap less the free resources' price.
+        best = (prefix[starts] - (free @ self.prices.T)[:, :, None]).max(axis=1)
+        np.maximum(best, 0.0, out=best)
+        # Caps at which the stages before cannot fit in what is free (the run's bound's test).
+        have = (free @ self.directions.T) * (1 + 1e-9) + 1e-9
+        best[(needs[starts] > have[:, :, None]).any(axis=1)] = math.inf
+        peaks = np.maximum(lower[None, :], max_stages[:, None])
+        with np.errstate(invalid="ignore"):
+            totals = (self.m - 1) * peaks + best
+        if self.m == 1:
+            totals[np.isnan(totals)] = math.inf  # 0 × inf: no candidate
+        least: np.ndarray = totals.min(axis=1)
+        return least
 
 
 @dataclass
