@@ -1,0 +1,57 @@
+"""The heterogeneous family's exact pass by levels (``autoplan.solve.hetero.hetero_candidates``):
+with a poor incumbent it searches its runs below rising levels, finds the optimum and proves
+it, as one pass against the incumbent would."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+import autoplan.solve.hetero as hetero_module
+from autoplan.solve.hetero import hetero_candidates
+from tests.test_relaxed_bound import _gpt2_on_a100_v100
+from tests.test_solver_oracle import OPTIONS
+
+
+@pytest.mark.parametrize("slack", [1.02, 1.25])
+def test_a_poor_incumbent_still_gives_the_optimum_proven(slack) -> None:
+    """The incumbent ``slack`` above the optimum: the optimum is found and the family's floor
+    reaches it (proven)."""
+    model = _gpt2_on_a100_v100()
+    batch = 64
+    best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
+    assert best.configs and not best.timed_out
+    optimum = model.evaluate(best.configs[0]).iteration_ms
+    again = hetero_candidates(model, batch, OPTIONS, optimum * slack, keep=1, deadline=math.inf)
+    assert again.configs and not again.timed_out
+    assert math.isclose(model.evaluate(again.configs[0]).iteration_ms, optimum, rel_tol=1e-9)
+    assert math.isclose(again.floor_ms, optimum, rel_tol=1e-9), (again.floor_ms, optimum)
+
+
+def test_the_levels_rise_by_the_step_from_the_least_root_bound(monkeypatch) -> None:
+    """With an incumbent 25% above the optimum, runs are searched below levels under the
+    optimum itself (where a run can only prove its floor), each a power of 1 + ``LEVEL_STEP``
+    times the least root bound."""
+    model = _gpt2_on_a100_v100()
+    batch = 64
+    best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
+    optimum = model.evaluate(best.configs[0]).iteration_ms
+    bounds: list[float] = []
+    search = hetero_module.best_pipelines
+
+    def recorded(*args, **kwargs):
+        bounds.append(kwargs["upper_bound"])
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(hetero_module, "best_pipelines", recorded)
+    incumbent = optimum * 1.25
+    hetero_candidates(model, batch, OPTIONS, incumbent, keep=1, deadline=math.inf)
+    below = sorted({round(b, 6) for b in bounds if b < optimum * (1 - 1e-9)})
+    assert len(below) >= 2, below
+    ratios = [b / a for a, b in itertools.pairwise(below)]
+    step = 1 + hetero_module.LEVEL_STEP
+    for ratio in ratios:
+        powers = math.log(ratio) / math.log(step)
+        assert abs(powers - round(powers)) < 1e-6, (ratio, step)
