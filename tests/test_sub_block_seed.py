@@ -27,7 +27,7 @@ from autoplan.cost.block_parts import block_pairs, block_profile, unit_boundarie
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
 from autoplan.solve.granularity import lift
-from autoplan.solve.sequence_parallel import search_with_sequence_parallel
+from autoplan.solve.portfolio import portfolio_search
 from tests.synthetic_profiles import gpu, make_cluster
 from tests.test_solver_oracle import OPTIONS, brute_force, brute_force_hetero
 from tests.test_sub_block_solve import sub_block_profiles
@@ -120,7 +120,7 @@ def test_launch_bound_sub_block_search_equals_brute_force(profile, cluster, batc
         return
     assert math.isclose(got, expected, rel_tol=1e-9), (got, expected)
     # An incumbent just above the optimum prunes everything else and still finds it.
-    seeded = search_with_sequence_parallel(model, batch, OPTIONS, incumbent_ms=expected * 1.001)
+    seeded = portfolio_search(model, None, batch, OPTIONS, incumbent_ms=expected * 1.001)
     best = min(c.iteration_ms for c in seeded.candidates if c.cost.feasible)
     assert math.isclose(best, expected, rel_tol=1e-9), (best, expected)
 

@@ -1,8 +1,9 @@
 """``solve``: profile + cluster + global batch → the best executable Plan.
 
 Public API: ``SolveOptions`` and ``solve`` (``solve_outcome`` also says whether the time limit
-stopped the search). The search is in ``autoplan.solve.search``, the cost model in
-``autoplan.cost``, the algorithms in ``solvers``.
+stopped the search). The search's driver is ``autoplan.solve.portfolio`` (every setting of
+the knobs as one portfolio of runs under one deadline and one incumbent), its families are in
+``autoplan.solve.search``, the cost model in ``autoplan.cost``, the algorithms in ``solvers``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from autoplan.solve.async_pb import async_alternative, best_async
 from autoplan.solve.async_plan import emit_async_plan
 from autoplan.solve.baselines import equal_share_candidates, megatron_search
 from autoplan.solve.certificate import search_record, work_bound_ms
-from autoplan.solve.context_parallel import search_with_context_parallel
 from autoplan.solve.context_span_family import span_choice_plan, with_span_family
 from autoplan.solve.deadline import Deadline
 from autoplan.solve.diagnose import (
@@ -31,10 +31,10 @@ from autoplan.solve.diagnose import (
     diagnose_megatron_infeasible,
 )
 from autoplan.solve.emit import emit_plan
-from autoplan.solve.expert_parallel import search_with_expert_parallel
-from autoplan.solve.granularity import block_seed_profile, seeded_search
+from autoplan.solve.granularity import block_seed_profile
 from autoplan.solve.host_memory import host_memory_diagnosis
 from autoplan.solve.options import SolveOptions
+from autoplan.solve.portfolio import portfolio_search
 from autoplan.solve.progress import report_bound
 from autoplan.solve.ranking import Candidate, SearchResult
 
@@ -109,29 +109,8 @@ def solve_candidates(
     # At sub-block grain the block-grain plan seeds the search (autoplan.solve.granularity).
     seed = block_seed_profile(model.profile, options)
     block_model = None if seed is None else cost_model(seed, model.cluster, options)
-
-    # One search per context-parallel degree and, inside it, per expert-parallel degree, each
-    # on the models' views of them.
-    def one_degree(
-        view: CostModel, batch: int, run: SolveOptions, run_deadline: Deadline, incumbent: float
-    ) -> SearchResult:
-        cp = view.context_parallel
-        block_view = block_model
-        if block_model is not None and cp > 1:
-            block_view = block_model.with_context_parallel(cp)
-        return search_with_expert_parallel(
-            view,
-            block_view,
-            batch,
-            run,
-            lambda v, block_v, b, run_options, share, best: seeded_search(
-                v, block_v, b, run_options, progress, share, best
-            ),
-            run_deadline,
-            incumbent,
-        )
-
-    result = search_with_context_parallel(model, global_batch_size, options, one_degree, deadline)
+    # Every cp, ep and SP setting as one portfolio of runs (autoplan.solve.portfolio).
+    result = portfolio_search(model, block_model, global_batch_size, options, progress, deadline)
     if options.strategy == "data-parallel":
         extra = equal_share_candidates(model, global_batch_size, options)
         merged = sorted(result.candidates + extra, key=lambda c: c.iteration_ms)

@@ -1,4 +1,5 @@
-"""Expert parallelism as a searched knob: one search per ep degree, merged.
+"""Expert parallelism as a searched knob: one run per ep degree, merged (the runs are driven
+by ``autoplan.solve.portfolio``).
 
 Like sequence parallelism (``autoplan.solve.sequence_parallel``), ep changes every layer's
 costs (its MoE layers' all-to-alls and expert memory: ``autoplan.cost.expert_parallel``), so
@@ -22,21 +23,11 @@ config on the plain model, which the view's figures equal.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable
 
 from autoplan.cost.config import PlanConfig
-from autoplan.cost.model import CostModel
-from autoplan.solve.deadline import Deadline
-from autoplan.solve.options import SolveOptions
-from autoplan.solve.ranking import Candidate, Merged, SearchResult
-from autoplan.solve.stage_degrees import degree_options, expert_degrees
+from autoplan.solve.stage_degrees import expert_degrees
 
-__all__ = ["expert_degrees", "search_with_expert_parallel", "with_expert_degree"]
-
-# (model view, block-grain view, batch, options, the run's deadline, the incumbent's ms)
-# -> one search's candidates
-Search = Callable[[CostModel, CostModel | None, int, SolveOptions, Deadline, float], SearchResult]
+__all__ = ["expert_degrees", "with_expert_degree"]
 
 
 def with_expert_degree(config: PlanConfig, ep: int) -> PlanConfig:
@@ -46,44 +37,3 @@ def with_expert_degree(config: PlanConfig, ep: int) -> PlanConfig:
     return dataclasses.replace(
         config, stages=tuple(dataclasses.replace(stage, ep=ep) for stage in config.stages)
     )
-
-
-def search_with_expert_parallel(
-    model: CostModel,
-    block_model: CostModel | None,
-    batch: int,
-    options: SolveOptions,
-    run: Search,
-    deadline: Deadline | None = None,
-    incumbent_ms: float = math.inf,
-) -> SearchResult:
-    """``run`` (the search at one ep, on views of ``model`` and ``block_model``) once per
-    degree of ``expert_degrees``, the candidates merged and ranked (module docstring);
-    ``deadline`` (default: the options' time limit from now) shared out among the degrees.
-    Each degree's run prunes against the best plan held (``incumbent_ms``, a plan the caller
-    holds, or one of the degrees before it): the view's figures are the model's."""
-    degrees = expert_degrees(model, options)
-    deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
-    if degrees == [1]:
-        return run(model, block_model, batch, options, deadline, incumbent_ms)
-    merged = Merged()
-    for position, ep in enumerate(degrees):
-        share = deadline.share(len(degrees) - position)
-        degree = degree_options(options, ep)
-        if degree is None:
-            continue  # ZeRO-2/3 pinned: ep > 1 is not composed with them
-        result = run(
-            model.with_expert_parallel(ep),
-            None if block_model is None else block_model.with_expert_parallel(ep),
-            batch,
-            degree,
-            share,
-            min(incumbent_ms, merged.best_ms()),
-        )
-        candidates = []
-        for candidate in result.candidates:
-            config = with_expert_degree(candidate.config, ep)
-            cost = model.evaluate(config)
-            candidates.append(Candidate(cost.iteration_ms, config, cost))
-        merged.add(result, candidates)
-    return merged.result(options.top_k + 1)

@@ -8,7 +8,8 @@ parts merged (``block_profile``), which has half the units and is several times 
 its candidates to units (``lift``) and costs them on the sub-block model; the best of them is
 the incumbent the sub-block search starts from (``search(..., incumbent_ms=...)``): it only
 explores what can beat it, and what it returns is never slower than the block plan. The two
-sets of candidates are merged and ranked as ``search`` ranks them.
+sets of candidates are merged and ranked as ``search`` ranks them. The driver of both grains
+is ``autoplan.solve.portfolio``.
 
 The time limit is shared: the block search may take all of it (it is the smaller problem,
 and its plan is what the finer one must not fall below), the sub-block search gets what is
@@ -21,23 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-from collections.abc import Callable
 
-from autoplan.cost.block_parts import block_pairs, block_profile, unit_boundaries
+from autoplan.cost.block_parts import block_pairs, block_profile
 from autoplan.cost.config import PlanConfig
-from autoplan.cost.model import CostModel
 from autoplan.profile.schema import Profile
-from autoplan.solve.certificate import work_bound_ms
-from autoplan.solve.deadline import Deadline
 from autoplan.solve.options import SolveOptions
-from autoplan.solve.ranking import Candidate, SearchResult, ranked
-from autoplan.solve.sequence_parallel import search_with_sequence_parallel
 
-__all__ = ["BLOCK_SHARE", "MIN_FINE_SHARE", "block_seed_profile", "lift", "seeded_search"]
-
-BLOCK_SHARE = 1.0
-"""Part of the time limit the block-grain search may take (module docstring)."""
+__all__ = ["MIN_FINE_SHARE", "block_seed_profile", "lift"]
 
 MIN_FINE_SHARE = 0.05
 """Below this part of the limit left, the units are not searched (the search's set-up alone
@@ -71,59 +62,3 @@ def lift(config: PlanConfig, boundaries: list[int]) -> PlanConfig:
         for stage in config.stages
     )
     return dataclasses.replace(config, stages=stages)
-
-
-def seeded_search(
-    model: CostModel,
-    block_model: CostModel | None,
-    batch: int,
-    options: SolveOptions,
-    progress: Callable[[int, int], None] | None = None,
-    deadline: Deadline | None = None,
-    incumbent_ms: float = math.inf,
-) -> SearchResult:
-    """``search_with_sequence_parallel`` on ``model``, seeded with the best plans of
-    ``block_model`` (the same model at block grain; None: not seeded) as the module
-    docstring says; ``deadline`` (default: the options' time limit from now) bounds both;
-    ``incumbent_ms``: a plan the caller holds, which both prune against."""
-    deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
-    if block_model is None:
-        return search_with_sequence_parallel(
-            model, batch, options, progress, incumbent_ms=incumbent_ms, deadline=deadline
-        )
-    block_deadline = Deadline(
-        deadline.at - deadline.budget_s * (1.0 - BLOCK_SHARE), deadline.budget_s * BLOCK_SHARE
-    )
-    coarse = search_with_sequence_parallel(
-        block_model, batch, options, progress, incumbent_ms=incumbent_ms, deadline=block_deadline
-    )
-    boundaries = unit_boundaries(model.profile)
-    seeds = []
-    for candidate in coarse.candidates:
-        config = lift(candidate.config, boundaries)
-        cost = model.evaluate(config)
-        seeds.append(Candidate(cost.iteration_ms, config, cost))
-    incumbent = min(
-        [incumbent_ms, *(c.iteration_ms for c in seeds if c.cost.feasible)], default=math.inf
-    )
-    if deadline.left_s() < MIN_FINE_SHARE * deadline.budget_s:
-        # No time left to search the units: the block plans, not proven best at this grain.
-        logger.warning(
-            "time limit reached at block grain: the plan is the best block plan, the "
-            "sub-block units were not searched"
-        )
-        fine = SearchResult([], 0, 0, True, work_bound_ms(model, batch, options))
-    else:
-        fine = search_with_sequence_parallel(
-            model, batch, options, progress, incumbent_ms=incumbent, deadline=deadline
-        )
-    best_first = ranked(fine.candidates + seeds)
-    return SearchResult(
-        best_first[: options.top_k + 1],
-        coarse.configs_considered + fine.configs_considered,
-        coarse.partitions_solved + fine.partitions_solved,
-        # The finer search prunes only against plans it holds: exact unless it stopped.
-        fine.timed_out,
-        # Its floor holds for the units' space; the block plans are plans of it too.
-        min([fine.lower_bound_ms, incumbent]),
-    )

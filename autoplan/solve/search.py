@@ -91,7 +91,7 @@ def start_search(
     deadline: Deadline | None = None,
 ) -> Started:
     """The uniform and shared families of ``search`` (cheap, exact within themselves): a
-    caller running several searches (``sequence_parallel``) starts them all first, so that
+    caller running several searches (``autoplan.solve.portfolio``) starts them all first, so that
     each heterogeneous family prunes against the best plan of every one.
     ``tensor_parallel_only``: those two families' plans with tp > 1 only (the caller holds
     the tp-1 ones from another run, where they are the same plans)."""
