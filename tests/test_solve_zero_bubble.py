@@ -105,3 +105,21 @@ def test_zero_bubble_search_between_its_oracles(instance) -> None:
     best = found[0].iteration_ms
     assert everything <= best * (1 + 1e-9)
     assert best <= family * (1 + 1e-9)
+
+
+def test_no_zero_bubble_plan_has_an_expert_group() -> None:
+    """What the search's floor at ep > 1 relies on (``finish_search`` adds no zero-bubble
+    floor there): a stage of an ep-e view holds a multiple of e >= 2 replicas, and no
+    zero-bubble variant of such a pipeline exists (torch runs them at dp 1)."""
+    from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+
+    for ep in (2, 4):
+        group = ReplicaGroup(0, 1, ep, 1, "none")
+        stages = (StageChoice(0, 2, (group,), ep=ep), StageChoice(2, 4, (group,), ep=ep))
+        for schedule, chunks in (("1f1b", 1), ("interleaved_1f1b", 2)):
+            config = PlanConfig(8, schedule, chunks, stages)
+            assert zero_bubble_variants([config]) == []
+    # The same pipeline at one replica per stage has its zero-bubble variant.
+    single = ReplicaGroup(0, 1, 1, 1, "none")
+    plain = PlanConfig(8, "1f1b", 1, (StageChoice(0, 2, (single,)), StageChoice(2, 4, (single,))))
+    assert zero_bubble_variants([plain])

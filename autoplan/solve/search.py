@@ -190,14 +190,21 @@ def finish_search(
             cost = model.evaluate(config)
             candidates.append(Candidate(cost.iteration_ms, config, cost))
     zero_bubble = options.zero_bubble or options.schedule in ZERO_BUBBLE_SCHEDULES
-    if zero_bubble and options.dp in (None, 1):
+    # A zero-bubble plan has one replica per stage (torch runs them at dp 1), and a view at
+    # ep e > 1 holds only stages of multiples of e replicas: none of its plans is one.
+    no_zero_bubble_plan = model.expert_parallel > 1
+    if zero_bubble and options.dp in (None, 1) and not no_zero_bubble_plan:
         # Torch runs them at dp 1 only. Tried at the best partitions only: the zero-bubble
         # plans elsewhere are bounded by the bounds that hold for every dp-1 plan of every
         # schedule (``certificate``: the work bound and the zero-bubble bound).
         floors.add(_zero_bubble_floor(model, batch, options, candidates, incumbent_ms))
     if options.schedule in ZERO_BUBBLE_SCHEDULES:  # the 1F1B-family bases were only a means
         candidates = [c for c in candidates if c.config.schedule == options.schedule]
-        floors = Floors(_zero_bubble_floor(model, batch, options, candidates, incumbent_ms))
+        floors = Floors(
+            math.inf
+            if no_zero_bubble_plan
+            else _zero_bubble_floor(model, batch, options, candidates, incumbent_ms)
+        )
     best_first = ranked(candidates)
     floors.add(min((c.iteration_ms for c in best_first if c.cost.feasible), default=math.inf))
     return SearchResult(best_first[:keep], considered, solved, timed_out, floors.floor_ms)
