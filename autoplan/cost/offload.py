@@ -74,9 +74,17 @@ def mode_key(recompute: str, offload: bool) -> str:
 
 def split_mode(mode: str) -> tuple[str, bool]:
     """(recompute, offload) of a mode name."""
+    known = _SPLIT.get(mode)  # the search asks this some 400 k times a solve
+    if known is not None:
+        return known
     if mode.endswith(OFFLOAD_SUFFIX):
         return mode[: -len(OFFLOAD_SUFFIX)], True
     return mode, False
+
+
+_SPLIT = {
+    mode: (mode.removesuffix(OFFLOAD_SUFFIX), mode.endswith(OFFLOAD_SUFFIX)) for mode in ALL_MODES
+}
 
 
 def searched_modes(recompute: tuple[str, ...], offload: bool | None) -> tuple[str, ...]:
