@@ -53,7 +53,7 @@ def _zero_bubble_floor(
 ) -> float:
     """No zero-bubble plan of the space is faster (``autoplan.solve.certificate``), or none
     is faster than the best of ``candidates`` and ``incumbent_ms`` (the bound stops there:
-    it is the floor of a search whose caller holds that plan)."""
+    it is the floor of a search whose caller holds that plan, or that has a floor as low)."""
     best = min(
         [incumbent_ms, *(c.iteration_ms for c in candidates if c.cost.feasible)], default=math.inf
     )
@@ -197,7 +197,10 @@ def finish_search(
         # Torch runs them at dp 1 only. Tried at the best partitions only: the zero-bubble
         # plans elsewhere are bounded by the bounds that hold for every dp-1 plan of every
         # schedule (``certificate``: the work bound and the zero-bubble bound).
-        floors.add(_zero_bubble_floor(model, batch, options, candidates, incumbent_ms))
+        # Past the least floor so far it cannot change the search's (the least of them):
+        # capped there too (a 16k-GPU search at its limit skips the memory packings).
+        cap = min(incumbent_ms, floors.floor_ms)
+        floors.add(_zero_bubble_floor(model, batch, options, candidates, cap))
     if options.schedule in ZERO_BUBBLE_SCHEDULES:  # the 1F1B-family bases were only a means
         candidates = [c for c in candidates if c.config.schedule == options.schedule]
         floors = Floors(
