@@ -874,12 +874,13 @@ def hetero_candidates(
     ``HeteroSource``).
 
     With an incumbent, the exact pass goes by levels: every run is searched for pipelines
-    below a level (the least root bound, then ``LEVEL_STEP`` higher each time) and, where it
-    finds none, is proven at or above that level (its floor); a run that finds one lowers the
-    bound. It stops once the level reaches the bound pruned against, where every run has been
-    searched below the bound itself, as one pass would. A run's search prunes far more below a
-    level near the optimum than below a poor incumbent (GPT-3 175B on mixed-1024: the uniform
-    incumbent is 6.7% above the optimum, which a two-stage plan at m = 8 holds), and the
+    below a level (the least root bound, then ``LEVEL_STEP`` higher each time; within two
+    steps of the bound, the bound itself) and, where it finds none, is proven at or above
+    that level (its floor); a run that finds one lowers the bound. It stops once the level
+    reaches the bound pruned against, where every run has been searched below the bound
+    itself, as one pass would. A run's search prunes far more below a level near the
+    optimum than below a poor incumbent (GPT-3 175B on mixed-1024: the uniform incumbent is
+    6.7% above the optimum, which a two-stage plan at m = 8 holds), and the
     certificate holds the level reached when the time limit stops it."""
     if source_type is None:
         source_type = HeteroSource
