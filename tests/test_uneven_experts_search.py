@@ -17,10 +17,12 @@ import math
 
 import pytest
 
+from autoplan.cost.expert_parallel import ExpertMember, ExpertSpan, span_alltoall_ms
 from autoplan.plan.validate import plan_problems
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
-from autoplan.solve.expert_span import span_options
+from autoplan.solve.expert_span import ExpertSpanSource, span_options
 from autoplan.solve.hetero import HeteroSource
+from autoplan.solve.stage_degrees import degree_options
 from autoplan.view.plan_tables import stages_section
 from tests.stage_degrees_oracle import brute_force_stage_degrees
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile
@@ -149,3 +151,67 @@ def test_even_experts_is_recorded_in_the_plan() -> None:
     assert plan.inputs.pinned["experts_by_speed"] == "False"
     assert all(r.routed_experts is None for s in plan.stages for r in s.replicas)
     assert "experts_by_speed" not in solve(model.profile, model.cluster, 3, OPTIONS).inputs.pinned
+
+
+@pytest.mark.parametrize(
+    ("memory_gib", "gpus", "inter_gb_per_s"), [(1.3, 2, 100.0), (1.6, 2, 10.0)]
+)
+def test_span_floors_stay_below_every_stage_they_bound(
+    memory_gib: float, gpus: int, inter_gb_per_s: float
+) -> None:
+    """Each option's floor on [i, j) (compute spread over every replica, plus the least
+        all-to-alls over the option's share pairs) is at most the work of its stage there, at
+        every flight (inf where a member's static bytes rule out every share, so no stage fits
+    anywhere it says inf); the all-to-all part is the least of ``span_alltoall_ms`` over the share
+        pairs (a second, plain computation of it) and is what lifts the floor."""
+    model = _model(memory_gib, gpus, inter_gb_per_s)
+    layers = model.profile.layers
+    for batch in (3, 4, 6):
+        base = HeteroSource(model, batch, 1, "1f1b", OPTIONS)
+        source = ExpertSpanSource(base, degree_options(OPTIONS, 2) or OPTIONS)
+        assert source.spans
+        lifted = ruled_out = kept = 0
+        for option, span in enumerate(source.spans):
+            (k1, _, n1), (k2, _, n2) = span.allocation
+            a1, a2 = n1 // span.groups, n2 // span.groups
+            pairs = [
+                (s, (batch - n1 * s) // n2)
+                for s in range(1, batch)
+                if (batch - n1 * s) % n2 == 0 and (batch - n1 * s) >= n2
+            ]
+            least = 0.0
+            if pairs:
+                least = min(
+                    span_alltoall_ms(
+                        group,
+                        layer.experts.dispatch_bytes
+                        / (layer.experts.num_experts * model.profile.micro_batch_size),
+                        model.span_links(group),
+                    )
+                    for layer in layers
+                    if layer.experts is not None
+                    for group in [
+                        ExpertSpan(
+                            (
+                                ExpertMember(k1, s1, span.experts[0], a1),
+                                ExpertMember(k2, s2, span.experts[1], a2),
+                            )
+                        )
+                        for s1, s2 in pairs
+                    ]
+                )
+            for j in range(1, len(layers) + 1):
+                floors = source.floor_table(j)
+                for i in range(j):
+                    moe = sum(layer.experts is not None for layer in layers[i:j])
+                    exchange = source._exchange[option, j] - source._exchange[option, i]
+                    if pairs:
+                        assert math.isclose(exchange, 4 * moe * least, rel_tol=1e-9)
+                        lifted += exchange > 0
+                    ruled_out += math.isinf(floors[option, i])
+                    for flight in (1, 2):
+                        found = source.stage(span, i, j, flight)
+                        if found is not None:
+                            assert floors[option, i] <= found.work_ms * (1 + 1e-12), (span, i, j)
+                        kept += found is not None
+        assert lifted > 0 and ruled_out > 0 and kept > 0

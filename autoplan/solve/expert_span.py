@@ -24,7 +24,16 @@ with ω_g(l) (forward) and β_g(l) (backward) the least per-sample times of laye
 (at the largest share), the n1 + n2 replicas spend together at least
 b Σ_l (min_g ω_g(l) + min_g β_g(l)) (each replica's expert part is at least its slots times
 the per-sample time of its own kind, and the slots of all replicas are the b samples'), so
-the slowest at least that over n1 + n2, plus the fixed per-pass times.
+the slowest at least that over n1 + n2, plus the fixed per-pass times. Every rank also waits
+for the option's all-to-alls (``span_alltoall_ms``: the busiest rank's, the same on every rank
+of a group, added to each MoE layer's forward and backward): at least their least over every
+share pair (s1, s2) the option admits, per MoE layer, so that is added whole. A unit of a
+block split in parts counts no all-to-all (its block's merged cost pays one for two units).
+And where a member's weights, gradients and optimizer states alone exceed its usable memory
+(they do not depend on the shares: a rank of kind g holds x_g / E of the routed experts),
+no share fits and the floor is inf: most options of a large MoE model are ruled out so,
+before any table set is built (none where a block is split in parts: there the units'
+parameters are not the block's).
 """
 
 from __future__ import annotations
@@ -36,8 +45,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.cost.block_parts import block_pairs
 from autoplan.cost.config import ReplicaGroup
-from autoplan.cost.expert_parallel import ExpertMember, ExpertSpan, expert_counts
+from autoplan.cost.expert_parallel import (
+    ALLTOALLS_PER_PASS,
+    ExpertMember,
+    ExpertSpan,
+    expert_counts,
+)
 from autoplan.cost.model import CostModel, LinkSide
 from autoplan.cost.offload import group_of
 from autoplan.solve.hetero import Allocation, HeteroSource
@@ -130,6 +145,109 @@ class ExpertSpanSource:
         where = {side: i for i, side in enumerate(self._distinct_sides)}
         self._side_of = np.array([where[side] for side in sides], dtype=np.intp)
         self._out_bytes = base._out_bytes
+        # The all-to-alls every rank waits for (module docstring), per option and layer.
+        self._exchange = (
+            np.array([self._exchange_prefix(o) for o in self.spans])
+            if self.spans
+            else np.zeros((0, model.num_layers + 1))
+        )
+        self._params, self._per_param, self._usable = self._static_parts()
+        # MoE layers before each unit, and each (allocation, expert-group count)'s first
+        # option (``stage``: a stage without MoE layers is the same for every split).
+        layers = model.profile.layers
+        self._moe = np.concatenate([[0], np.cumsum([x.experts is not None for x in layers])])
+        self._plain_ok = not block_pairs(model.profile)
+        self._canonical: dict[tuple[Allocation, int], SpanOption] = {}
+        for span in self.spans:
+            self._canonical.setdefault((span.allocation, span.groups), span)
+
+    def _static_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per option and member: the prefix sums over the layers of its parameters per GPU
+        (options, 2, layers + 1), the bytes each parameter holds at the option's ZeRO level
+        (options, 2) and the member's usable bytes (options, 2) (``_group``'s static check;
+        module docstring). Usable bytes inf where the check cannot be made here."""
+        model = self.model
+        count = len(self.spans)
+        params = np.zeros((count, 2, model.num_layers + 1))
+        per_param = np.zeros((count, 2))
+        usable = np.full((count, 2), math.inf)
+        if block_pairs(model.profile):
+            return params, per_param, usable
+        b = self.base.b
+        moe = np.array(
+            [
+                0.0 if x.experts is None else x.experts.expert_param_count
+                for x in model.profile.layers
+            ]
+        )
+        routed = np.concatenate([[0.0], np.cumsum(moe)])
+        total = next(iter(expert_counts(model.profile)), 1)
+        options = self._level_options()
+        for o, span in enumerate(self.spans):
+            replicas = sum(n for _, _, n in span.allocation)
+            levels = zero_levels(replicas, True, options)
+            if not levels:
+                usable[o] = -math.inf  # ``stage``: no level, no stage
+                continue
+            for g, ((k, t, _), x) in enumerate(zip(span.allocation, span.experts, strict=True)):
+                plain = np.asarray(model.tables(k, t, b).params, dtype=np.float64)
+                # ``span_layer_cost``: the rank keeps x_g of the E routed experts.
+                params[o, g] = plain - routed * (1 - x / total)
+                per_param[o, g] = model.static_bytes_per_param(span.groups, levels[0])
+                usable[o, g] = model.usable_bytes(k) - model.zero_transient_bytes(
+                    t, span.groups, levels[0]
+                )
+        return params, per_param, usable
+
+    def _shares(self, option: SpanOption) -> list[tuple[int, int]]:
+        """Every (s1, s2) with n1·s1 + n2·s2 = b, both >= 1 (the shares ``stage`` tries are
+        among them)."""
+        (_, _, n1), (_, _, n2) = option.allocation
+        b = self.base.b
+        return [
+            (s, (b - n1 * s) // n2)
+            for s in range(1, b)
+            if (b - n1 * s) % n2 == 0 and (b - n1 * s) // n2 >= 1
+        ]
+
+    def _exchange_prefix(self, option: SpanOption) -> np.ndarray:
+        """Prefix sums over the layers of the least forward + backward all-to-all ms one rank
+        of ``option`` waits for in each layer, over every share pair (module docstring); inf
+        everywhere where no share pair exists (no stage of the option fits)."""
+        model = self.model
+        shares = np.array(self._shares(option), dtype=np.float64).reshape(-1, 2)
+        if not len(shares):
+            return np.full(model.num_layers + 1, math.inf)
+        (k1, _, n1), (k2, _, n2) = option.allocation
+        counts = np.array([n1 // option.groups, n2 // option.groups], dtype=np.float64)
+        experts = np.array(option.experts, dtype=np.float64)
+        probe = ExpertSpan(tuple(ExpertMember(k, 1, 1, 1) for k in (k1, k2)))
+        links = np.array(model.span_links(probe))  # the members' classes only
+        ranks = counts.sum()
+        total = float(counts @ experts)  # E
+        samples = shares @ counts  # S of each share pair
+        in_parts = {q for p in block_pairs(model.profile) for q in (p, p + 1)}
+        profile_batch = model.profile.micro_batch_size
+        least: dict[float, float] = {}  # per dispatch_bytes: one for every Mixtral layer
+        per_layer = []
+        for position, layer in enumerate(model.profile.layers):
+            moe = layer.experts
+            if moe is None or position in in_parts:
+                per_layer.append(0.0)
+                continue
+            if moe.dispatch_bytes not in least:
+                # ``span_alltoall_ms`` at every share pair at once: each member's sent and
+                # received bytes, its pairwise steps, the busiest member; the least pair.
+                d = moe.dispatch_bytes / (moe.num_experts * profile_batch)
+                sent = (total - experts)[None, :] * shares * d
+                received = experts[None, :] * (samples[:, None] - shares) * d
+                time_ms = (ranks - 1) * links[:, 1] / 1e3 + np.maximum(sent, received) / (
+                    links[:, 0] * 1e6
+                )
+                least[moe.dispatch_bytes] = float(time_ms.max(axis=1).min())
+            # Forward and backward each: ALLTOALLS_PER_PASS all-to-alls.
+            per_layer.append(2 * ALLTOALLS_PER_PASS * least[moe.dispatch_bytes])
+        return np.concatenate([[0.0], np.cumsum(per_layer)])
 
     def _least_prefix(self, allocation: Allocation) -> np.ndarray:
         (k1, t, _), (k2, _, _) = allocation
@@ -155,7 +273,16 @@ class ExpertSpanSource:
 
     def floor_table(self, j: int) -> np.ndarray:
         work = self._prefix[:, j : j + 1] - self._prefix[:, :j]
-        return self.base.b * work / self._replicas[:, None] + self._overhead[:, None]
+        with np.errstate(invalid="ignore"):  # inf - inf: an option with no share pair
+            exchange = self._exchange[:, j : j + 1] - self._exchange[:, :j]
+        exchange = np.where(np.isnan(exchange), math.inf, exchange)
+        floor = self.base.b * work / self._replicas[:, None] + self._overhead[:, None] + exchange
+        # No share fits where a member's static bytes exceed its usable memory (a margin for
+        # the prefix sums' rounding: only a clear excess rules an option out).
+        params = self._params[:, :, j : j + 1] - self._params[:, :, :j]
+        static = params * self._per_param[:, :, None]
+        over = static > self._usable[:, :, None] * (1 + 1e-9) + 1.0
+        return np.where(over.any(axis=1), math.inf, floor)
 
     def send_floor(self, j: int, next_key: Hashable | None) -> np.ndarray:
         if next_key is None:
@@ -189,10 +316,26 @@ class ExpertSpanSource:
         )
 
     # ---- the space's rule ------------------------------------------------------------------
-    @functools.cache  # noqa: B019 (one source per search)
     def stage(self, option: SpanOption, i: int, j: int, flight: int) -> SpanStage | None:
         """The option's stage on [i, j) with ``flight`` micro-batches in flight (module
         docstring), or None where no shares fit."""
+        if self._moe_free(i, j):
+            # No MoE layer: the experts' split changes none of the stage's figures (each
+            # layer's cost is the plain one), so every split of one (allocation, expert-group
+            # count) has one stage, costed once on the plain table sets (a mixtral-8x7b solve
+            # costs the head and embedding stages of hundreds of options).
+            return self._stage(self._canonical[(option.allocation, option.groups)], i, j, flight)
+        return self._stage(option, i, j, flight)
+
+    def _moe_free(self, i: int, j: int) -> bool:
+        """Whether units [i, j) hold no MoE layer (and no block is split in parts, whose
+        merged costs are the block's)."""
+        return self._plain_ok and self._moe[j] == self._moe[i]
+
+    @functools.cache  # noqa: B019 (one source per search)
+    def _stage(self, option: SpanOption, i: int, j: int, flight: int) -> SpanStage | None:
+        """``stage`` of an option as the space's rule costs it."""
+        plain = self._moe_free(i, j)
         (k1, t, n1), (k2, _, n2) = option.allocation
         b = self.base.b
         replicas = n1 + n2
@@ -218,7 +361,7 @@ class ExpertSpanSource:
                 )
             )
             return [
-                self._group(k, t, n, s, span, g, i, j, flight, ranks, level)
+                self._group(k, t, n, s, span, g, i, j, flight, ranks, level, plain)
                 for g, (k, n, s) in enumerate(((k1, n1, s1), (k2, n2, s2)))
             ]
 
@@ -278,11 +421,16 @@ class ExpertSpanSource:
         flight: int,
         ranks: int,
         level: int,
+        plain: bool,
     ) -> _Picked | None:
         """(group, forward + backward, parameters per GPU, backward) of n replicas of kind
-        (k, t) taking ``share`` samples at the fastest recompute mode that fits, or None."""
+        (k, t) taking ``share`` samples at the fastest recompute mode that fits, or None;
+        ``plain``: [i, j) holds no MoE layer, whose costs the plain table set has."""
         model = self.model
-        tables = model.tables(k, t, share, False, 1, span.ep, (span, member))
+        if plain:
+            tables = model.tables(k, t, share, False, 1, 1)
+        else:
+            tables = model.tables(k, t, share, False, 1, span.ep, (span, member))
         params = tables.params[j] - tables.params[i]
         static = sum(model.static_bytes(params, ranks, level))
         usable = model.usable_bytes(k) - model.zero_transient_bytes(t, ranks, level)
