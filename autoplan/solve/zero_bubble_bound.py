@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -256,6 +257,22 @@ class _Rows:
         return np.maximum.reduceat(n, self.starts, axis=0).astype(int)
 
 
+def _least_feasible(candidates: np.ndarray, feasible: Callable[[float], bool], cap: float) -> float:
+    """The least of the ascending ``candidates`` that is ``feasible`` (monotone: feasible at
+    X, feasible above X), by bisection; ``cap`` when none is. Often nothing up to the cap is
+    feasible (a plan in hand beats every zero-bubble one): one test of the largest says so."""
+    if not len(candidates) or not feasible(float(candidates[-1])):
+        return cap
+    low, high = 0, len(candidates) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if feasible(float(candidates[middle])):
+            high = middle
+        else:
+            low = middle + 1
+    return float(candidates[low])
+
+
 def typed_cover_threshold(
     model: CostModel,
     kinds: list[RankKind],
@@ -403,18 +420,7 @@ def typed_cover_threshold(
     )
     values = values[np.isfinite(values)]
     candidates = np.unique(values[values <= cap])
-    # Often nothing up to the cap is feasible (a plan in hand beats every zero-bubble one):
-    # one test of the largest candidate says so.
-    if not len(candidates) or not feasible(float(candidates[-1])):
-        return cap
-    low, high = 0, len(candidates) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if feasible(float(candidates[middle])):
-            high = middle
-        else:
-            low = middle + 1
-    return float(candidates[low])
+    return _least_feasible(candidates, feasible, cap)
 
 
 def ranked_cover_threshold(
@@ -481,15 +487,4 @@ def ranked_cover_threshold(
     counts = np.arange(1, count + 1, dtype=float)
     values = (counts[None, :] * rows.unit[:, 0, None] + plain_of[:, None]).ravel()
     candidates = np.unique(values[np.isfinite(values) & (values <= cap)])
-    # Often nothing up to the cap is feasible (a plan in hand beats every zero-bubble one):
-    # one test of the largest candidate says so.
-    if not len(candidates) or not feasible(float(candidates[-1])):
-        return cap
-    low, high = 0, len(candidates) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if feasible(float(candidates[middle])):
-            high = middle
-        else:
-            low = middle + 1
-    return float(candidates[low])
+    return _least_feasible(candidates, feasible, cap)
