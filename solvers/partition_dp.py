@@ -59,32 +59,24 @@ def pipeline_objective(max_stage: float, sum_stage: float, max_tail: float, m: i
     return (m - 1) * max_stage + sum_stage + max_tail
 
 
-@dataclass
-class _Entry:
-    max_stage: float
-    sum_stage: float
-    max_tail: float
-    previous: _Entry | None
-    end: int
+# A partial partition: (max stage, sum of stages, max tail, previous entry, end layer). A
+# tuple, not a dataclass: the DP makes and reads hundreds of thousands of them per solve.
+_Entry = tuple[float, float, float, "_Entry | None", int]
 
 
 def _insert(front: list[_Entry], new: _Entry) -> None:
+    """Add ``new`` to the Pareto front of (max, sum, tail) unless an entry there is no
+    larger in all three; drop the entries it is no larger than in all three. Order kept:
+    survivors as they were, ``new`` last (the DP's ties keep the first found)."""
+    a, b, t = new[0], new[1], new[2]
+    dominates = False
     for old in front:
-        if (
-            old.max_stage <= new.max_stage
-            and old.sum_stage <= new.sum_stage
-            and old.max_tail <= new.max_tail
-        ):
+        if old[0] <= a and old[1] <= b and old[2] <= t:
             return
-    front[:] = [
-        old
-        for old in front
-        if not (
-            new.max_stage <= old.max_stage
-            and new.sum_stage <= old.sum_stage
-            and new.max_tail <= old.max_tail
-        )
-    ]
+        if not dominates and a <= old[0] and b <= old[1] and t <= old[2]:
+            dominates = True
+    if dominates:
+        front[:] = [old for old in front if not (a <= old[0] and b <= old[1] and t <= old[2])]
     front.append(new)
 
 
@@ -109,7 +101,11 @@ def best_partition(
     m = num_micro_batches
     if num_stages > num_layers or num_stages < 1:
         return None
-    fronts: list[dict[int, list[_Entry]]] = [{0: [_Entry(0.0, 0.0, 0.0, None, 0)]}]
+    # F = (m - 1) · M + S + U is written out below rather than through
+    # ``pipeline_objective`` (the same expression, in the same order): the inner loop runs
+    # once per (entry, end) and a call there is a third of the DP's time.
+    waits = m - 1
+    fronts: list[dict[int, list[_Entry]]] = [{0: [(0.0, 0.0, 0.0, None, 0)]}]
     for s in range(num_stages):
         last = s == num_stages - 1
         nxt: dict[int, list[_Entry]] = {}
@@ -118,15 +114,17 @@ def best_partition(
             front = fronts[s][i]
             if not front:
                 continue
-            least_max = min(e.max_stage for e in front)
-            least_sum = min(e.sum_stage for e in front)
-            least_tail = min(e.max_tail for e in front)
+            least_max = min(e[0] for e in front)
+            least_sum = min(e[1] for e in front)
+            least_tail = min(e[2] for e in front)
             ends = [num_layers] if last else range(i + 1, max_end + 1)
             for j in ends:
                 if stage_floor is not None:
                     floor = stage_floor(s, i, j)
-                    reach = pipeline_objective(
-                        max(least_max, floor), least_sum + floor, least_tail, m
+                    reach = (
+                        waits * (least_max if least_max >= floor else floor)
+                        + (least_sum + floor)
+                        + least_tail
                     )
                     if reach >= upper_bound:
                         break
@@ -140,32 +138,31 @@ def best_partition(
                     rest_max, rest_sum = 0.0, 0.0
                 target = nxt.setdefault(j, [])
                 for entry in front:
-                    max_stage = max(entry.max_stage, a)
-                    sum_stage = entry.sum_stage + b
-                    max_tail = max(entry.max_tail, t)
-                    bound = pipeline_objective(
-                        max(max_stage, rest_max), sum_stage + rest_sum, max_tail, m
+                    max_stage = entry[0] if entry[0] >= a else a
+                    sum_stage = entry[1] + b
+                    max_tail = entry[2] if entry[2] >= t else t
+                    bound = (
+                        waits * (max_stage if max_stage >= rest_max else rest_max)
+                        + (sum_stage + rest_sum)
+                        + max_tail
                     )
                     if bound >= upper_bound:
                         continue
-                    _insert(target, _Entry(max_stage, sum_stage, max_tail, entry, j))
+                    _insert(target, (max_stage, sum_stage, max_tail, entry, j))
         fronts.append(nxt)
     final = fronts[num_stages].get(num_layers, [])
     if not final:
         return None
-    best = min(
-        final,
-        key=lambda e: pipeline_objective(e.max_stage, e.sum_stage, e.max_tail, m),
-    )
+    best = min(final, key=lambda e: pipeline_objective(e[0], e[1], e[2], m))
     boundaries = []
     step: _Entry | None = best
     while step is not None:
-        boundaries.append(step.end)
-        step = step.previous
+        boundaries.append(step[4])
+        step = step[3]
     return PartitionResult(
         boundaries=tuple(reversed(boundaries)),
-        objective=pipeline_objective(best.max_stage, best.sum_stage, best.max_tail, m),
-        max_stage_ms=best.max_stage,
-        sum_stage_ms=best.sum_stage,
-        max_tail_ms=best.max_tail,
+        objective=pipeline_objective(best[0], best[1], best[2], m),
+        max_stage_ms=best[0],
+        sum_stage_ms=best[1],
+        max_tail_ms=best[2],
     )

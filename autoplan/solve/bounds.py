@@ -297,18 +297,16 @@ def group_bound(model: CostModel, g: Group, integral: bool = True) -> float:
     ``integral_bound`` (tighter, and most of the cost: the search asks for it only when the
     group comes up, ``uniform_search``)."""
     usable = tuple(k for k, cap in enumerate(g.caps) if cap > 0)
-    fastest, work = fastest_work(model, g.tp, g.mbs, usable)
-    totals = {k: sum(work[k]) for k in usable}
+    totals, spread, largest, total_fastest = _group_spread(model, g.tp, g.mbs, usable)
     if not all(totals.values()):
-        slowest_rank = max(fastest)
+        slowest_rank = largest
     else:
-        spread = sum(min(work[k][i] / totals[k] for k in usable) for i in range(len(fastest)))
         left, capacity = g.pp, 0.0
         for k in sorted(usable, key=lambda k: totals[k]):
             take = min(left, g.caps[k])
             capacity += take / totals[k]
             left -= take
-        slowest_rank = max(spread / capacity, max(fastest))
+        slowest_rank = max(spread / capacity, largest)
     bounds = []
     integral_ms = (
         integral_bound(
@@ -325,5 +323,21 @@ def group_bound(model: CostModel, g: Group, integral: bool = True) -> float:
         if chunks > 1:
             bounds.append(g.m * max(slowest_rank, integral_ms))
         else:
-            bounds.append((g.m - 1) * max(slowest_rank, integral_ms) + sum(fastest))
+            bounds.append((g.m - 1) * max(slowest_rank, integral_ms) + total_fastest)
     return min(bounds)
+
+
+@functools.lru_cache(maxsize=65536)
+def _group_spread(
+    model: CostModel, tp: int, mbs: int, usable: tuple[int, ...]
+) -> tuple[dict[int, float], float, float, float]:
+    """What ``group_bound`` reads that depends on (tp, micro-batch size, classes) only, not
+    on dp or pp: each class's total work W_k, Σ_l min_k w_kl / W_k (0 where some W_k is 0),
+    the largest and the sum of the layers' fastest times. The groups of every dp and pp
+    share it (on 16,384 GPUs thousands of groups, each a Python pass over the layers)."""
+    fastest, work = fastest_work(model, tp, mbs, usable)
+    totals = {k: sum(work[k]) for k in usable}
+    spread = 0.0
+    if all(totals.values()):
+        spread = sum(min(work[k][i] / totals[k] for k in usable) for i in range(len(fastest)))
+    return totals, spread, max(fastest), sum(fastest)
