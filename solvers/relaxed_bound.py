@@ -417,8 +417,12 @@ def _prefixes(cost: np.ndarray, n: int) -> np.ndarray:
     rows = cost.shape[0]
     best = np.full((rows, n + 1), math.inf)
     best[:, 0] = 0.0
-    for j in range(1, n + 1):
-        best[:, j] = (best[:, :j] + cost[:, :j, j]).min(axis=1)
+    # Pushed forward from each i once it is final, along cost's rows (contiguous): the same
+    # sums best[i] + cost[i, j], and a minimum is exact in any order, so the same figures as
+    # pulling each j's column (strided: one cache line per figure; twice the time).
+    for i in range(n):
+        ahead = best[:, i + 1 :]
+        np.minimum(ahead, best[:, i, None] + cost[:, i, i + 1 :], out=ahead)
     return best
 
 
