@@ -170,7 +170,7 @@ def test_span_floors_stay_below_every_stage_they_bound(
         base = HeteroSource(model, batch, 1, "1f1b", OPTIONS)
         source = ExpertSpanSource(base, degree_options(OPTIONS, 2) or OPTIONS)
         assert source.spans
-        lifted = ruled_out = kept = 0
+        lifted = ruled_out = kept = repeats = 0
         for option, span in enumerate(source.spans):
             (k1, _, n1), (k2, _, n2) = span.allocation
             a1, a2 = n1 // span.groups, n2 // span.groups
@@ -208,10 +208,20 @@ def test_span_floors_stay_below_every_stage_they_bound(
                     if pairs:
                         assert math.isclose(exchange, 4 * moe * least, rel_tol=1e-9)
                         lifted += exchange > 0
-                    ruled_out += math.isinf(floors[option, i])
+                    first = source._canonical[(span.allocation, span.groups)]
+                    repeat = moe == 0 and first != span
+                    ruled_out += math.isinf(floors[option, i]) and not repeat
                     for flight in (1, 2):
                         found = source.stage(span, i, j, flight)
-                        if found is not None:
+                        if repeat:
+                            # Left to the first split of its (allocation, count), an earlier
+                            # option whose stage it is, whose floor is a floor of it.
+                            assert found == source._stage(first, i, j, flight)
+                            at = source.spans.index(first)
+                            assert at < option
+                            assert found is None or not math.isinf(floors[at, i])
+                            repeats += 1
+                        elif found is not None:
                             assert floors[option, i] <= found.work_ms * (1 + 1e-12), (span, i, j)
                         kept += found is not None
-        assert lifted > 0 and ruled_out > 0 and kept > 0
+        assert lifted > 0 and ruled_out > 0 and kept > 0 and repeats > 0

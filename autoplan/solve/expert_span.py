@@ -62,6 +62,9 @@ from solvers.pipeline_dp import StageCostResult
 
 __all__ = ["ExpertSpanSource", "SpanOption", "SpanStage", "span_options"]
 
+# ``ExpertSpanSource.cost``'s answers kept at most (a few hundred bytes each).
+_COSTS_KEPT = 200_000
+
 # One group of an option's stage: (group, forward + backward ms, parameters per GPU, backward ms)
 _Picked = tuple[ReplicaGroup, float, float, float]
 
@@ -152,6 +155,7 @@ class ExpertSpanSource:
             else np.zeros((0, model.num_layers + 1))
         )
         self._params, self._per_param, self._usable = self._static_parts()
+        self._costs: dict[tuple[int, int, int, int, Hashable | None], StageCostResult | None] = {}
         # MoE layers before each unit, and each (allocation, expert-group count)'s first
         # option (``stage``: a stage without MoE layers is the same for every split).
         layers = model.profile.layers
@@ -160,6 +164,12 @@ class ExpertSpanSource:
         self._canonical: dict[tuple[Allocation, int], SpanOption] = {}
         for span in self.spans:
             self._canonical.setdefault((span.allocation, span.groups), span)
+        # An option that is not its (allocation, count)'s first: on a stage without MoE layers
+        # it is that first option's stage, with the same GPUs and key, found after it (the
+        # DP keeps the first of equal labels), so its floor there is inf: never costed.
+        self._repeat = np.array(
+            [self._canonical[(s.allocation, s.groups)] != s for s in self.spans], dtype=bool
+        )
 
     def _static_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per option and member: the prefix sums over the layers of its parameters per GPU
@@ -282,7 +292,11 @@ class ExpertSpanSource:
         params = self._params[:, :, j : j + 1] - self._params[:, :, :j]
         static = params * self._per_param[:, :, None]
         over = static > self._usable[:, :, None] * (1 + 1e-9) + 1.0
-        return np.where(over.any(axis=1), math.inf, floor)
+        floor = np.where(over.any(axis=1), math.inf, floor)
+        if self._plain_ok:
+            free = self._moe[:j] == self._moe[j]  # starts whose stage has no MoE layer
+            floor[np.ix_(self._repeat, free)] = math.inf
+        return floor
 
     def send_floor(self, j: int, next_key: Hashable | None) -> np.ndarray:
         if next_key is None:
@@ -297,6 +311,21 @@ class ExpertSpanSource:
     ) -> StageCostResult | None:
         base = self.base
         flight = base.m if base.schedule == "gpipe" else min(base.m, position)
+        # The DP asks again for every label of one key at j: the answer once (a cap keeps a
+        # long search's cache small; what it drops is recomputed the same).
+        key = (option, i, j, flight, next_key)
+        if key in self._costs:
+            return self._costs[key]
+        if len(self._costs) >= _COSTS_KEPT:
+            self._costs.clear()
+        found = self._cost(option, i, j, flight, next_key)
+        self._costs[key] = found
+        return found
+
+    def _cost(
+        self, option: int, i: int, j: int, flight: int, next_key: Hashable | None
+    ) -> StageCostResult | None:
+        """``cost`` at ``flight`` micro-batches in flight, uncached."""
         span = self.spans[option]
         found = self.stage(span, i, j, flight)
         if found is None:

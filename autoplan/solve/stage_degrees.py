@@ -165,6 +165,11 @@ class StageDegreeSource:
             np.array([o for v, o in self._options if v == index], dtype=np.int64)
             for index in range(len(variants))
         ]
+        self._use_array = np.array(self._uses, dtype=np.float64)
+        # ``send_floor`` of the position being extended, per next key: the DP asks once per
+        # label, the same array for every label of one key (4-5 s of a mixtral-8x7b solve).
+        self._sends_at = -1
+        self._sends: dict[Hashable | None, np.ndarray] = {}
 
     def options(self) -> list[tuple[int, ...]]:
         return self._uses
@@ -178,13 +183,20 @@ class StageDegreeSource:
         )
 
     def send_floor(self, j: int, next_key: Hashable | None) -> np.ndarray:
-        # Each variant's own (its view's boundary times, as its costs take them).
-        return np.concatenate(
-            [
-                source.send_floor(j, next_key)[rows]
-                for source, rows in zip(self._sources, self._rows, strict=True)
-            ]
-        )
+        if j != self._sends_at:
+            self._sends_at, self._sends = j, {}
+        found = self._sends.get(next_key)
+        if found is None:
+            # Each variant's own (its view's boundary times, as its costs take them).
+            found = np.concatenate(
+                [
+                    source.send_floor(j, next_key)[rows]
+                    for source, rows in zip(self._sources, self._rows, strict=True)
+                ]
+            )
+            found.flags.writeable = False  # shared by every label of the key
+            self._sends[next_key] = found
+        return found
 
     def prefix_table(self, free: np.ndarray) -> np.ndarray:
         return self.base.prefix_table(free)
@@ -192,7 +204,7 @@ class StageDegreeSource:
     def fill_ratio(self, free: np.ndarray, usable: np.ndarray) -> np.ndarray:
         # The base's weights over every variant's options (a cp stage's GPUs counted cp times,
         # as the prefix bound counts them).
-        return self.base.fill_ratio(free, usable, np.array(self._uses, dtype=np.float64))
+        return self.base.fill_ratio(free, usable, self._use_array)
 
     def key_covers(self, low: Hashable, high: Hashable) -> bool:
         return self.base.key_covers(low, high)
