@@ -63,7 +63,7 @@ from solvers.pipeline_dp import StageCostResult
 __all__ = ["ExpertSpanSource", "SpanOption", "SpanStage", "span_options"]
 
 # ``ExpertSpanSource.cost``'s answers kept at most (a few hundred bytes each).
-_COSTS_KEPT = 200_000
+_COSTS_KEPT = 50_000
 
 # One group of an option's stage: (group, forward + backward ms, parameters per GPU, backward ms)
 _Picked = tuple[ReplicaGroup, float, float, float]
