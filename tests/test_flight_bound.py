@@ -10,6 +10,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoplan.cost.offload import group_of
 from autoplan.solve import SolveOptions, cost_model
 from autoplan.solve.bounds import Pending
 from autoplan.solve.flight_bound import order_bound
@@ -83,3 +84,20 @@ def test_a_slow_class_at_the_end_lifts_the_bound() -> None:
     assert found is not None
     assert pending.bound * 1.2 < bound <= found[1] * (1 + 1e-9)
     assert isinstance(pending, Pending)
+
+
+def test_the_all_reduce_reads_no_micro_batch_size() -> None:
+    """``flight_bound._collectives`` costs the ZeRO-2/3 bound's all-reduces once for the
+    groups of every micro-batch size: it holds only while ``CostModel.allreduce_ms`` does
+    not read the group's samples or recompute (in one node and across nodes)."""
+    profile = transformer_profile(4, hidden=2048, seq_len=1024, heads=16)
+    cluster = make_cluster(
+        [("fast", gpu("FAST", 300.0, 40.0), 4, 2), ("slow", gpu("SLOW", 20.0, 40.0), 4, 2)]
+    )
+    model = cost_model(profile, cluster, SolveOptions())
+    for k, tp, dp in [(0, 1, 2), (0, 2, 2), (1, 1, 8), (1, 2, 4)]:
+        reference = model.allreduce_ms((group_of(k, tp, dp, 1, "none"),), (3.0e8,))
+        assert reference > 0
+        for samples, mode in [(2, "none"), (8, "full"), (3, "selective")]:
+            group = group_of(k, tp, dp, samples, mode)
+            assert model.allreduce_ms((group,), (3.0e8,)) == reference, (k, tp, dp, samples)

@@ -227,22 +227,18 @@ def lower_bound(model: CostModel, p: Pending) -> float:
     """A time no split of this candidate beats: the slowest rank at least the fractional
     bound, every layer at least its fastest time, no communication, no tail."""
     used = tuple(sorted(set(p.classes)))
+    if p.chunks > 1:
+        # The split is fixed: each rank's work without recompute or sends bounds it.
+        per_class = _interleaved_rank_work(model, used, len(p.classes), p.tp, p.mbs, p.chunks)
+        ranks = [per_class[k][r] for r, k in enumerate(p.classes)]
+        return pipeline_time_ms(ranks, p.m, p.chunks)
     fastest, _ = fastest_work(model, p.tp, p.mbs, used)
     counts = tuple((k, p.classes.count(k)) for k in used)
     slowest_rank = max(
         rank_bound(model, p.tp, p.mbs, counts),
         occupancy_bound(model, p.tp, p.mbs, counts),
-        integral_bound(model, p.tp, p.mbs, p.dp, p.zero1, counts, len(p.classes), MODES)
-        if p.chunks == 1
-        else 0.0,
+        integral_bound(model, p.tp, p.mbs, p.dp, p.zero1, counts, len(p.classes), MODES),
     )
-    if p.chunks > 1:
-        # The split is fixed: each rank's work without recompute or sends bounds it.
-        per_class = _interleaved_rank_work(
-            model, tuple(sorted(set(p.classes))), len(p.classes), p.tp, p.mbs, p.chunks
-        )
-        ranks = [per_class[k][r] for r, k in enumerate(p.classes)]
-        return pipeline_time_ms(ranks, p.m, p.chunks)
     if math.isinf(slowest_rank):  # infeasible; at m = 1, (m - 1) × inf would be NaN
         return math.inf
     return (p.m - 1) * slowest_rank + sum(fastest)
