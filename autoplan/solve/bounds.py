@@ -211,14 +211,10 @@ def interleaved_sizes(
 def _interleaved_sizes(
     model: CostModel, used: tuple[int, ...], ranks: int, tp: int, mbs: int, chunks: int
 ) -> tuple[int, ...]:
-    work = [
-        max(
-            model.tables(k, tp, mbs).layers[i].forward_ms()
-            + model.tables(k, tp, mbs).layers[i].backward_ms("none")
-            for k in used
-        )
-        for i in range(model.num_layers)
-    ]
+    # Each layer's time on the slowest used class (the per-class times of ``fastest_work``,
+    # computed once per (tp, micro-batch size) rather than once per (classes, ranks, chunks)).
+    per_class = [fastest_work(model, tp, mbs, (k,))[1][k] for k in used]
+    work = [max(times[i] for times in per_class) for i in range(model.num_layers)]
     kinds = [layer.kind for layer in model.profile.layers]
     return tuple(interleaved_split(kinds, work, ranks, chunks))
 

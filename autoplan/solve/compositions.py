@@ -29,6 +29,7 @@ schedules; each is scaled by 1 − 1e-12 so that rounding never lifts it above a
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -57,9 +58,11 @@ class Composition:
     interleaved_ms: float  # bound on the interleaved orders (inf: none allowed)
 
 
-def _count_vectors(caps: list[int], total: int) -> np.ndarray:
+@functools.lru_cache(maxsize=4096)
+def _count_vectors(caps: tuple[int, ...], total: int) -> np.ndarray:
     """Every vector of len(caps) integers 0 ≤ n_k ≤ caps[k] with Σ n = total, one a row, in
-    lexicographic order."""
+    lexicographic order (cached: the groups of every micro-batch size of a (tp, dp) share
+    their caps; read-only)."""
     rows: list[tuple[int, ...]] = []
 
     def fill(prefix: tuple[int, ...], left: int) -> None:
@@ -72,7 +75,9 @@ def _count_vectors(caps: list[int], total: int) -> np.ndarray:
             fill((*prefix, n), left - n)
 
     fill((), total)
-    return np.array(rows, dtype=np.int64).reshape(len(rows), len(caps))
+    out = np.array(rows, dtype=np.int64).reshape(len(rows), len(caps))
+    out.flags.writeable = False
+    return out
 
 
 def compositions(
@@ -83,7 +88,7 @@ def compositions(
     usable = [k for k, cap in enumerate(g.caps) if cap > 0]
     if not usable:
         return []
-    counts = _count_vectors([g.caps[k] for k in usable], g.pp)
+    counts = _count_vectors(tuple(g.caps[k] for k in usable), g.pp)
     if not len(counts):
         return []
     _, work = fastest_work(model, g.tp, g.mbs, tuple(usable))
@@ -152,7 +157,7 @@ def _integral(
     """The integral bound (module docstring) of each row of ``n`` (counts of ``classes``):
     inf where no budget suffices."""
     steps = [rank_steps(model, g.tp, g.mbs, g.dp, levels, k, 1, 0.0) for k in classes]
-    cheapest = [np.sort(np.array(fastest_work(model, g.tp, g.mbs, (k,))[1][k])) for k in classes]
+    cheapest = [_sorted_work(model, g.tp, g.mbs, k) for k in classes]
     grid = np.unique(np.concatenate([s for s, _ in steps] + cheapest))
     if not len(grid):
         return np.full(len(n), math.inf)
@@ -180,6 +185,14 @@ def _integral(
         low = np.where(ok, low, middle + 1)
         low = np.minimum(low, high)
     return np.where(feasible, grid[high], math.inf)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sorted_work(model: CostModel, tp: int, mbs: int, k: int) -> np.ndarray:
+    """Class k's layer times (forward + backward, no recompute), ascending; read-only."""
+    out = np.sort(np.array(fastest_work(model, tp, mbs, (k,))[1][k]))
+    out.flags.writeable = False
+    return out
 
 
 def orders(subset: tuple[int, ...], counts: tuple[int, ...]):

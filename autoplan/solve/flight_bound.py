@@ -186,27 +186,28 @@ def flight_bound(model: CostModel, p: Pending, levels: tuple[int, ...]) -> float
         reserved = boundary * ((s > 0) + (s < pp - 1))
         ranks.append(rank_steps(model, p.tp, p.mbs, p.dp, levels, k, flight, reserved))
     num_layers = model.num_layers
-
-    def enough(budget: float) -> bool:
-        covered = 0
-        for budgets, most in ranks:
-            index = int(np.searchsorted(budgets, budget, side="right")) - 1
-            if index < 0:
-                return False  # every rank holds a layer
-            covered += int(most[index])
-        return covered >= num_layers
-
     candidates = np.unique(np.concatenate([budgets for budgets, _ in ranks]))
-    if not len(candidates) or not enough(candidates[-1]):
+    if not len(candidates):
         return math.inf
-    low, high = 0, len(candidates) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if enough(candidates[middle]):
-            high = middle
-        else:
-            low = middle + 1
-    return float(candidates[low])
+    # Every candidate budget at once: whether each rank holds a layer within it and how many
+    # layers the ranks hold together. Both only grow with the budget (the staircases rise),
+    # so the first candidate that passes is the least X* (what a bisection would find). Ranks
+    # of one class and in-flight count share one staircase (``rank_steps`` is cached): each
+    # distinct one looked up once, weighted by its ranks.
+    distinct: dict[int, tuple[tuple[np.ndarray, np.ndarray], int]] = {}
+    for steps in ranks:
+        entry = distinct.get(id(steps))
+        distinct[id(steps)] = (steps, 1 if entry is None else entry[1] + 1)
+    placed = np.ones(len(candidates), dtype=bool)
+    covered = np.zeros(len(candidates), dtype=np.int64)
+    for (budgets, most), count in distinct.values():
+        index = np.searchsorted(budgets, candidates, side="right") - 1
+        placed &= index >= 0  # every rank holds a layer
+        covered += count * np.where(index >= 0, most[np.maximum(index, 0)], 0)
+    passing = np.flatnonzero(placed & (covered >= num_layers))
+    if not len(passing):
+        return math.inf
+    return float(candidates[passing[0]])
 
 
 def _runs(classes: tuple[int, ...]) -> list[tuple[int, int, int]]:
@@ -228,7 +229,7 @@ def run_bound(model: CostModel, p: Pending) -> tuple[float, float]:
     together at least Σ_l min_j w_j(l) + Σ_runs Σ_W (w_k − min_j w_j) (the runs' windows
     are disjoint); each taken at its least over the windows (no recompute, no sends)."""
     used = tuple(sorted(set(p.classes)))
-    fastest, work = fastest_work(model, p.tp, p.mbs, used)
+    fastest, _ = fastest_work(model, p.tp, p.mbs, used)
     num_layers, pp = len(fastest), len(p.classes)
     slowest = extra = 0.0
     for first, r, k in _runs(p.classes):
@@ -239,20 +240,40 @@ def run_bound(model: CostModel, p: Pending) -> tuple[float, float]:
             highest = 0 if after else highest
         if after == 0:
             lowest = num_layers - r if first else 0
-        times = work[k]
-        best_slowest = best_extra = math.inf
-        for start in range(lowest, highest + 1):
-            window = times[start : start + r]
-            best_slowest = min(best_slowest, max(max(window), sum(window) / r))
-            best_extra = min(
-                best_extra,
-                sum(w - f for w, f in zip(window, fastest[start : start + r], strict=True)),
-            )
+        best_slowest, best_extra = _windows(model, p.tp, p.mbs, used, k, r, lowest, highest)
         if math.isinf(best_slowest):
             continue  # the run cannot be placed: the DP finds no split (no bound claimed)
         slowest = max(slowest, best_slowest)
         extra += best_extra
     return slowest, extra
+
+
+@functools.lru_cache(maxsize=65536)
+def _windows(
+    model: CostModel,
+    tp: int,
+    mbs: int,
+    used: tuple[int, ...],
+    k: int,
+    r: int,
+    lowest: int,
+    highest: int,
+) -> tuple[float, float]:
+    """``run_bound``'s least (slowest rank, extra fill) of a run of r ranks of class k over
+    its windows starting at ``lowest``..``highest`` (inf, inf: none). The same run recurs in
+    the orders of many compositions and groups (every dp of a (tp, micro-batch size)): it is
+    scanned once."""
+    fastest, work = fastest_work(model, tp, mbs, used)
+    times = work[k]
+    best_slowest = best_extra = math.inf
+    for start in range(lowest, highest + 1):
+        window = times[start : start + r]
+        best_slowest = min(best_slowest, max(max(window), sum(window) / r))
+        best_extra = min(
+            best_extra,
+            sum(w - f for w, f in zip(window, fastest[start : start + r], strict=True)),
+        )
+    return best_slowest, best_extra
 
 
 DUAL_STEPS = 8
