@@ -131,19 +131,27 @@ def compositions(
     bound = np.minimum(single, interleaved)
     keep = np.flatnonzero(bound < threshold)
     # Subsets by size, then counts in order: the enumeration the search has always used.
-    order = sorted(keep, key=lambda r: (int(present[r].sum()), _subset_key(present[r]), r))
+    # The subsets are few (at most 2^classes): each ranked once in Python by (size, its
+    # members), the rows then sorted by (that rank, row) in numpy.
+    subsets = {int(mask): _subset_key(int(mask), len(usable)) for mask in np.unique(masks[keep])}
+    ranked = sorted(subsets, key=lambda mask: (len(subsets[mask]), subsets[mask]))
+    rank_of = {mask: position for position, mask in enumerate(ranked)}
+    order = keep[np.lexsort((keep, np.array([rank_of[int(x)] for x in masks[keep]])))]
+    values = counts[order].tolist()
     out = []
-    for r in order:
-        subset = tuple(usable[x] for x in range(len(usable)) if present[r, x])
-        parts = tuple(int(counts[r, x]) for x in range(len(usable)) if present[r, x])
+    for r, row in zip(order.tolist(), values, strict=True):
+        columns = subsets[int(masks[r])]
+        subset = tuple(usable[x] for x in columns)
+        parts = tuple(row[x] for x in columns)
         out.append(
             Composition(float(bound[r]), subset, parts, float(single[r]), float(interleaved[r]))
         )
     return out
 
 
-def _subset_key(present: np.ndarray) -> tuple[int, ...]:
-    return tuple(x for x, on in enumerate(present) if on)
+def _subset_key(mask: int, classes: int) -> tuple[int, ...]:
+    """The members (indices into the usable classes) of a subset given as a bit mask."""
+    return tuple(x for x in range(classes) if mask >> x & 1)
 
 
 def _integral(

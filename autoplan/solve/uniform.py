@@ -410,6 +410,8 @@ def _orders_of(
             p = Pending(0.0, (), g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes)
             if chunks == 1:
                 bound = composition.single_ms
+            elif composition.interleaved_ms >= threshold:
+                continue  # pruned whatever the order's own bound
             else:
                 bound = max(composition.interleaved_ms, lower_bound(model, p))
             if bound >= threshold:
