@@ -87,9 +87,11 @@ class StageTable:
     boundary's send times on the two classes at (tp, dp, micro-batch size); the orders of one
     composition and the compositions of one group ask for the same ones again."""
 
-    choices: dict[tuple[int, ...], tuple[int, str, float, float] | None] = field(
-        default_factory=dict
-    )
+    # (ZeRO level, recompute, work, backward, tail) of a stage, or None where none fits: by
+    # (tp, dp, micro-batch size, m, class, in-flight count), then by (i, j).
+    choices: dict[
+        tuple[int, ...], dict[tuple[int, int], tuple[int, str, float, float, float] | None]
+    ] = field(default_factory=dict)
     edges: dict[tuple[int, ...], float] = field(default_factory=dict)
     # A boundary's send time per end layer, by (tp, dp, micro-batch size, class, next class).
     sends: dict[tuple[int, ...], list[float]] = field(default_factory=dict)
@@ -142,6 +144,14 @@ class _StageCoster:
                 self.sends.append(sends)
             else:
                 self.sends.append([0.0] * (model.num_layers + 1))
+        # Stage s's choices in the shared table: the figures depend on the stage's class and
+        # in-flight count beside the pipeline's shape, not on its neighbours.
+        self._choices = [
+            self._shared.choices.setdefault(
+                (p.tp, p.dp, p.mbs, p.m, p.classes[s], self.flight[s]), {}
+            )
+            for s in range(pp)
+        ]
         self._transient: dict[tuple[int, str], list[list[float]]] = {}
         self._suffix: dict[int, tuple[list[float], int]] = {}
 
@@ -230,19 +240,36 @@ class _StageCoster:
         found = self._choice(s, i, j)
         return None if found is None else (found[0], found[1])
 
-    def _choice(self, s: int, i: int, j: int) -> tuple[int, str, float, float] | None:
-        """``choice_for`` with the chosen (work, backward) of ``_work``."""
-        p = self.p
-        key = (p.tp, p.dp, p.mbs, p.m, p.classes[s], self.flight[s], i, j)
-        choices = self._shared.choices
+    def _choice(self, s: int, i: int, j: int) -> tuple[int, str, float, float, float] | None:
+        """``choice_for`` with the chosen (work, backward) of ``_work`` and the stage's tail
+        (exposed all-reduce, optimizer step: what ``__call__`` adds after the pipeline)."""
+        choices = self._choices[s]
+        key = (i, j)
         if key in choices:
             return choices[key]
-        found = self._choose(s, i, j)
+        chosen = self._choose(s, i, j)
+        found = None
+        if chosen is not None:
+            level, mode, work, backward = chosen
+            found = (level, mode, work, backward, self._tail(s, i, j, level, backward))
         choices[key] = found
         return found
 
+    def _tail(self, s: int, i: int, j: int, level: int, backward: float) -> float:
+        """Stage s's work after its last backward on [i, j) at ZeRO ``level``: the exposed
+        part of its all-reduce, its optimizer step and the step's overhead."""
+        params = self.tables[s].params[j] - self.tables[s].params[i]
+        allreduce = 0.0
+        if params > 0 and level <= 1:
+            allreduce = _allreduce_ms(self.model, self.rank_groups[s], params)
+        return (
+            self.model.exposed_allreduce_ms(allreduce, backward, self.model.uniform_executor())
+            + self.optimizer[level][s] * params
+            + self.step_overhead[s]
+        )
+
     def _choose(self, s: int, i: int, j: int) -> tuple[int, str, float, float] | None:
-        """``_choice`` computed."""
+        """``_choice`` computed (without the tail)."""
         t = self.tables[s]
         # The modes' order by time and the buffers do not depend on the level: once here.
         ordered = sorted(self.modes, key=lambda mode: t.span_work(mode, i, j))
@@ -261,18 +288,8 @@ class _StageCoster:
         choice = self._choice(s, i, j)
         if choice is None:
             return None
-        level, _mode, work, backward = choice
-        t = self.tables[s]
+        work, tail = choice[2], choice[4]
         send = self.sends[s][j]
-        params = t.params[j] - t.params[i]
-        allreduce = 0.0
-        if params > 0 and level <= 1:
-            allreduce = _allreduce_ms(self.model, self.rank_groups[s], params)
-        tail = (
-            self.model.exposed_allreduce_ms(allreduce, backward, self.model.uniform_executor())
-            + self.optimizer[level][s] * params
-            + self.step_overhead[s]
-        )
         # Blocking transfers (``autoplan.cost.schedule``): the stage pays both directions of
         # the boundary to the next stage and of the one from the previous stage.
         received = self.sends[s - 1][i] if s > 0 else 0.0
