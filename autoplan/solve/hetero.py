@@ -107,16 +107,30 @@ def _two_kind_floor(
     at an end. Only kind 1's shares are whole here: the caller also takes the bound with the
     kinds swapped, and the larger of the two."""
     top = np.ceil((b - n2) / n1)
+    most = b - n2
     # Where x w1 meets the line (b − n1 x) w2 / n2; past x = (b − n2) / n1 the second term is
-    # the constant w2, met at x = w2 / w1.
-    cross = b * w2 / (n2 * w1 + n1 * w2)
-    cross = np.where(cross <= (b - n2) / n1, cross, w2 / w1)
-    best = np.full(np.broadcast_shapes(w1.shape, n1.shape), math.inf)
+    # the constant w2, met at x = w2 / w1. In place where a temporary would be (the arrays
+    # are every option × cell: memory-bound), each figure the same operations in the same
+    # order as the formula.
+    denominator = n2 * w1
+    denominator += n1 * w2
+    cross = b * w2
+    cross /= denominator
+    cross = np.where(cross <= most / n1, cross, w2 / w1)
+    best = None
     for x in (np.floor(cross), np.ceil(cross)):
         # np.clip's own overhead is most of its time here; the same figures (no NaN).
-        x = np.minimum(np.maximum(x, 1.0), top)
-        value = np.maximum(x * w1, (b - np.minimum(n1 * x, b - n2)) * w2 / n2)
-        best = np.minimum(best, value)
+        np.maximum(x, 1.0, out=x)
+        np.minimum(x, top, out=x)
+        second = n1 * x
+        np.minimum(second, most, out=second)
+        np.subtract(b, second, out=second)
+        second *= w2
+        second /= n2
+        x *= w1
+        np.maximum(x, second, out=x)
+        best = x if best is None else np.minimum(best, x, out=best)
+    assert best is not None
     return best
 
 
@@ -300,11 +314,11 @@ class HeteroSource:
             per_kind = work[self._kind_index[pair]]  # (two-kind options, 2, cells)
             safe = np.where(per_kind > 0, per_kind, 1.0)
             n1, n2 = self._counts[pair, 0, None], self._counts[pair, 1, None]
-            balanced = np.maximum(
-                _two_kind_floor(safe[:, 0], safe[:, 1], n1, n2, self.b),
-                _two_kind_floor(safe[:, 1], safe[:, 0], n2, n1, self.b),
-            )
-            out[pair] = np.where((per_kind <= 0).any(axis=1), 0.0, balanced)
+            balanced = _two_kind_floor(safe[:, 0], safe[:, 1], n1, n2, self.b)
+            swapped = _two_kind_floor(safe[:, 1], safe[:, 0], n2, n1, self.b)
+            np.maximum(balanced, swapped, out=balanced)
+            balanced[(per_kind <= 0).any(axis=1)] = 0.0
+            out[pair] = balanced
         out += self._overhead[:, None]
         offsets = np.cumsum([0, *range(first, last + 1)])  # the cells of each end
         return {
