@@ -311,6 +311,7 @@ class _Run:
         # direction ν >= 0, the least ν · Σ u over the partitions above ν · R proves it.
         self.directions = np.vstack([weights[None, :], np.eye(len(resources))])
         self._tables: dict[bytes, _GridTables] = {}
+        self._minima: tuple[np.ndarray, np.ndarray] | None = None
 
     def same_inputs(self, inputs: tuple[object, ...]) -> bool:
         """Whether ``inputs`` are this run's (arrays compared by value)."""
@@ -346,33 +347,49 @@ class _Run:
         reads[:, self.where] = counts * cells + np.arange(cells)
         at = reads.reshape(-1)
 
-        def capped_costs(values: np.ndarray) -> np.ndarray:
-            """[k * g, i, j]: per row k of ``values`` ([k, option, cell], options in
-            ``order``), the least over the options of floor <= A_g on [i, j) (inf where
-            none)."""
-            padded = np.empty((len(values), len(flat) + 1, cells))
-            padded[:, 0] = math.inf
-            padded[:, 1:] = values
-            # The running minimum one option at a time: numpy's accumulate along an axis
-            # runs several times slower than these few whole-row minimums.
-            for k in range(2, len(flat) + 1):
-                np.minimum(padded[:, k - 1], padded[:, k], out=padded[:, k])
-            taken: np.ndarray = np.take(padded.reshape(len(values), -1), at, axis=1)
-            return taken.reshape(len(values) * size, n + 1, n + 1)
+        def capped_costs(padded: np.ndarray) -> np.ndarray:
+            """[k * g, i, j]: per row k of ``padded`` (``_running_minima``), the least over
+            the options of floor <= A_g on [i, j) (inf where none)."""
+            taken: np.ndarray = np.take(padded.reshape(len(padded), -1), at, axis=1)
+            return taken.reshape(len(padded) * size, n + 1, n + 1)
 
+        priced, needed = self._running_minima()
         # Every price's table in one array (the shortest paths run once over all of them).
-        cost = capped_costs(
-            np.stack([flat + factor * self.scale * self.option_weight for factor in PRICE_FACTORS])
-        )
+        cost = capped_costs(priced)
         prefix = _prefixes(cost, n).reshape(len(self.prices), size, n + 1)
-        need = capped_costs(
-            np.stack([(self.uses @ d)[self.order].reshape(flat.shape) for d in self.directions])
-        )
+        need = capped_costs(needed)
         needs = _prefixes(need, n).reshape(len(self.directions), size, n + 1)
         have = self.directions @ self.resources
         short = np.any(needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9, axis=0)
         loose = _shortest(cost, n, 1, n).reshape(len(self.prices), size)
         return _GridTables(cost, prefix, needs, short, loose)
+
+    def _running_minima(self) -> tuple[np.ndarray, np.ndarray]:
+        """([price, 1 + option, cell], [direction, 1 + option, cell]): per stage cell, the
+        least c + μ · u, and the least ν · u, over the first options by floor (``order``);
+        row 0 the inf of none. What a cap A_g reads is the row of the options with floor <=
+        A_g (``_grid_tables``): the same for every grid, so made once per run."""
+        if self._minima is None:
+            flat = self.flat
+
+            def running(values: list[np.ndarray]) -> np.ndarray:
+                padded = np.empty((len(values), len(flat) + 1, flat.shape[1]))
+                padded[:, 0] = math.inf
+                for row, value in enumerate(values):
+                    padded[row, 1:] = value
+                # The running minimum one option at a time: numpy's accumulate along an axis
+                # runs several times slower than these few whole-row minimums.
+                for k in range(2, len(flat) + 1):
+                    np.minimum(padded[:, k - 1], padded[:, k], out=padded[:, k])
+                return padded
+
+            self._minima = (
+                running(
+                    [flat + factor * self.scale * self.option_weight for factor in PRICE_FACTORS]
+                ),
+                running([(self.uses @ d)[self.order].reshape(flat.shape) for d in self.directions]),
+            )
+        return self._minima
 
     def bound(self, grid: np.ndarray, least: int, capped: int) -> float:
         """min over g of (m - 1) A_g + max_μ D_μ(A_{g+1}) on ``grid`` (A_0 first, inf last:
