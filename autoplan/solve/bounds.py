@@ -103,14 +103,8 @@ def _capacity_steps(
     capacity = model.capacity_bytes(k)
     steps: dict[float, int] = {}
     for mode in modes:
-        saved = [0.0, *itertools.accumulate(sorted(resident_saved_bytes(c, mode) for c in layers))]
+        saved, times = _mode_prefixes(model, tp, mbs, k, mode)
         fit = max(x for x in range(len(layers) + 1) if params[x] + saved[x] <= capacity)
-        times = [
-            0.0,
-            *itertools.accumulate(
-                sorted(c.forward_ms() + c.backward_ms(split_mode(mode)[0]) for c in layers)
-            ),
-        ]
         for x in range(1, fit + 1):
             steps[times[x]] = max(steps.get(times[x], 0), x)
     # Keep the monotone staircase: more budget never holds fewer layers.
@@ -120,6 +114,24 @@ def _capacity_steps(
             most = steps[budget]
             out.append((budget, most))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def _mode_prefixes(
+    model: CostModel, tp: int, mbs: int, k: int, mode: str
+) -> tuple[list[float], list[float]]:
+    """``_capacity_steps``' prefix sums in one mode over class k's n = 0..L smallest resident
+    saved bytes and layer times (each sorted on its own). They depend on neither dp nor the
+    ZeRO level: the staircases of every dp share them."""
+    layers = model.tables(k, tp, mbs).layers
+    saved = [0.0, *itertools.accumulate(sorted(resident_saved_bytes(c, mode) for c in layers))]
+    times = [
+        0.0,
+        *itertools.accumulate(
+            sorted(c.forward_ms() + c.backward_ms(split_mode(mode)[0]) for c in layers)
+        ),
+    ]
+    return saved, times
 
 
 def _layers_within(steps: tuple[tuple[float, int], ...], budget: float) -> int:
