@@ -70,10 +70,10 @@ def _insert(front: list[_Entry], new: _Entry) -> None:
     survivors as they were, ``new`` last (the DP's ties keep the first found)."""
     a, b, t = new[0], new[1], new[2]
     dominates = False
-    for old in front:
-        if old[0] <= a and old[1] <= b and old[2] <= t:
+    for high, total, tail, _previous, _end in front:
+        if high <= a and total <= b and tail <= t:
             return
-        if not dominates and a <= old[0] and b <= old[1] and t <= old[2]:
+        if not dominates and a <= high and b <= total and t <= tail:
             dominates = True
     if dominates:
         front[:] = [old for old in front if not (a <= old[0] and b <= old[1] and t <= old[2])]
