@@ -220,14 +220,21 @@ class _StageCoster:
             self._shared.edges[key] = found
         return found
 
-    def _work(self, s: int, i: int, j: int, mode: str, level: int) -> tuple[float, float]:
-        """(work, backward) of stage s with ZeRO-2/3's exposed collectives."""
+    def _plain_work(self, s: int, i: int, j: int, mode: str) -> tuple[float, float]:
+        """(work, backward) of stage s in ``mode`` before any ZeRO-2/3 collective."""
         t = self.tables[s]
         edges = self._edges(s, i, j)
         work = t.span_work(mode, i, j) + self.overhead[s] + 2 * edges
         backward = t.span_backward(mode, i, j) + self.backward_overhead[s] + edges
+        return work, backward
+
+    def _sharded(
+        self, s: int, i: int, j: int, level: int, work: float, backward: float
+    ) -> tuple[float, float]:
+        """``_plain_work``'s (work, backward) with ZeRO ``level``'s exposed collectives."""
         if level <= 1 or self.p.dp <= 1:
             return work, backward
+        t = self.tables[s]
         params = t.params[j] - t.params[i]
         collective = _allreduce_ms(self.model, self.rank_groups[s], params) / 2
         forward_extra, backward_extra = exposed_ms(level, collective, work - backward, backward)
@@ -241,8 +248,8 @@ class _StageCoster:
         return None if found is None else (found[0], found[1])
 
     def _choice(self, s: int, i: int, j: int) -> tuple[int, str, float, float, float] | None:
-        """``choice_for`` with the chosen (work, backward) of ``_work`` and the stage's tail
-        (exposed all-reduce, optimizer step: what ``__call__`` adds after the pipeline)."""
+        """``choice_for`` with the chosen (work, backward) (``_sharded``) and the stage's
+        tail (exposed all-reduce, optimizer step: what ``__call__`` adds after the pipeline)."""
         choices = self._choices[s]
         key = (i, j)
         if key in choices:
@@ -275,11 +282,17 @@ class _StageCoster:
         ordered = sorted(self.modes, key=lambda mode: t.span_work(mode, i, j))
         buffers = self.model.transfer_buffer_bytes(self.p.mbs, i, j, self.p.m)
         best = None
+        # The compute of a mode does not depend on the level (only ZeRO-2/3's collectives
+        # are added to it): levels that pick the same mode cost it once.
+        plain: dict[str, tuple[float, float]] = {}
         for level in self.levels:
             mode = self.recompute_for(s, i, j, level, ordered, buffers)
             if mode is None:
                 continue
-            work, backward = self._work(s, i, j, mode, level)
+            found = plain.get(mode)
+            if found is None:
+                found = plain[mode] = self._plain_work(s, i, j, mode)
+            work, backward = self._sharded(s, i, j, level, *found)
             if best is None or work < best[0]:
                 best = (work, level, mode, backward)
         return None if best is None else (best[1], best[2], best[0], best[3])
