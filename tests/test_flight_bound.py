@@ -101,3 +101,28 @@ def test_the_all_reduce_reads_no_micro_batch_size() -> None:
         for samples, mode in [(2, "none"), (8, "full"), (3, "selective")]:
             group = group_of(k, tp, dp, samples, mode)
             assert model.allreduce_ms((group,), (3.0e8,)) == reference, (k, tp, dp, samples)
+
+
+def test_a_rank_that_holds_no_layer_gives_no_split() -> None:
+    """A class whose ranks at some positions hold no layer at any budget (an empty staircase:
+    little memory, many micro-batches in flight) beside one that holds them: the bound of
+    such a pipeline is inf (no split fits), not an error, and stays below the DP's wherever
+    the DP finds one."""
+    profile = transformer_profile(6, hidden=4096, seq_len=1024, heads=16)
+    cluster = make_cluster(
+        [("big", gpu("BIG", 300.0, 80.0), 2, 1), ("tiny", gpu("TINY", 20.0, 2.0), 2, 1)]
+    )
+    options = SolveOptions(space="uniform")
+    model = cost_model(profile, cluster, options)
+    unbounded = 0
+    for group in uniform._groups(model, 16, options):
+        levels = zero_levels(group.dp, True, options)
+        for pending in uniform._expand(model, group, math.inf, levels):
+            if pending.chunks != 1 or set(pending.classes) != {0, 1}:
+                continue
+            bound = order_bound(model, pending, levels)
+            found = uniform._solve_pipeline(model, pending, options, math.inf)
+            if found is not None:
+                assert bound <= found[1] * (1 + 1e-9), (pending, bound, found[1])
+            unbounded += bound == math.inf
+    assert unbounded > 0

@@ -201,6 +201,10 @@ def flight_bound(model: CostModel, p: Pending, levels: tuple[int, ...]) -> float
     placed = np.ones(len(candidates), dtype=bool)
     covered = np.zeros(len(candidates), dtype=np.int64)
     for (budgets, most), count in distinct.values():
+        if not len(budgets):
+            # A rank that holds no layer at any budget: no split fits (and ``most`` is
+            # empty, which the lookup below cannot index).
+            return math.inf
         index = np.searchsorted(budgets, candidates, side="right") - 1
         placed &= index >= 0  # every rank holds a layer
         covered += count * np.where(index >= 0, most[np.maximum(index, 0)], 0)
