@@ -116,6 +116,19 @@ def _rank_tables(
 
 
 @functools.lru_cache(maxsize=4096)
+def _stacked_tables(
+    model: CostModel, tp: int, mbs: int, dp: int, levels: tuple[int, ...], k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``_rank_tables``' rows stacked: (static, saved, parked, least), each (level, mode)
+    × (L + 1), so that ``rank_steps`` reads every row in one numpy pass."""
+    rows = _rank_tables(model, tp, mbs, dp, levels, k)
+    stacked = tuple(np.stack([row[x] for row in rows]) for x in range(4))
+    for array in stacked:
+        array.flags.writeable = False
+    return stacked[0], stacked[1], stacked[2], stacked[3]
+
+
+@functools.lru_cache(maxsize=4096)
 def _collectives(
     model: CostModel, k: int, tp: int, dp: int, params: tuple[float, ...]
 ) -> np.ndarray:
@@ -146,18 +159,18 @@ def rank_steps(
     buffers, at any of the ZeRO ``levels``."""
     usable = model.usable_bytes(k) - reserved
     host = model.host_budget_bytes(k)
-    budgets, counts = [], []
-    for static, saved, parked, least in _rank_tables(model, tp, mbs, dp, levels, k):
-        fits = (static + flight * saved <= usable) & (flight * parked <= host)
-        # The prefixes only grow: the layers that fit are the first ``fit``.
-        fit = int(np.argmin(fits)) - 1 if not fits.all() else len(fits) - 1
-        if fit >= 1:
-            budgets.append(least[1 : fit + 1])
-            counts.append(np.arange(1, fit + 1))
-    if not budgets:
+    # Every (level, mode) row at once: the rows of ``_rank_tables`` stacked.
+    static, saved, parked, least = _stacked_tables(model, tp, mbs, dp, levels, k)
+    fits = (static + flight * saved <= usable) & (flight * parked <= host)
+    # The prefixes only grow: the layers that fit in a row are its first ``fit``.
+    width = fits.shape[1]
+    fit = np.where(fits.all(axis=1), width - 1, np.argmin(fits, axis=1) - 1)
+    # Each row's n = 1..fit, row after row (what concatenating row by row gives).
+    taken = np.arange(1, width)[None, :] <= fit[:, None]
+    if not taken.any():
         return np.empty(0), np.empty(0, dtype=np.int64)
-    budget = np.concatenate(budgets)
-    count = np.concatenate(counts)
+    budget = least[:, 1:][taken]
+    count = np.broadcast_to(np.arange(1, width), taken.shape)[taken]
     order = np.lexsort((-count, budget))
     budget, count = budget[order], np.maximum.accumulate(count[order])
     # Keep the monotone staircase: each budget where the count first rises.
