@@ -316,8 +316,9 @@ class _Run:
     def same_inputs(self, inputs: tuple[object, ...]) -> bool:
         """Whether ``inputs`` are this run's (arrays compared by value)."""
         mine = self.inputs
+        # The same array object (the twin runs of one source) is equal without a pass over it.
         return all(
-            np.array_equal(a, np.asarray(b)) if isinstance(a, np.ndarray) else a == b
+            a is b or (np.array_equal(a, np.asarray(b)) if isinstance(a, np.ndarray) else a == b)
             for a, b in zip(mine, inputs, strict=True)
         )
 

@@ -245,10 +245,6 @@ class CostTables:
     backward: dict[str, list[float]]
     saved: dict[str, list[float]]
     params: list[float]
-    forward_compute: list[float]
-    forward_tp: list[float]
-    backward_compute: dict[str, list[float]]
-    backward_tp: list[float]
     # by mode: prefix of saved bytes parked in host memory (offload modes only)
     parked: dict[str, list[float]] = field(default_factory=dict)
     # At sub-block grain (autoplan.cost.block_parts): what a stage starting at unit i adds to
@@ -588,19 +584,6 @@ class CostModel:
             """Prefix sums of per-distinct-layer ``values`` over the layers."""
             return _prefix([values[slot] for slot in slots])
 
-        def backward_compute(mode: str) -> list[float]:
-            full = split_mode(mode)[0] == "full"
-            less = [
-                (c.backward_tp_comm_ms, c.forward_tp_comm_ms - c.regather_ms if full else 0.0)
-                for c in unique
-            ]
-            return _prefix(
-                [
-                    b - less[slot][0] - less[slot][1]
-                    for slot, b in zip(slots, backward[mode], strict=True)
-                ]
-            )
-
         return CostTables(
             alone=alone,
             blocks=blocks,
@@ -613,10 +596,6 @@ class CostModel:
             backward={m: _prefix(backward[m]) for m in ALL_MODES},
             saved={m: spread([resident_saved_bytes(c, m) for c in unique]) for m in ALL_MODES},
             params=spread([c.params_per_gpu for c in unique]),
-            forward_compute=spread([c.forward_compute_ms for c in unique]),
-            forward_tp=spread([c.forward_tp_comm_ms for c in unique]),
-            backward_compute={m: backward_compute(m) for m in ALL_MODES},
-            backward_tp=spread([c.backward_tp_comm_ms for c in unique]),
             parked={m: spread([parked_bytes(c, m) for c in unique]) for m in ALL_MODES},
         )
 

@@ -77,6 +77,8 @@ Kind = tuple[int, int]  # (device class, tp)
 Allocation = tuple[tuple[int, int, int], ...]  # ((class, tp, replicas), ...)
 # (model, batch, micro-batches, schedule, options) -> a run's stage source
 SourceType = Callable[[CostModel, int, int, str, SolveOptions], StageSource]
+# (each option's resources, the least transfers out of / into a stage per layer, the floors)
+RunFloors = tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,9 @@ class HeteroSource:
         self._send_floors: dict[tuple[float, LinkSide], np.ndarray] = {}
         self._edge_floors: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._floor_tables: dict[int, np.ndarray] = {}
+        # ``_run_floors``' answer, by layer count: it reads only the options, floor tables and
+        # edge floors, so the twin of the other schedule (``with_schedule``) shares it too.
+        self.kept_run_floors: dict[int, RunFloors] = {}
 
     def with_schedule(self, schedule: str) -> HeteroSource:
         """This source for ``schedule`` at the same m: the schedule only sets how many
@@ -853,11 +858,15 @@ def _root_bound(
     return max(plain, relaxation.bound)
 
 
-def _run_floors(
-    source: StageSource, num_layers: int
-) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+def _run_floors(source: StageSource, num_layers: int) -> RunFloors:
     """(each option's resources, the least transfers out of and into a stage at each layer,
-    ``stage_floors``' floors of every option on every [i, j)) of a run's source."""
+    ``stage_floors``' floors of every option on every [i, j)) of a run's source; a
+    ``HeteroSource`` keeps them (``kept_run_floors``: the 1F1B and GPipe runs of one m read
+    the same, and the relaxation of the second then finds its inputs identical to the
+    first's, ``RunRelaxation``'s ``like``)."""
+    kept: dict[int, RunFloors] | None = getattr(source, "kept_run_floors", None)
+    if kept is not None and num_layers in kept:
+        return kept[num_layers]
     uses = np.array(source.options(), dtype=np.int64).reshape(len(source.options()), -1)
     edge_floors = getattr(source, "edge_floors", None)
     zeros = np.zeros(len(uses))
@@ -868,6 +877,8 @@ def _run_floors(
     floors = stage_floors(
         num_layers, [source.floor_table(j) for j in range(1, num_layers + 1)], edges
     )
+    if kept is not None:
+        kept[num_layers] = (uses, edges, floors)
     return uses, edges, floors
 
 
