@@ -265,7 +265,7 @@ class RunRelaxation:
 class _GridTables:
     """A run's tables on one grid of caps (``_Run.tables``)."""
 
-    cost: np.ndarray  # [price * g, i, j]: least c + μ · u of [i, j) at cap A_g
+    cost: np.ndarray  # [price, cell, g]: least c + μ · u of stage cell (i, j) at A_g (_cells)
     prefix: np.ndarray  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
     needs: np.ndarray  # [direction, g, i]: least ν · Σ u over [0, i) at A_g
     short: np.ndarray  # [g]: no partition of stages at most A_g fits the resources
@@ -300,7 +300,6 @@ class _Run:
         stages = np.minimum.reduceat(stages[by_group], starts, axis=0)
         self.order = np.argsort(stages, axis=0, kind="stable")
         self.flat = np.take_along_axis(stages, self.order, axis=0)  # (options, stage cells)
-        self.where = starts_at * (n + 1) + ends_at  # each stage cell's place in an n+1 square
         self.resources = np.asarray(resources, dtype=np.float64)
         self.uses = uses.astype(np.float64)
         capacity = float(self.resources @ weights)
@@ -342,34 +341,36 @@ class _Run:
             (first * cells + np.arange(cells)).reshape(-1), minlength=(size + 1) * cells
         )
         counts = np.cumsum(seen.reshape(size + 1, cells)[:size], axis=0)
-        # Where in [inf row; running minima] each (g, i, j) reads: the row ``counts`` (row 0
-        # the inf of no option), the column its stage cell; (0, 0), an inf, where j <= i.
-        reads = np.zeros((size, (n + 1) * (n + 1)), dtype=np.int64)
-        reads[:, self.where] = counts * cells + np.arange(cells)
-        at = reads.reshape(-1)
+        # Where in a row k of [cell, inf; running minima] each (cell, g) reads: its cell's
+        # entry ``counts`` (0, the inf of no option). Only the stage cells (i < j), packed
+        # (``_cells``), with the caps innermost: the shortest paths read a start's cells for
+        # every cap at once, contiguous (as [g, i, j] squares, strided and half of them an inf
+        # never read, the gathers and the paths took twice the time).
+        at = np.arange(cells)[:, None] * (len(flat) + 1) + counts.T
 
         def capped_costs(padded: np.ndarray) -> np.ndarray:
-            """[k * g, i, j]: per row k of ``padded`` (``_running_minima``), the least over
-            the options of floor <= A_g on [i, j) (inf where none)."""
+            """[k, cell, g]: per row k of ``padded`` (``_running_minima``), the least over
+            the options of floor <= A_g on the stage cell (inf where none)."""
             taken: np.ndarray = np.take(padded.reshape(len(padded), -1), at, axis=1)
-            return taken.reshape(len(padded) * size, n + 1, n + 1)
+            return taken
 
         priced, needed = self._running_minima()
         # Every price's table in one array (the shortest paths run once over all of them).
         cost = capped_costs(priced)
-        prefix = _prefixes(cost, n).reshape(len(self.prices), size, n + 1)
+        prefix = np.ascontiguousarray(_prefixes(cost, n).transpose(0, 2, 1))
         need = capped_costs(needed)
-        needs = _prefixes(need, n).reshape(len(self.directions), size, n + 1)
+        needs = np.ascontiguousarray(_prefixes(need, n).transpose(0, 2, 1))
         have = self.directions @ self.resources
         short = np.any(needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9, axis=0)
-        loose = _shortest(cost, n, 1, n).reshape(len(self.prices), size)
+        loose = _shortest(cost, n, 1, n)
         return _GridTables(cost, prefix, needs, short, loose)
 
     def _running_minima(self) -> tuple[np.ndarray, np.ndarray]:
-        """([price, 1 + option, cell], [direction, 1 + option, cell]): per stage cell, the
+        """([price, cell, 1 + option], [direction, cell, 1 + option]): per stage cell, the
         least c + μ · u, and the least ν · u, over the first options by floor (``order``);
-        row 0 the inf of none. What a cap A_g reads is the row of the options with floor <=
-        A_g (``_grid_tables``): the same for every grid, so made once per run."""
+        entry 0 the inf of none. What a cap A_g reads is the entry of the options with floor
+        <= A_g (``_grid_tables``): the same for every grid, so made once per run, laid out by
+        cell so that a cell's reads at every cap fall in one short row."""
         if self._minima is None:
             flat = self.flat
 
@@ -382,7 +383,7 @@ class _Run:
                 # runs several times slower than these few whole-row minimums.
                 for k in range(2, len(flat) + 1):
                     np.minimum(padded[:, k - 1], padded[:, k], out=padded[:, k])
-                return padded
+                return np.ascontiguousarray(padded.transpose(0, 2, 1))
 
             self._minima = (
                 running(
@@ -416,7 +417,6 @@ class _Run:
         # is below the best counted total found are counted, in the order of that total, a
         # few at a time. The minimum is the one all would give.
         caps = np.arange(1, size)
-        prices = len(self.prices)
         loose = totals(tables.loose[:, caps], caps)
         if least <= 1 and capped >= n:
             return float(loose.min())
@@ -424,50 +424,60 @@ class _Run:
         pending = caps[np.argsort(loose, kind="stable")]
         while len(pending) and loose[pending[0] - 1] < bound:
             batch, pending = pending[:_CAPS_AT_ONCE], pending[_CAPS_AT_ONCE:]
-            rows = (np.arange(prices)[:, None] * size + batch[None, :]).reshape(-1)
-            values = _shortest(tables.cost[rows], n, least, capped)
-            bound = min(bound, float(totals(values.reshape(prices, -1), batch).min()))
+            values = _shortest(tables.cost[:, :, batch], n, least, capped)
+            bound = min(bound, float(totals(values, batch).min()))
         return bound
 
 
+def _cells(n: int) -> np.ndarray:
+    """Where each start's cells begin in a packed row of stage cells: the cells (i, j),
+    0 <= i < j <= n, in ``np.triu_indices(n + 1, k=1)``'s order (by start, then end), so
+    that start i's ends i + 1..n are the n - i cells from ``_cells(n)[i]``."""
+    return np.concatenate([[0], np.cumsum(np.arange(n, 0, -1))])
+
+
 def _prefixes(cost: np.ndarray, n: int) -> np.ndarray:
-    """Per grid row, the least Σ cost over partitions of [0, i), for every i."""
-    rows = cost.shape[0]
-    best = np.full((rows, n + 1), math.inf)
+    """[k, i, g]: per row k and cap g of ``cost`` ([k, cell, g], cells packed as ``_cells``
+    says), the least Σ cost over partitions of [0, i), for every i."""
+    rows, _, caps = cost.shape
+    first = _cells(n)
+    best = np.full((rows, n + 1, caps), math.inf)
     best[:, 0] = 0.0
-    # Pushed forward from each i once it is final, along cost's rows (contiguous): the same
-    # sums best[i] + cost[i, j], and a minimum is exact in any order, so the same figures as
-    # pulling each j's column (strided: one cache line per figure; twice the time).
+    # Pushed forward from each i once it is final, along the cells of start i (contiguous):
+    # the same sums best[i] + cost[i, j], and a minimum is exact in any order, so the same
+    # figures as pulling each j's column.
     for i in range(n):
         ahead = best[:, i + 1 :]
-        np.minimum(ahead, best[:, i, None] + cost[:, i, i + 1 :], out=ahead)
+        np.minimum(ahead, best[:, i, None] + cost[:, first[i] : first[i + 1]], out=ahead)
     return best
 
 
 def _shortest(cost: np.ndarray, n: int, least: int, most: int) -> np.ndarray:
-    """Per grid row, the least Σ cost over partitions of [0, n) into least..most stages
-    (``most`` >= n: no cap)."""
-    rows = cost.shape[0]
+    """[k, g]: per row k and cap g of ``cost`` ([k, cell, g], cells packed as ``_cells``
+    says), the least Σ cost over partitions of [0, n) into least..most stages (``most`` >=
+    n: no cap)."""
+    rows, _, caps = cost.shape
+    first = _cells(n)
     if least <= 1 and most >= n:
-        best = np.full((rows, n + 1), math.inf)
+        best = np.full((rows, n + 1, caps), math.inf)
         best[:, n] = 0.0
         for i in range(n - 1, -1, -1):
-            best[:, i] = (cost[:, i, i + 1 :] + best[:, i + 1 :]).min(axis=1)
+            best[:, i] = (cost[:, first[i] : first[i + 1]] + best[:, i + 1 :]).min(axis=1)
         whole: np.ndarray = best[:, 0]
         return whole
     if most >= n and n - least <= least:
         return _shortest_by_slack(cost, n, n - least)
-    # by[g, q, i]: q stages covering [i, n); with no cap, q counts up to ``least`` only
+    # by[k, i, q, g]: q stages covering [i, n); with no cap, q counts up to ``least`` only
     # (the last state is "least or more": a stage more keeps it there).
     top = most if most < n else least
-    by = np.full((rows, top + 1, n + 1), math.inf)
-    by[:, 0, n] = 0.0
+    by = np.full((rows, n + 1, top + 1, caps), math.inf)
+    by[:, n, 0] = 0.0
     for i in range(n - 1, -1, -1):
-        ahead = (cost[:, i, None, i + 1 :] + by[:, :, i + 1 :]).min(axis=2)  # (rows, top + 1)
-        by[:, 1:, i] = ahead[:, :-1]
+        ahead = (cost[:, first[i] : first[i + 1], None] + by[:, i + 1 :]).min(axis=1)
+        by[:, i, 1:] = ahead[:, :-1]  # ahead: (k, top + 1, g)
         if most >= n:
-            by[:, top, i] = np.minimum(by[:, top, i], ahead[:, top])
-    counted: np.ndarray = by[:, least : top + 1, 0].min(axis=1)
+            by[:, i, top] = np.minimum(by[:, i, top], ahead[:, top])
+    counted: np.ndarray = by[:, 0, least : top + 1].min(axis=1)
     return counted
 
 
@@ -476,17 +486,18 @@ def _shortest_by_slack(cost: np.ndarray, n: int, slack: int) -> np.ndarray:
     the stages hold beyond one each (Σ (j - i - 1) <= slack): fewer states where the least
     count is close to n (GPipe runs of many micro-batches). The same sums in the same order
     (a stage's cost plus the best behind it) over the same partitions: the same minimum."""
-    rows = cost.shape[0]
-    # by[g, r, i]: partitions of [i, n) whose stages hold r layers beyond one each.
-    by = np.full((rows, slack + 1, n + 1), math.inf)
-    by[:, 0, n] = 0.0
+    rows, _, caps = cost.shape
+    first = _cells(n)
+    # by[k, i, r, g]: partitions of [i, n) whose stages hold r layers beyond one each.
+    by = np.full((rows, n + 1, slack + 1, caps), math.inf)
+    by[:, n, 0] = 0.0
     for i in range(n - 1, -1, -1):
         for extra in range(min(slack, n - i - 1) + 1):
             j = i + 1 + extra
             np.minimum(
-                by[:, extra:, i],
-                cost[:, i, j, None] + by[:, : slack + 1 - extra, j],
-                out=by[:, extra:, i],
+                by[:, i, extra:],
+                cost[:, first[i] + extra, None] + by[:, j, : slack + 1 - extra],
+                out=by[:, i, extra:],
             )
-    counted: np.ndarray = by[:, :, 0].min(axis=1)
+    counted: np.ndarray = by[:, 0].min(axis=1)
     return counted

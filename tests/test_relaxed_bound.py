@@ -309,7 +309,9 @@ def test_the_shortest_partitions_are_the_brute_force_ones(case) -> None:
     cost = np.array(numbers, dtype=np.float64).reshape(2, n + 1, n + 1)
     least, most = min(least, most), max(least, most)
     cap = most if most <= STAGE_CAP_KEPT else n  # what RunRelaxation passes
-    got = _shortest(cost, n, least, cap)
+    # _shortest reads [row, stage cell, cap]: the cells i < j packed by start, one cap here.
+    starts, ends = np.triu_indices(n + 1, k=1)
+    got = _shortest(cost[:, starts, ends, None], n, least, cap)[:, 0]
     for row in range(2):
         want = min(
             (
