@@ -170,7 +170,7 @@ class RunRelaxation:
         self.bound = run.bound(grid, least, capped)
         tables = run.tables(grid)
         self.grid = grid
-        self.prefix = tables.prefix  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
+        self.prefix = run.prefix(grid)  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
         self.prices = run.prices
         self.needs = tables.needs  # [direction, g, i]: least ν · Σ u over [0, i) at A_g
         self.directions = run.directions
@@ -266,10 +266,12 @@ class _GridTables:
     """A run's tables on one grid of caps (``_Run.tables``)."""
 
     cost: np.ndarray  # [price, cell, g]: least c + μ · u of stage cell (i, j) at A_g (_cells)
-    prefix: np.ndarray  # [price, g, i]: D over [0, i) at cap A_g, unpriced R
     needs: np.ndarray  # [direction, g, i]: least ν · Σ u over [0, i) at A_g
     short: np.ndarray  # [g]: no partition of stages at most A_g fits the resources
     loose: np.ndarray  # [price, g]: the least Σ c + μ · u, any stage count
+    # [price, g, i]: D over [0, i) at cap A_g, unpriced R; made when first read
+    # (``_Run.prefix``): only the completion tables read it, never the coarse grid's bound.
+    prefix: np.ndarray | None = None
 
 
 class _Run:
@@ -294,10 +296,22 @@ class _Run:
         group = np.asarray(group).reshape(-1)
         by_group = np.argsort(group, kind="stable")
         starts = np.flatnonzero(np.diff(group[by_group], prepend=-1))
-        # Only the cells of a stage, i < j, are ever read (the shortest paths and prefixes).
+        # Only the cells of a stage, i < j, are ever read (the shortest paths and prefixes):
+        # gathered in one pass, the options already in their groups' order.
         starts_at, ends_at = np.triu_indices(n + 1, k=1)
-        stages = floors[:, starts_at, ends_at]
-        stages = np.minimum.reduceat(stages[by_group], starts, axis=0)
+        square = (n + 1) * (n + 1)
+        at = by_group[:, None] * square + (starts_at * (n + 1) + ends_at)[None, :]
+        stages = np.take(floors.reshape(-1), at)
+        if len(starts) < len(stages):  # some group holds several options
+            # Each group's k-th option against the least so far, for every group at once:
+            # a minimum is exact in any order, and a reduceat over the first axis is several
+            # times slower than these few whole-row minimums.
+            sizes = np.diff(np.append(starts, len(stages)))
+            least_of = stages[starts]
+            for k in range(1, int(sizes.max())):
+                rows = np.flatnonzero(sizes > k)
+                least_of[rows] = np.minimum(least_of[rows], stages[starts[rows] + k])
+            stages = least_of
         self.order = np.argsort(stages, axis=0, kind="stable")
         self.flat = np.take_along_axis(stages, self.order, axis=0)  # (options, stage cells)
         self.resources = np.asarray(resources, dtype=np.float64)
@@ -357,13 +371,19 @@ class _Run:
         priced, needed = self._running_minima()
         # Every price's table in one array (the shortest paths run once over all of them).
         cost = capped_costs(priced)
-        prefix = np.ascontiguousarray(_prefixes(cost, n).transpose(0, 2, 1))
         need = capped_costs(needed)
         needs = np.ascontiguousarray(_prefixes(need, n).transpose(0, 2, 1))
         have = self.directions @ self.resources
         short = np.any(needs[:, :, n] > have[:, None] * (1 + 1e-9) + 1e-9, axis=0)
         loose = _shortest(cost, n, 1, n)
-        return _GridTables(cost, prefix, needs, short, loose)
+        return _GridTables(cost, needs, short, loose)
+
+    def prefix(self, grid: np.ndarray) -> np.ndarray:
+        """The prefix table of ``grid`` (``_GridTables.prefix``), made once."""
+        tables = self.tables(grid)
+        if tables.prefix is None:
+            tables.prefix = np.ascontiguousarray(_prefixes(tables.cost, self.n).transpose(0, 2, 1))
+        return tables.prefix
 
     def _running_minima(self) -> tuple[np.ndarray, np.ndarray]:
         """([price, cell, 1 + option], [direction, cell, 1 + option]): per stage cell, the
