@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 
@@ -55,3 +56,49 @@ def test_the_levels_rise_by_the_step_from_the_least_root_bound(monkeypatch) -> N
     for ratio in ratios:
         powers = math.log(ratio) / math.log(step)
         assert abs(powers - round(powers)) < 1e-6, (ratio, step)
+
+
+def test_with_the_time_left_always_short_the_small_steps_still_prove_the_optimum(
+    monkeypatch,
+) -> None:
+    """Every level chosen as if no time were left (the smallest steps,
+    ``autoplan.solve.levels``): the optimum is still found and proven, as with the fixed
+    steps."""
+    model = _gpt2_on_a100_v100()
+    batch = 64
+    best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
+    optimum = model.evaluate(best.configs[0]).iteration_ms
+    chosen: list[float] = []
+    choose = hetero_module.next_level
+
+    def hurried(level, target, left_s, costs, runs, floors):
+        chosen.append(choose(level, target, 0.0, costs, runs, floors))
+        return chosen[-1]
+
+    monkeypatch.setattr(hetero_module, "next_level", hurried)
+    again = hetero_candidates(model, batch, OPTIONS, optimum * 1.25, keep=1, deadline=math.inf)
+    assert again.configs and not again.timed_out
+    assert math.isclose(model.evaluate(again.configs[0]).iteration_ms, optimum, rel_tol=1e-9)
+    assert math.isclose(again.floor_ms, optimum, rel_tol=1e-9), (again.floor_ms, optimum)
+    # Some level was below a whole step: the hurried rule was taken.
+    finite = [x for x in chosen if math.isfinite(x)]
+    assert any(b / a < 1 + hetero_module.LEVEL_STEP * 0.99 for a, b in itertools.pairwise(finite))
+
+
+def test_a_finite_deadline_with_time_to_spare_keeps_the_fixed_levels(monkeypatch) -> None:
+    """A deadline far away searches the same levels as none at all."""
+    model = _gpt2_on_a100_v100()
+    batch = 64
+    best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
+    incumbent = model.evaluate(best.configs[0]).iteration_ms * 1.25
+    search = hetero_module.best_pipelines
+    seen: dict[str, list[float]] = {"inf": [], "far": []}
+    for name, deadline in (("inf", math.inf), ("far", time.monotonic() + 3600.0)):
+
+        def recorded(*args, _name=name, **kwargs):
+            seen[_name].append(kwargs["upper_bound"])
+            return search(*args, **kwargs)
+
+        monkeypatch.setattr(hetero_module, "best_pipelines", recorded)
+        hetero_candidates(model, batch, OPTIONS, incumbent, keep=1, deadline=deadline)
+    assert seen["inf"] == seen["far"]

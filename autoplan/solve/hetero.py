@@ -48,6 +48,7 @@ from autoplan.cost.model import CostModel, LinkSide
 from autoplan.cost.offload import group_of, mode_key
 from autoplan.cost.sharding import exposed_ms
 from autoplan.solve.certificate import work_bound_ms
+from autoplan.solve.levels import LEVEL_STEP, LevelCosts, next_level
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.progress import report_found
 from autoplan.solve.space import (
@@ -69,9 +70,6 @@ logger = logging.getLogger(__name__)
 HEURISTIC_BEAM = 8
 """Labels per position the incumbent-finding pass extends (``hetero_candidates``)."""
 
-LEVEL_STEP = 0.02
-"""Relative step of the levels the exact pass raises its pruning bound by
-(``hetero_candidates``)."""
 
 Kind = tuple[int, int]  # (device class, tp)
 Allocation = tuple[tuple[int, int, int], ...]  # ((class, tp, replicas), ...)
@@ -906,7 +904,9 @@ def hetero_candidates(
 
     With an incumbent, the exact pass goes by levels: every run is searched for pipelines
     below a level (the least root bound, then ``LEVEL_STEP`` higher each time; within two
-    steps of the bound, the bound itself) and, where it finds none, is proven at or above
+    steps of the bound, the bound itself; a smaller step where that is predicted not to
+    finish before the deadline: ``autoplan.solve.levels``) and, where it finds none, is
+    proven at or above
     that level (its floor); a run that finds one lowers the bound. It stops once the level
     reaches the bound pruned against, where every run has been searched below the bound
     itself, as one pass would. A run's search prunes far more below a level near the
@@ -939,6 +939,7 @@ def hetero_candidates(
     sources: dict[int, StageSource] = {}
     promise: dict[int, float] = {}
     floors: dict[int, float] = {}  # the exact pass's floor of each run it completed
+    costs = LevelCosts()  # what each run's exact searches cost: where the next level goes
 
     roots: dict[int, float] = {}
     relaxations: dict[int, RunRelaxation] = {}
@@ -982,7 +983,8 @@ def hetero_candidates(
         # With --gap, what cannot beat the best by more than the gap is pruned: the run's
         # floor is then the lowered bound.
         pruning = min(bound * (1.0 - options.gap), level)
-        started = time.monotonic() <= deadline
+        now = time.monotonic()
+        started = now <= deadline
         if beam is None and math.isfinite(pruning) and started and root(index) >= pruning:
             # No pipeline of the run reaches the bound pruned against: its floor is its own.
             floors[index] = root(index)
@@ -1006,6 +1008,8 @@ def hetero_candidates(
         labels += stats.labels
         if beam is None:
             effort[index] = stats.costed + stats.labels
+            if not stats.timed_out:
+                costs.record(index, pruning, time.monotonic() - now)
         for label in finals:
             config = _config(label.chain(), m, schedule)
             if config not in seen:  # a run searched again at a higher level finds it again
@@ -1076,13 +1080,19 @@ def hetero_candidates(
                 break
         if level >= bound * (1.0 - options.gap):
             break  # every run searched below the bound itself: the exact pass is done
-        level *= 1 + LEVEL_STEP
-        if level * (1 + LEVEL_STEP) ** 2 >= bound * (1.0 - options.gap):
-            # Within two steps of the bound: the bound itself next. A level that close costs
-            # about what the bound's own pass does (Llama-2-13B on h100-a100-l4: 0.5 s each of
-            # the last two under its optimal incumbent), and what it would find, that pass
-            # finds too.
-            level = math.inf
+        # LEVEL_STEP higher, or the bound itself within two steps of it (a level that close
+        # costs about what the bound's own pass does: Llama-2-13B on h100-a100-l4, 0.5 s each
+        # of the last two under its optimal incumbent, and what it would find, that pass
+        # finds too); a smaller step where that is predicted not to finish in the time left
+        # (``autoplan.solve.levels``).
+        level = next_level(
+            level,
+            bound * (1.0 - options.gap),
+            deadline - time.monotonic(),
+            costs,
+            range(len(runs)),
+            floors,
+        )
     found.sort(key=lambda item: (item[0], item[1]))
     # A run never started has its root bound and the work bound of its micro-batch count
     # (past the deadline, without the relaxation where it was not computed: it costs).

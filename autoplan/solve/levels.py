@@ -1,0 +1,116 @@
+r"""Where the heterogeneous exact pass puts its next level (``hetero.hetero_candidates``).
+
+The exact pass searches every run (micro-batch count and schedule) for pipelines below a
+level; a run that completes the search holding none is proven at that level (its floor), and
+the certificate is the least floor. A level the time limit cuts proves nothing beyond the
+level before, and a search's cost grows steeply as its level nears the optimum. Measured in
+process on Llama-2-70B, h100-a100-l4, batch 256 (SP on): the m = 64 run took 1.9, 4.2 and
+12.6 s below 45.2k, 46.1k and 47.0k ms (about 3x per 2% step); the m = 128 run 1.6 s below
+47.0k and 83 s below the incumbent 49.1k; and GPT-3 175B on 16,384 GPUs: a level at 6,087.6 ms
+cost its runs 3.5 s in all, the incumbent's 6,423.5 then 23 s for each of three runs. The
+fixed rule (steps of ``LEVEL_STEP``, and the bound itself once within two steps of it) spent
+the end of the time limit on a level it could not finish, and kept the level before.
+
+So the next level is the fixed rule's where its predicted cost fits in the time left, else the
+largest of the smaller steps (``SMALLER_STEPS`` of ``LEVEL_STEP``) that fits, else the
+smallest. A run's predicted cost below level L is its last search's seconds t at level L'
+times (L / L')^g, g the larger of ``LEVEL_GROWTH`` (3x per step) and the run's own growth
+between its last two searches; a run not searched yet (its root bound was above every level
+so far) is predicted at the costliest run's figure; a run proven at L or above costs nothing.
+The prediction only chooses which level is searched next: every level searched to its end is
+a proven floor whatever it is, so the certificate stays valid. With no deadline (or time to
+spare) the levels are the fixed rule's, as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["LEVEL_GROWTH", "LEVEL_STEP", "SMALLER_STEPS", "LevelCosts", "next_level"]
+
+LEVEL_STEP = 0.02
+"""Relative step of the levels the exact pass raises its pruning bound by
+(``hetero.hetero_candidates``)."""
+
+LEVEL_GROWTH = math.log(3.0) / math.log(1.0 + LEVEL_STEP)
+"""Least growth exponent of a search's cost in its level: 3x per ``LEVEL_STEP`` (module
+docstring)."""
+
+SMALLER_STEPS = (0.5, 0.25, 0.125)
+"""Fractions of ``LEVEL_STEP`` tried, largest first, where a whole step is predicted not to
+finish in the time left."""
+
+_LEAST_TIMED_S = 0.05
+"""Searches shorter than this are too noisy to read a run's own growth from."""
+
+
+@dataclass
+class LevelCosts:
+    """Each run's exact searches: (level, seconds) of each, oldest first."""
+
+    searches: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+
+    def record(self, run: int, level: float, seconds: float) -> None:
+        """Run ``run`` searched below ``level`` to its end in ``seconds``."""
+        if math.isfinite(level) and level > 0:
+            self.searches.setdefault(run, []).append((level, max(seconds, 0.0)))
+
+    def _run_s(self, run: int, level: float) -> float | None:
+        """Run ``run``'s predicted seconds below ``level`` (None: never searched)."""
+        done = self.searches.get(run)
+        if not done:
+            return None
+        last_level, last_s = done[-1]
+        growth = LEVEL_GROWTH
+        if len(done) >= 2:
+            before_level, before_s = done[-2]
+            if before_s >= _LEAST_TIMED_S and last_level > before_level:
+                own = math.log(max(last_s, before_s) / before_s) / math.log(
+                    last_level / before_level
+                )
+                growth = max(growth, own)
+        return last_s * (level / last_level) ** growth if level > last_level else last_s
+
+    def predicted_s(self, level: float, runs: Iterable[int], floors: Mapping[int, float]) -> float:
+        """Predicted seconds of searching ``runs`` below ``level`` (module docstring); a run
+        whose floor (``floors``) is at or above it is not searched."""
+        known: list[float] = []
+        unknown = 0
+        for run in runs:
+            if floors.get(run, -math.inf) >= level:
+                continue
+            seconds = self._run_s(run, level)
+            if seconds is None:
+                unknown += 1
+            else:
+                known.append(seconds)
+        return sum(known) + unknown * max(known, default=0.0)
+
+
+def next_level(
+    level: float,
+    target: float,
+    left_s: float,
+    costs: LevelCosts,
+    runs: Iterable[int],
+    floors: Mapping[int, float],
+) -> float:
+    """The level after ``level`` (searched to its end), ``math.inf`` for the bound itself
+    (``target``: the bound pruned against); ``left_s``: seconds to the deadline (module
+    docstring)."""
+    runs = list(runs)
+    step = level * (1.0 + LEVEL_STEP)
+    # The fixed rule: within two steps of the bound, the bound itself next (a level that
+    # close costs about what the bound's own pass does, and finds what that pass would).
+    usual = math.inf if step * (1.0 + LEVEL_STEP) ** 2 >= target else step
+    if math.isinf(left_s) or costs.predicted_s(min(usual, target), runs, floors) <= left_s:
+        return usual
+    smaller = [level * (1.0 + LEVEL_STEP * f) for f in (1.0, *SMALLER_STEPS)]
+    smaller = [x for x in smaller if x < usual and x < target]
+    for candidate in smaller:
+        if costs.predicted_s(candidate, runs, floors) <= left_s:
+            return candidate
+    # Nothing is predicted to finish: the smallest step, which may still (a prediction).
+    return smaller[-1] if smaller else usual
