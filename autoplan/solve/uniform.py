@@ -97,6 +97,21 @@ class StageTable:
     sends: dict[tuple[int, ...], list[float]] = field(default_factory=dict)
 
 
+@dataclass
+class _Span:
+    """What a stage's choice on one layer span [i, j) reads at every ZeRO level
+    (``_StageCoster._choose``): its parameters and transfer buffers, each mode's work, the
+    modes by it, and each mode's (in-flight activation bytes, whether its offload fits the
+    host's share) and largest transient as the levels first ask for them."""
+
+    params: float
+    buffers: float
+    works: dict[str, float]
+    ordered: list[str]
+    memory: dict[str, tuple[float, bool]]
+    transient: dict[str, float]
+
+
 class _StageCoster:
     """O(1) stage costs for one (tp, dp, mbs, m, schedule, zero1, classes).
 
@@ -171,39 +186,52 @@ class _StageCoster:
         row = table[level]
         return max(row[i], row[j - (1 << level)])
 
-    def recompute_for(
-        self,
-        s: int,
-        i: int,
-        j: int,
-        level: int,
-        ordered: list[str] | None = None,
-        buffers: float | None = None,
-    ) -> str | None:
+    def recompute_for(self, s: int, i: int, j: int, level: int) -> str | None:
         """The fastest recompute mode with which stage s on [i, j) fits at ZeRO ``level``,
-        or None. ``ordered`` (the modes by their time on [i, j)) and ``buffers`` (the
-        stage's transfer buffers) as ``choice_for`` computes them once for every level."""
+        or None."""
+        return self._fitting(s, i, j, level, self._span(s, i, j))
+
+    def _span(self, s: int, i: int, j: int) -> _Span:
+        """What stage s on [i, j) reads at every ZeRO level (``_Span``)."""
         t = self.tables[s]
-        static = (t.params[j] - t.params[i]) * self.static_per_param[level]
-        flight = self.flight[s]
+        works = {mode: t.span_work(mode, i, j) for mode in self.modes}
+        return _Span(
+            t.params[j] - t.params[i],
+            self.model.transfer_buffer_bytes(self.p.mbs, i, j, self.p.m),
+            works,
+            # The modes by their time, ties in the space's order (a stable sort).
+            sorted(self.modes, key=works.__getitem__),
+            {},
+            {},
+        )
+
+    def _fitting(self, s: int, i: int, j: int, level: int, span: _Span) -> str | None:
+        """``recompute_for`` of ``span`` (stage s on [i, j))."""
+        static = span.params * self.static_per_param[level]
         capacity = self.capacity[s] - self.zero_transient[level]
         if static > capacity:
             return None  # every mode holds the same parameters
-        # The fastest mode that fits (with offload the order is the hardware's): the modes by
-        # their time, ties in the space's order (a stable sort), the first that fits; slower
-        # modes' memory is never looked at.
-        if buffers is None:
-            buffers = self.model.transfer_buffer_bytes(self.p.mbs, i, j, self.p.m)
-        if ordered is None:
-            ordered = sorted(self.modes, key=lambda mode: t.span_work(mode, i, j))
-        for mode in ordered:
-            saved = t.saved[mode]
-            used = static + buffers + flight * (saved[j] - saved[i])
-            if used > capacity:
+        # The fastest mode that fits (with offload the order is the hardware's): the first
+        # of the modes by time that fits; slower modes' memory is never looked at.
+        for mode in span.ordered:
+            found = span.memory.get(mode)
+            if found is None:
+                t = self.tables[s]
+                saved = t.saved[mode]
+                flight = self.flight[s]
+                found = span.memory[mode] = (
+                    flight * (saved[j] - saved[i]),
+                    # offload parks no more than the GPU's share of host memory
+                    flight * (t.parked[mode][j] - t.parked[mode][i]) <= self.host_budget[s],
+                )
+            activations, parks = found
+            used = static + span.buffers + activations
+            if used > capacity or not parks:
                 continue
-            if flight * (t.parked[mode][j] - t.parked[mode][i]) > self.host_budget[s]:
-                continue  # offload parks more than the GPU's share of host memory
-            if used + self._range_max(s, mode, i, j) <= capacity:
+            transient = span.transient.get(mode)
+            if transient is None:
+                transient = span.transient[mode] = self._range_max(s, mode, i, j)
+            if used + transient <= capacity:
                 return mode
         return None
 
@@ -220,22 +248,21 @@ class _StageCoster:
             self._shared.edges[key] = found
         return found
 
-    def _plain_work(self, s: int, i: int, j: int, mode: str) -> tuple[float, float]:
+    def _plain_work(self, s: int, i: int, j: int, mode: str, span: _Span) -> tuple[float, float]:
         """(work, backward) of stage s in ``mode`` before any ZeRO-2/3 collective."""
         t = self.tables[s]
         edges = self._edges(s, i, j)
-        work = t.span_work(mode, i, j) + self.overhead[s] + 2 * edges
+        work = span.works[mode] + self.overhead[s] + 2 * edges
         backward = t.span_backward(mode, i, j) + self.backward_overhead[s] + edges
         return work, backward
 
     def _sharded(
-        self, s: int, i: int, j: int, level: int, work: float, backward: float
+        self, s: int, params: float, level: int, work: float, backward: float
     ) -> tuple[float, float]:
-        """``_plain_work``'s (work, backward) with ZeRO ``level``'s exposed collectives."""
+        """``_plain_work``'s (work, backward) of stage s holding ``params`` with ZeRO
+        ``level``'s exposed collectives."""
         if level <= 1 or self.p.dp <= 1:
             return work, backward
-        t = self.tables[s]
-        params = t.params[j] - t.params[i]
         collective = _allreduce_ms(self.model, self.rank_groups[s], params) / 2
         forward_extra, backward_extra = exposed_ms(level, collective, work - backward, backward)
         return work + forward_extra + backward_extra, backward + backward_extra
@@ -277,22 +304,21 @@ class _StageCoster:
 
     def _choose(self, s: int, i: int, j: int) -> tuple[int, str, float, float] | None:
         """``_choice`` computed (without the tail)."""
-        t = self.tables[s]
-        # The modes' order by time and the buffers do not depend on the level: once here.
-        ordered = sorted(self.modes, key=lambda mode: t.span_work(mode, i, j))
-        buffers = self.model.transfer_buffer_bytes(self.p.mbs, i, j, self.p.m)
+        # The modes' times, order and memory and the buffers do not depend on the level:
+        # once here for every level.
+        span = self._span(s, i, j)
         best = None
         # The compute of a mode does not depend on the level (only ZeRO-2/3's collectives
         # are added to it): levels that pick the same mode cost it once.
         plain: dict[str, tuple[float, float]] = {}
         for level in self.levels:
-            mode = self.recompute_for(s, i, j, level, ordered, buffers)
+            mode = self._fitting(s, i, j, level, span)
             if mode is None:
                 continue
             found = plain.get(mode)
             if found is None:
-                found = plain[mode] = self._plain_work(s, i, j, mode)
-            work, backward = self._sharded(s, i, j, level, *found)
+                found = plain[mode] = self._plain_work(s, i, j, mode, span)
+            work, backward = self._sharded(s, span.params, level, *found)
             if best is None or work < best[0]:
                 best = (work, level, mode, backward)
         return None if best is None else (best[1], best[2], best[0], best[3])
