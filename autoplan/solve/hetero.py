@@ -160,6 +160,8 @@ class HeteroSource:
         self._per_sample_array = {kind: np.array(v) for kind, v in self._per_sample.items()}
         # Option o's kinds (index into self.kinds) and replica counts, 0 for a missing kind.
         self._per_sample_matrix = np.array([self._per_sample[kind] for kind in self.kinds])
+        # By layer, then kind (``_floor_tables_of`` lays its two-kind figures out so).
+        self._per_sample_by_layer = np.ascontiguousarray(self._per_sample_matrix.T)
         kind_of = {kind: index for index, kind in enumerate(self.kinds)}
         self._kind_index = np.zeros((len(self.allocations), 2), dtype=np.int64)
         self._counts = np.zeros((len(self.allocations), 2))
@@ -313,15 +315,21 @@ class HeteroSource:
         single, pair = self._single_rows, self._pair_rows
         out[single] = self._single_prefix[single][:, ends] - self._single_prefix[single][:, starts]
         if len(pair):
-            work = self._per_sample_matrix[:, ends] - self._per_sample_matrix[:, starts]
-            per_kind = work[self._kind_index[pair]]  # (two-kind options, 2, cells)
-            safe = np.where(per_kind > 0, per_kind, 1.0)
-            n1, n2 = self._counts[pair, 0, None], self._counts[pair, 1, None]
-            balanced = _two_kind_floor(safe[:, 0], safe[:, 1], n1, n2, self.b)
-            swapped = _two_kind_floor(safe[:, 1], safe[:, 0], n2, n1, self.b)
+            # Laid out (cells, two-kind options): the replica counts then vary along the
+            # contiguous axis, and numpy's loops over two arrays of one shape, or one and a
+            # row, run ~3x faster than with a column broadcast along it (the figures are
+            # elementwise the same).
+            work = self._per_sample_by_layer[ends] - self._per_sample_by_layer[starts]
+            one, other = work[:, self._kind_index[pair, 0]], work[:, self._kind_index[pair, 1]]
+            missing = (one <= 0) | (other <= 0)
+            one = np.where(one > 0, one, 1.0)
+            other = np.where(other > 0, other, 1.0)
+            n1, n2 = self._counts[pair, 0], self._counts[pair, 1]
+            balanced = _two_kind_floor(one, other, n1, n2, self.b)
+            swapped = _two_kind_floor(other, one, n2, n1, self.b)
             np.maximum(balanced, swapped, out=balanced)
-            balanced[(per_kind <= 0).any(axis=1)] = 0.0
-            out[pair] = balanced
+            balanced[missing] = 0.0
+            out[pair] = balanced.T
         out += self._overhead[:, None]
         offsets = np.cumsum([0, *range(first, last + 1)])  # the cells of each end
         return {
