@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autoplan.solve.levels import LEVEL_GROWTH, LEVEL_STEP, LevelCosts, next_level
+from autoplan.solve.levels import GROWTH_RANGE, LEVEL_GROWTH, LEVEL_STEP, LevelCosts, next_level
 
 
 def _costs(*searches: tuple[int, float, float]) -> LevelCosts:
@@ -62,12 +62,21 @@ def test_proven_runs_cost_nothing_and_unsearched_ones_the_costliest() -> None:
     assert costs.predicted_s(level, [0, 1, 2], {2: 102.0}) == pytest.approx(5.0 * scale)
 
 
-def test_a_run_growing_faster_than_the_default_is_predicted_by_its_own_growth() -> None:
-    """1 s at 100 then 10 s at 101: ~10x per 1%, steeper than 3x per 2%."""
-    costs = _costs((0, 100.0, 1.0), (0, 101.0, 10.0))
-    predicted = costs.predicted_s(102.0, [0], {})
-    own = math.log(10.0) / math.log(1.01)
-    assert predicted == pytest.approx(10.0 * (102.0 / 101.0) ** own)
-    # A run that got cheaper is still predicted by the default growth.
+def test_a_run_is_predicted_by_its_own_growth_within_the_range() -> None:
+    """1 s at 100 then 10 s at 101: ~10x per 1%, past the range's 10x per step (2%); 1 s then
+    1.5 s per 1% (~2.25x per step) is within it; a run that got cheaper grows by the least."""
+    steep = _costs((0, 100.0, 1.0), (0, 101.0, 10.0))
+    assert steep.predicted_s(102.0, [0], {}) == pytest.approx(
+        10.0 * (102.0 / 101.0) ** GROWTH_RANGE[1]
+    )
+    mild = _costs((0, 100.0, 1.0), (0, 101.0, 1.5))
+    own = math.log(1.5) / math.log(1.01)
+    assert GROWTH_RANGE[0] < own < GROWTH_RANGE[1]
+    assert mild.predicted_s(102.0, [0], {}) == pytest.approx(1.5 * (102.0 / 101.0) ** own)
     flat = _costs((0, 100.0, 2.0), (0, 101.0, 1.0))
-    assert flat.predicted_s(102.0, [0], {}) == pytest.approx(1.0 * (102.0 / 101.0) ** LEVEL_GROWTH)
+    assert flat.predicted_s(102.0, [0], {}) == pytest.approx(
+        1.0 * (102.0 / 101.0) ** GROWTH_RANGE[0]
+    )
+    # Too short to read (noise): the default growth.
+    short = _costs((0, 100.0, 0.01), (0, 101.0, 1.0))
+    assert short.predicted_s(102.0, [0], {}) == pytest.approx(1.0 * (102.0 / 101.0) ** LEVEL_GROWTH)

@@ -14,8 +14,10 @@ the end of the time limit on a level it could not finish, and kept the level bef
 So the next level is the fixed rule's where its predicted cost fits in the time left, else the
 largest of the smaller steps (``SMALLER_STEPS`` of ``LEVEL_STEP``) that fits, else the
 smallest. A run's predicted cost below level L is its last search's seconds t at level L'
-times (L / L')^g, g the larger of ``LEVEL_GROWTH`` (3x per step) and the run's own growth
-between its last two searches; a run not searched yet (its root bound was above every level
+times (L / L')^g, g the run's own growth between its last two searches, held within
+``GROWTH_RANGE`` (1.5x to 10x per step: one search's time is noisy on a shared machine), or
+``LEVEL_GROWTH`` (3x per step) where the run has fewer than two searches long enough to read
+it from (``_LEAST_TIMED_S``); a run not searched yet (its root bound was above every level
 so far) is predicted at the costliest run's figure; a run proven at L or above costs nothing.
 The prediction only chooses which level is searched next: every level searched to its end is
 a proven floor whatever it is, so the certificate stays valid. With no deadline (or time to
@@ -28,15 +30,29 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["LEVEL_GROWTH", "LEVEL_STEP", "SMALLER_STEPS", "LevelCosts", "next_level"]
+__all__ = [
+    "GROWTH_RANGE",
+    "LEVEL_GROWTH",
+    "LEVEL_STEP",
+    "SMALLER_STEPS",
+    "LevelCosts",
+    "next_level",
+]
 
 LEVEL_STEP = 0.02
 """Relative step of the levels the exact pass raises its pruning bound by
 (``hetero.hetero_candidates``)."""
 
 LEVEL_GROWTH = math.log(3.0) / math.log(1.0 + LEVEL_STEP)
-"""Least growth exponent of a search's cost in its level: 3x per ``LEVEL_STEP`` (module
-docstring)."""
+"""Growth exponent of a search's cost in its level where a run's own is not known: 3x per
+``LEVEL_STEP`` (module docstring)."""
+
+GROWTH_RANGE = (
+    math.log(1.5) / math.log(1.0 + LEVEL_STEP),
+    math.log(10.0) / math.log(1.0 + LEVEL_STEP),
+)
+"""The least and most growth exponent read from a run's own searches: 1.5x and 10x per
+``LEVEL_STEP``."""
 
 SMALLER_STEPS = (0.5, 0.25, 0.125)
 """Fractions of ``LEVEL_STEP`` tried, largest first, where a whole step is predicted not to
@@ -66,11 +82,9 @@ class LevelCosts:
         growth = LEVEL_GROWTH
         if len(done) >= 2:
             before_level, before_s = done[-2]
-            if before_s >= _LEAST_TIMED_S and last_level > before_level:
-                own = math.log(max(last_s, before_s) / before_s) / math.log(
-                    last_level / before_level
-                )
-                growth = max(growth, own)
+            if min(before_s, last_s) >= _LEAST_TIMED_S and last_level > before_level:
+                own = math.log(last_s / before_s) / math.log(last_level / before_level)
+                growth = min(max(own, GROWTH_RANGE[0]), GROWTH_RANGE[1])
         return last_s * (level / last_level) ** growth if level > last_level else last_s
 
     def predicted_s(self, level: float, runs: Iterable[int], floors: Mapping[int, float]) -> float:
