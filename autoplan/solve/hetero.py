@@ -827,7 +827,7 @@ def _root_bound(
     prunes its labels with it (``RunRelaxation.completion_floors``). ``relaxed`` False: the
     first alone (cheap: what a search past its deadline still adds). ``target``: the bound
     the run is pruned against, where a coarser relaxation that reaches it is enough
-    (``RunRelaxation``)."""
+    (``RunRelaxation``), and none where the first does."""
     m, _schedule, most, least = run
     source = _run_source(model, batch, options, run, sources, index, source_type)
     if not source.options():
@@ -837,7 +837,9 @@ def _root_bound(
     spread = float(source.prefix_table(free)[0, num_layers])
     fill = float(source.fill_ratio(free, np.ones(len(source.options()), dtype=bool))[0])
     plain = (m - 1 + fill) * spread
-    if not relaxed:
+    if not relaxed or plain >= target:
+        # At or above ``target`` already: the caller skips the run on this bound as on any
+        # higher one, so the relaxation (its floors and tables) is not computed.
         return plain
     uses, _, floors = _run_floors(source, num_layers)
     weights_of = getattr(source, "resource_weights", None)
