@@ -493,6 +493,27 @@ class HeteroSource:
         return max(row[i], row[j - (1 << level)])
 
     @functools.cache  # noqa: B019 (one source per search)
+    def _mode_rows(
+        self, k: int, t: int, x: int, i: int, j: int
+    ) -> tuple[float, float, tuple[tuple[str, float, float | None], ...]]:
+        """What ``_mode`` reads of a replica of (k, t) taking ``x`` samples on [i, j), the
+        same at every flight, ZeRO level and replica count (a search asks ~6 of those per
+        (k, t, x, i, j)): (its parameters, its transfer buffers, per mode in time order its
+        saved and its parked bytes (None without offload)). The modes by their time, ties in
+        the space's order (a stable sort)."""
+        tables = self.model.tables(k, t, x)
+        timed = sorted(self.modes, key=lambda mode: tables.span_work(mode, i, j))
+        rows = []
+        for mode in timed:
+            saved = tables.saved[mode]
+            parked = tables.parked.get(mode)
+            rows.append(
+                (mode, saved[j] - saved[i], None if parked is None else parked[j] - parked[i])
+            )
+        buffers = self.model.transfer_buffer_bytes(x, i, j, self.m)
+        return tables.params[j] - tables.params[i], buffers, tuple(rows)
+
+    @functools.cache  # noqa: B019 (one source per search)
     def _mode(
         self,
         kind: Kind,
@@ -507,23 +528,18 @@ class HeteroSource:
         """The fastest recompute mode with which a replica of ``kind`` taking ``x`` samples
         fits on [i, j) at ZeRO ``level`` over ``replicas``, or None."""
         k, t = kind
-        tables = self.model.tables(k, t, x)
-        static = (tables.params[j] - tables.params[i]) * per_param
+        params, buffers, rows = self._mode_rows(k, t, x, i, j)
+        static = params * per_param
         usable, host = self._limits(k, t, replicas, level)
         if static > usable:
             return None  # no mode fits: every one holds the same parameters
-        # The fastest mode that fits (with offload the order is the hardware's): the modes by
-        # their time, ties in the space's order (a stable sort), and the first that fits; the
-        # memory of the slower ones is never looked at.
-        timed = sorted(self.modes, key=lambda mode: tables.span_work(mode, i, j))
-        buffers = self.model.transfer_buffer_bytes(x, i, j, self.m)
-        for mode in timed:
-            saved = tables.saved[mode]
-            used = static + buffers + flight * (saved[j] - saved[i])
+        # The fastest mode that fits (with offload the order is the hardware's): the first
+        # in time order that fits; the memory of the slower ones is never looked at.
+        for mode, saved, parked in rows:
+            used = static + buffers + flight * saved
             if used > usable:
                 continue
-            parked = tables.parked.get(mode)
-            if parked is not None and flight * (parked[j] - parked[i]) > host:
+            if parked is not None and flight * parked > host:
                 continue  # offload parks more than the GPU's share of host memory
             if used + self._transient(k, t, x, mode, i, j) <= usable:
                 return mode
