@@ -50,7 +50,9 @@ found, and final labels are ranked by (F, insertion order).
 
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -189,29 +191,37 @@ def _dominates(a: PipelineLabel, b: PipelineLabel, m: int) -> bool:
     return a.sum_stage + excess <= b.sum_stage
 
 
+_Entry = tuple[float, float, float, float, int, tuple[int, ...], int, PipelineLabel]
+"""A kept label's dominance figures: (S, M, A, U, stages, used, insertion number, label)."""
+
+
 class _Front:
-    """The labels kept at one position, each with its dominance figures in a tuple: a new
-    label is tested against every kept one in one Python pass (``insert``). A front holds
-    a few dozen labels (GPT-3 175B on 16k GPUs: median 22, 99th percentile ~100), where a
-    numpy pass per test paid its per-call overhead a dozen times (~48 µs an insert) for
-    ~0.3 µs of comparisons per label; per-pair calls of ``_dominates`` before that were 70%
-    of a large search. The test is the same, term by term in the same order."""
+    """The labels kept at one position, by link key, each key's sorted by their sum S
+    (``insert``). A new label is compared only with the labels of the keys that cover its
+    own or that its own covers (``_Keys.related``: a few of the ~20 keys at a position), and
+    of those, for being dominated, only with the labels of no larger S (a bisection), and
+    for dominating, only with those of no smaller S: the rest cannot pass the test (its
+    excess is never negative). One Python pass over those: a front holds a few dozen to a
+    few hundred labels, where a numpy pass per test paid its per-call overhead a dozen times
+    per insert (~48 µs) and per-pair calls of ``_dominates`` were 70% of a large search.
+    The test is the same, term by term in the same order."""
 
     def __init__(self, resources: int, keys: _Keys) -> None:
         self.keys = keys
-        # Per kept label, in insertion order: (S, M, A, U, stages, used, key id, label).
-        self.entries: list[
-            tuple[float, float, float, float, int, tuple[int, ...], int, PipelineLabel]
-        ] = []
+        # key id -> (the sums, ascending; the entries in that order)
+        self.groups: dict[int, tuple[list[float], list[_Entry]]] = {}
+        self.inserted = 0
 
     def insert(self, new: PipelineLabel, m: int) -> bool:
         """Keep ``new`` unless a kept label dominates it (``_dominates``); drop the kept
         labels it dominates. Across link keys too: a label whose key ``covers`` another's
         (every stage in front of it costs no more) dominates by the same rule, since what the
         stages before add only grows with their costs."""
-        kid = self.keys.index(new.key)
-        covering = self.keys.rows_covering[kid]  # [x]: key x equals or covers new's
-        covered = self.keys.rows_covered[kid]  # [x]: new's key equals or covers key x
+        keys = self.keys
+        kid = keys.index(new.key)
+        covering = keys.rows_covering[kid]  # [x]: key x equals or covers new's
+        covered = keys.rows_covered[kid]  # [x]: new's key equals or covers key x
+        related = keys.related[kid]
         total, peak_new, first_new, tail_new = (
             new.sum_stage,
             new.max_stage,
@@ -220,40 +230,57 @@ class _Front:
         )
         stages, used = new.stages, new.used
         slope = m - 1
-        dropped: list[int] = []
-        for index, (s, peak, first, tail, count, own, key, _label) in enumerate(self.entries):
-            # A kept label dominates new only if its sum is no larger (the excess is >= 0),
-            # and its key equals or covers new's; new one only where the reverse holds.
-            if (
-                s <= total
-                and covering[key]
-                and count <= stages
-                and all(x <= y for x, y in zip(own, used, strict=True))
-            ):
-                excess = slope * max(max(peak - peak_new, first - first_new), 0.0)
-                excess += max(0.0, tail - tail_new)
-                if s + excess <= total:
-                    return False
-            if (
-                s >= total
-                and covered[key]
-                and stages <= count
-                and all(y <= x for x, y in zip(own, used, strict=True))
-            ):
-                excess = slope * max(max(peak_new - peak, first_new - first), 0.0)
-                excess += max(0.0, tail_new - tail)
-                if total + excess <= s:
-                    dropped.append(index)
-        if dropped:
-            gone = set(dropped)
-            self.entries = [e for x, e in enumerate(self.entries) if x not in gone]
-        self.entries.append((total, peak_new, first_new, tail_new, stages, used, kid, new))
+        groups = self.groups
+        # A kept label dominates new only if its sum is no larger (the excess is >= 0) and
+        # its key equals or covers new's.
+        for x in related:
+            group = groups.get(x)
+            if group is None or not covering[x]:
+                continue
+            sums, entries = group
+            for index in range(bisect.bisect_right(sums, total)):
+                s, peak, first, tail, count, own, _order, _label = entries[index]
+                if count <= stages and all(map(operator.le, own, used)):
+                    excess = slope * max(max(peak - peak_new, first - first_new), 0.0)
+                    excess += max(0.0, tail - tail_new)
+                    if s + excess <= total:
+                        return False
+        for x in related:
+            group = groups.get(x)
+            if group is None or not covered[x]:
+                continue
+            sums, entries = group
+            dropped = []
+            for index in range(bisect.bisect_left(sums, total), len(sums)):
+                s, peak, first, tail, count, own, _order, _label = entries[index]
+                if stages <= count and all(map(operator.le, used, own)):
+                    excess = slope * max(max(peak_new - peak, first_new - first), 0.0)
+                    excess += max(0.0, tail_new - tail)
+                    if total + excess <= s:
+                        dropped.append(index)
+            if dropped:
+                for index in reversed(dropped):
+                    del sums[index]
+                    del entries[index]
+        group = groups.get(kid)
+        if group is None:
+            group = groups[kid] = ([], [])
+        sums, entries = group
+        at = bisect.bisect_right(sums, total)
+        sums.insert(at, total)
+        entries.insert(at, (total, peak_new, first_new, tail_new, stages, used, self.inserted, new))
+        self.inserted += 1
         return True
 
     def by_key(self) -> dict[Hashable, list[PipelineLabel]]:
-        """The kept labels by key, each key's in insertion order."""
+        """The kept labels by key, each key's in insertion order (keys in the order of
+        their first kept label)."""
+        kept = sorted(
+            (entry for _sums, entries in self.groups.values() for entry in entries),
+            key=lambda entry: entry[6],
+        )
         out: dict[Hashable, list[PipelineLabel]] = {}
-        for entry in self.entries:
+        for entry in kept:
             label = entry[7]
             out.setdefault(label.key, []).append(label)
         return out
@@ -270,6 +297,8 @@ class _Keys:
         self.ids: dict[Hashable, int] = {}
         self.rows_covering: list[list[bool]] = []
         self.rows_covered: list[list[bool]] = []
+        # [k]: the keys that equal, cover or are covered by key k, ascending
+        self.related: list[list[int]] = []
 
     def index(self, key: Hashable) -> int:
         found = self.ids.get(key)
@@ -289,8 +318,11 @@ class _Keys:
             if other < found:
                 self.rows_covered[other].append(low)
                 self.rows_covering[other].append(high)
+                if low or high:
+                    self.related[other].append(found)
         self.rows_covering.append(covering)
         self.rows_covered.append(covered)
+        self.related.append([x for x in range(found + 1) if covering[x] or covered[x]])
         return found
 
 
