@@ -138,6 +138,9 @@ class RunRelaxation:
         self._run: _Run | None = None
         # completion_floors' tables per step of caps (``_caps``)
         self._caps_by_step: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # ``_least``'s answers per (start, free resources), per step of caps (``_Minima``)
+        self._minima: dict[int, _Minima] = {}
+        self._resources = np.asarray(resources, dtype=np.int64)
         if uses.shape[0] == 0:
             self.bound = math.inf
             return
@@ -205,14 +208,12 @@ class RunRelaxation:
         if not len(self.grid):
             return exact
         if math.isinf(limit) or len(starts) < COARSE_ROWS or len(self.grid) <= 2 * COARSE_STEP:
-            least = self._least(starts, max_stages, free, self._caps(1))
+            least = self._least(starts, max_stages, free, 1)
         else:
-            least = self._least(starts, max_stages, free, self._caps(COARSE_STEP))
+            least = self._least(starts, max_stages, free, COARSE_STEP)
             close = np.flatnonzero(np.maximum(least + sum_stages + max_tails, exact) < limit)
             if len(close):
-                least[close] = self._least(
-                    starts[close], max_stages[close], free[close], self._caps(1)
-                )
+                least[close] = self._least(starts[close], max_stages[close], free[close], 1)
         out = least + sum_stages + max_tails
         result: np.ndarray = np.where(starts == 0, exact, np.maximum(out, exact))
         return result
@@ -236,22 +237,28 @@ class RunRelaxation:
         return found
 
     def _least(
-        self,
-        starts: np.ndarray,
-        max_stages: np.ndarray,
-        free: np.ndarray,
-        caps: tuple[np.ndarray, np.ndarray, np.ndarray],
+        self, starts: np.ndarray, max_stages: np.ndarray, free: np.ndarray, step: int
     ) -> np.ndarray:
-        """Per row, the least over the intervals [A_lower, A_upper) of ``caps`` (``_caps``:
-        consecutive caps of the grid, or every ``COARSE_STEP``-th) of (m - 1) max(M,
-        A_lower) + D[0, start)(A_upper) - μ · free (``completion_floors``)."""
-        prefix, needs, lower = caps
-        # [row, price, k]: D over [0, start) at the upper cap less the free resources' price.
-        best = (prefix[starts] - (free @ self.prices.T)[:, :, None]).max(axis=1)
-        np.maximum(best, 0.0, out=best)
-        # Caps at which the stages before cannot fit in what is free (the run's bound's test).
-        have = (free @ self.directions.T) * (1 + 1e-9) + 1e-9
-        best[(needs[starts] > have[:, :, None]).any(axis=1)] = math.inf
+        """Per row, the least over the intervals [A_lower, A_upper) of the caps of ``step``
+        (``_caps``: consecutive caps of the grid, or every ``COARSE_STEP``-th) of (m - 1)
+        max(M, A_lower) + D[0, start)(A_upper) - μ · free (``completion_floors``).
+
+        A search asks for the same few (start, free) over and over (Llama-2-70B on 48 GPUs:
+        8.2 M rows in 27 k calls, 92 k distinct), with another M each time: per (start,
+        free) the figures that do not depend on M are kept (``_Minima``) and each row reads
+        two of them. The same figures as ``_least_direct``, bitwise."""
+        minima = self._minima.get(step)
+        if minima is None:
+            minima = _Minima(self._resources, self.prefix.shape[2] - 1, self.m)
+            self._minima[step] = minima
+        return minima.least(self, starts, max_stages, free, step)
+
+    def _least_direct(
+        self, starts: np.ndarray, max_stages: np.ndarray, free: np.ndarray, step: int
+    ) -> np.ndarray:
+        """``_least`` computed in full for every row."""
+        best = self._best(starts, free, step)
+        lower = self._caps(step)[2]
         peaks = np.maximum(lower[None, :], max_stages[:, None])
         with np.errstate(invalid="ignore"):
             totals = (self.m - 1) * peaks + best
@@ -259,6 +266,134 @@ class RunRelaxation:
             totals[np.isnan(totals)] = math.inf  # 0 × inf: no candidate
         least: np.ndarray = totals.min(axis=1)
         return least
+
+    def _best(self, starts: np.ndarray, free: np.ndarray, step: int) -> np.ndarray:
+        """[row, k]: D over [0, start) at the k-th interval's upper cap of ``step`` less the
+        free resources' price (the largest over the prices, at least 0), inf where the
+        stages before cannot fit in what is free."""
+        prefix, needs, _lower = self._caps(step)
+        # [row, price, k]: D over [0, start) at the upper cap less the free resources' price.
+        best: np.ndarray = (prefix[starts] - (free @ self.prices.T)[:, :, None]).max(axis=1)
+        np.maximum(best, 0.0, out=best)
+        # Caps at which the stages before cannot fit in what is free (the run's bound's test).
+        have = (free @ self.directions.T) * (1 + 1e-9) + 1e-9
+        best[(needs[starts] > have[:, :, None]).any(axis=1)] = math.inf
+        return best
+
+
+MINIMA_FIGURES = 1 << 21
+"""Most figures one ``_Minima`` keeps (16 MB); past it, rows not kept are computed each time."""
+
+DENSE_KEYS = 1 << 20
+"""Most (start, free) keys a ``_Minima`` indexes in an array (8 MB) rather than a dict."""
+
+
+class _Minima:
+    """``RunRelaxation._least``'s figures per (start, free resources) on one step of caps.
+
+    With best[k] = max(D[0, start)(A_{k+1}) - μ · free, 0) (``RunRelaxation._best``) and
+    the intervals' lower caps ascending, a row of peak M takes (m - 1) max(A_k, M) + best[k]
+    at each k: (m - 1) M + best[k] where A_k < M, (m - 1) A_k + best[k] where not. So with
+    k0 the count of A_k < M, its least is the smaller of (m - 1) M + min_{k < k0} best[k] and
+    min_{k >= k0} ((m - 1) A_k + best[k]): rounding is monotone, so adding (m - 1) M to the
+    least best is the least of the sums, bitwise. Kept per (start, free): the running minima
+    of best from the first cap (``low``) and of (m - 1) A_k + best[k] from the last
+    (``high``)."""
+
+    def __init__(self, resources: np.ndarray, num_layers: int, m: int) -> None:
+        self.m = m
+        self.starts = num_layers + 1
+        # (start, free) as one integer: free in mixed radix of the resources + 1 (a row out
+        # of range, or a key space past int64, is computed in full).
+        radix = resources + 1
+        self.radix = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]]).astype(np.int64)
+        space = float(np.prod(radix.astype(np.float64))) * self.starts
+        self.usable = space < 2.0**62
+        self.resources = resources
+        # Where the key space is small (Llama-2-70B on 48 GPUs: 83 × 17³), each key's row
+        # in an array, read in one take; else in a dict, a lookup per row.
+        self.dense: np.ndarray | None = None
+        if space <= DENSE_KEYS:
+            self.dense = np.full(int(space), -1, dtype=np.int64)
+        self.ids: dict[int, int] = {}
+        self.low = np.zeros((0, 0))
+        self.high = np.zeros((0, 0))
+        self.count = 0
+
+    def least(
+        self,
+        relaxation: RunRelaxation,
+        starts: np.ndarray,
+        max_stages: np.ndarray,
+        free: np.ndarray,
+        step: int,
+    ) -> np.ndarray:
+        """``RunRelaxation._least`` of these rows (the class docstring)."""
+        rows = len(starts)
+        if (
+            not rows
+            or not self.usable
+            or self.m == 1
+            or (free < 0).any()
+            or (free > self.resources).any()
+        ):
+            return relaxation._least_direct(starts, max_stages, free, step)
+        codes = (free @ self.radix) * self.starts + starts
+        if self.dense is not None:
+            ids = self.dense[codes]
+        else:
+            found = self.ids
+            ids = np.array([found.get(code, -1) for code in codes.tolist()], dtype=np.int64)
+        missing = np.flatnonzero(ids < 0)
+        low, high = self.low, self.high
+        width = len(relaxation._caps(step)[2])
+        if len(missing):
+            unique, first, inverse = np.unique(
+                codes[missing], return_index=True, return_inverse=True
+            )
+            rows_new = missing[first]
+            lower = relaxation._caps(step)[2]
+            best = relaxation._best(starts[rows_new], free[rows_new], step)
+            new_low = np.minimum.accumulate(best, axis=1)
+            terms = (self.m - 1) * lower[None, :] + best
+            new_high = np.minimum.accumulate(terms[:, ::-1], axis=1)[:, ::-1]
+            if (self.count + len(unique)) * width <= MINIMA_FIGURES:
+                new_ids = self._keep(unique, new_low, new_high)
+                low, high = self.low, self.high
+            else:
+                # Read from the kept figures and these together (these not kept).
+                new_ids = self.count + np.arange(len(unique))
+                low = np.concatenate([self.low[: self.count].reshape(-1, width), new_low])
+                high = np.concatenate([self.high[: self.count].reshape(-1, width), new_high])
+            ids[missing] = new_ids[np.asarray(inverse).reshape(-1)]
+        k0 = np.searchsorted(relaxation._caps(step)[2], max_stages, "left")
+        below = (self.m - 1) * max_stages + low[ids, np.maximum(k0 - 1, 0)]
+        below[k0 == 0] = math.inf
+        above = high[ids, np.minimum(k0, width - 1)]
+        above[k0 >= width] = math.inf
+        least: np.ndarray = np.minimum(below, above)
+        return least
+
+    def _keep(self, codes: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        """Keep the figures of ``codes`` (new rows of ``low`` and ``high``); their rows."""
+        need = self.count + len(codes)
+        if need > len(self.low):
+            size = max(need, 2 * len(self.low), 64)
+            for name in ("low", "high"):
+                old = getattr(self, name)
+                grown = np.empty((size, low.shape[1]))
+                if self.count:
+                    grown[: self.count] = old[: self.count]
+                setattr(self, name, grown)
+        self.low[self.count : need] = low
+        self.high[self.count : need] = high
+        ids = np.arange(self.count, need)
+        if self.dense is not None:
+            self.dense[codes] = ids
+        else:
+            self.ids.update(zip(codes.tolist(), ids.tolist(), strict=True))
+        self.count = need
+        return ids
 
 
 @dataclass

@@ -436,3 +436,44 @@ def test_floor_tables_in_passes_are_the_one_end_figures(monkeypatch, cells) -> N
         want = np.where(source._is_single[:, None], single, balanced) + source._overhead[:, None]
         assert np.array_equal(source.floor_table(j), want), j
     assert (~source._is_single).any() and source._is_single.any()
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(problems(), st.integers(0, 2**32 - 1))
+def test_kept_completion_figures_are_the_direct_ones_bitwise(problem, seed) -> None:
+    """``RunRelaxation._least`` (figures kept per (start, free) and read per row) against
+    ``_least_direct`` (every row in full), on both steps of caps, over calls that repeat and
+    mix rows seen before with new ones, peaks below, between and above the caps; with the
+    keys in an array and in a dict, and with nothing kept (``MINIMA_FIGURES`` 0): the same
+    numbers, bit for bit."""
+    import solvers.relaxed_bound as relaxed_bound
+
+    n, m, resources, uses, floors, _least, _most, weights = problem
+    _best, lowest = _brute_force(n, m, resources, uses, floors, 1, n)
+    if math.isinf(lowest):
+        return
+    rng = np.random.default_rng(seed)
+    saved = relaxed_bound.MINIMA_FIGURES, relaxed_bound.DENSE_KEYS
+    for figures, dense in ((saved[0], saved[1]), (saved[0], 0), (0, saved[1])):
+        relaxed_bound.MINIMA_FIGURES, relaxed_bound.DENSE_KEYS = figures, dense
+        try:
+            relaxation = RunRelaxation(
+                n, m, tuple(resources.tolist()), uses, floors, weights, lowest, max_stages=n
+            )
+            if not len(relaxation.grid):
+                return
+            top = float(relaxation.grid[-2])
+            for _call in range(6):
+                rows = int(rng.integers(1, 40))
+                starts = rng.integers(0, n + 1, rows)
+                free = np.stack([rng.integers(0, r + 1, rows) for r in resources], axis=1)
+                peaks = rng.choice(
+                    [0.0, lowest * 0.5, lowest, top, top * 2, float(rng.random())], rows
+                )
+                peaks = peaks + rng.integers(0, 3, rows) * lowest * GRID_STEP
+                for step in (1, relaxed_bound.COARSE_STEP):
+                    kept = relaxation._least(starts, peaks, free, step)
+                    direct = relaxation._least_direct(starts, peaks, free, step)
+                    assert kept.tobytes() == direct.tobytes(), (kept, direct)
+        finally:
+            relaxed_bound.MINIMA_FIGURES, relaxed_bound.DENSE_KEYS = saved
