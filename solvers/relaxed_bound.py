@@ -483,19 +483,19 @@ class _Run:
         n, flat = self.n, self.flat
         cells = flat.shape[1]
         size = len(grid)
-        # counts[g, cell]: options of floor <= A_g on cell (i, j). One search of every floor
+        # counts[cell, g]: options of floor <= A_g on cell (i, j). One search of every floor
         # in the grid (the first A_g >= c) and a running count, not a search per cell.
         first = np.searchsorted(grid, flat, "left")  # (options, cells)
         seen = np.bincount(
-            (first * cells + np.arange(cells)).reshape(-1), minlength=(size + 1) * cells
+            (np.arange(cells) * (size + 1) + first).reshape(-1), minlength=cells * (size + 1)
         )
-        counts = np.cumsum(seen.reshape(size + 1, cells)[:size], axis=0)
+        counts = np.cumsum(seen.reshape(cells, size + 1)[:, :size], axis=1)
         # Where in a row k of [cell, inf; running minima] each (cell, g) reads: its cell's
         # entry ``counts`` (0, the inf of no option). Only the stage cells (i < j), packed
         # (``_cells``), with the caps innermost: the shortest paths read a start's cells for
         # every cap at once, contiguous (as [g, i, j] squares, strided and half of them an inf
         # never read, the gathers and the paths took twice the time).
-        at = np.arange(cells)[:, None] * (len(flat) + 1) + counts.T
+        at = np.arange(cells)[:, None] * (len(flat) + 1) + counts
 
         def capped_costs(padded: np.ndarray) -> np.ndarray:
             """[k, cell, g]: per row k of ``padded`` (``_running_minima``), the least over
@@ -598,12 +598,15 @@ def _prefixes(cost: np.ndarray, n: int) -> np.ndarray:
     first = _cells(n)
     best = np.full((rows, n + 1, caps), math.inf)
     best[:, 0] = 0.0
+    sums = np.empty((rows, n, caps))  # one buffer for every start's sums
     # Pushed forward from each i once it is final, along the cells of start i (contiguous):
     # the same sums best[i] + cost[i, j], and a minimum is exact in any order, so the same
     # figures as pulling each j's column.
     for i in range(n):
         ahead = best[:, i + 1 :]
-        np.minimum(ahead, best[:, i, None] + cost[:, first[i] : first[i + 1]], out=ahead)
+        total = sums[:, : n - i]
+        np.add(best[:, i, None], cost[:, first[i] : first[i + 1]], out=total)
+        np.minimum(ahead, total, out=ahead)
     return best
 
 
@@ -616,8 +619,11 @@ def _shortest(cost: np.ndarray, n: int, least: int, most: int) -> np.ndarray:
     if least <= 1 and most >= n:
         best = np.full((rows, n + 1, caps), math.inf)
         best[:, n] = 0.0
+        sums = np.empty((rows, n, caps))  # one buffer for every start's sums
         for i in range(n - 1, -1, -1):
-            best[:, i] = (cost[:, first[i] : first[i + 1]] + best[:, i + 1 :]).min(axis=1)
+            total = sums[:, : n - i]
+            np.add(cost[:, first[i] : first[i + 1]], best[:, i + 1 :], out=total)
+            total.min(axis=1, out=best[:, i])
         whole: np.ndarray = best[:, 0]
         return whole
     if most >= n and n - least <= least:

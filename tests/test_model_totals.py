@@ -1,7 +1,9 @@
 """``CostModel.totals`` (the whole-model sums the shared-stage family reads) equals the last
 entries of ``CostModel.tables`` to the bit, in every mode, on random instances, on their
 sequence-parallel, context-parallel and expert-parallel views, and at sub-block grain (where
-the totals are read from the tables); and the share search's sizes are unchanged by it."""
+the totals are read from the tables); and the share search's sizes are unchanged by it. So
+does ``CostModel.work_prefix`` (the stage floors' work prefix sums) equal the tables' whole
+``work`` lists."""
 
 from __future__ import annotations
 
@@ -19,14 +21,18 @@ OPTIONS = SolveOptions()
 
 
 def _assert_totals_are_the_tables(model: CostModel) -> int:
-    """Every (class, tp, micro-batch size 1-3) of ``model``: totals first (before the tables
-    exist, so computed from the layer costs), then the tables; the count compared."""
+    """Every (class, tp, micro-batch size 1-3) of ``model``: totals and work prefixes first
+    (before the tables exist, so computed from the layer costs), then the tables; the count
+    compared."""
     compared = 0
     for k, _ in enumerate(model.classes):
         for tp in tp_choices(model, OPTIONS):
             for b in (1, 2, 3):
+                prefixes = {mode: model.work_prefix(k, tp, b, mode) for mode in ALL_MODES}
                 totals = model.totals(k, tp, b)
                 tables = model.tables(k, tp, b)
+                for mode in ALL_MODES:
+                    assert prefixes[mode] == tables.work[mode], (k, tp, b, mode)
                 assert totals.params == tables.params[-1]
                 for mode in ALL_MODES:
                     assert totals.work(mode) == tables.work[mode][-1], (k, tp, b, mode)

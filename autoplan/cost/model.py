@@ -336,6 +336,8 @@ class CostModel:
         self._plain_tables: dict[tuple[int, int, int, int, bool, int, int], CostTables] = {}
         # The whole-model sums of single-stage plans (``totals``), shared with views alike.
         self._plain_totals: dict[tuple[int, int, int, int, bool, int, int], ModelTotals] = {}
+        # ``work_prefix``'s lists where no table set is built, shared with views alike.
+        self._work_prefixes: dict[tuple[int, int, int, int, bool, int, int, str], list[float]] = {}
 
     def with_engine(self, engine: Engine) -> CostModel:
         """This model costing plans as ``engine`` runs them (``ENGINES``): the search reads
@@ -669,26 +671,64 @@ class CostModel:
                 lambda name, mode: getattr(t, name)[mode][-1],
             )
         else:
-            dc = self.classes[device_class]
-
-            def with_experts(layer: LayerProfile, cost: LayerCost) -> LayerCost:
-                return expert_layer_cost(
-                    cost, layer, dc, tp, ep, micro_batch_size, self.profile.micro_batch_size
-                )
-
-            costed = self._distinct_costs(
-                device_class, tp, micro_batch_size, sp, self.context_parallel, with_experts
-            )
+            costed = self._plain_distinct_costs(device_class, tp, micro_batch_size)
             index = {position: n for n, position in enumerate(costed)}
             found = ModelTotals.of_layers(
                 list(costed.values()),
                 [index[position] for position in self._same_as],
-                dc.host_link_bandwidth_gb_per_s,
+                self.classes[device_class].host_link_bandwidth_gb_per_s,
             )
         self._plain_totals[key] = found
         if len(self._plain_totals) > _PLAIN_TABLES_KEPT:
             del self._plain_totals[next(iter(self._plain_totals))]  # the oldest
         return found
+
+    def work_prefix(
+        self, device_class: int, tp: int, micro_batch_size: int, mode: str
+    ) -> list[float]:
+        """``tables(device_class, tp, micro_batch_size).work[mode]`` (with the view's
+        settings), to the bit, without building the other tables where they are not built
+        yet: the same per-layer figures (forward + backward of each distinct layer, spread)
+        summed in the same order. The heterogeneous search's stage floors read this alone
+        of hundreds of shares (GPT-3 175B on mixed-1024: 313 of the solve's 846 table sets).
+        Read from the tables where they are built, or where the model is at sub-block grain
+        (whole blocks change the per-layer figures)."""
+        sp = self.sequence_parallel and tp > 1
+        key = (self.context_parallel, device_class, tp, micro_batch_size, sp, 1)
+        tables = self._plain_tables.get((*key, self.expert_parallel))
+        if tables is not None or self._blocks:
+            return self.tables(device_class, tp, micro_batch_size).work[mode]
+        found = self._work_prefixes.get((*key, self.expert_parallel, mode))
+        if found is None:
+            costed = self._plain_distinct_costs(device_class, tp, micro_batch_size)
+            host = self.classes[device_class].host_link_bandwidth_gb_per_s
+            work = {
+                x: mode_forward_ms(c, mode, host) + mode_backward_ms(c, mode, host)
+                for x, c in costed.items()
+            }
+            found = _prefix([work[x] for x in self._same_as])
+            self._work_prefixes[(*key, self.expert_parallel, mode)] = found
+            if len(self._work_prefixes) > _PLAIN_TABLES_KEPT:
+                del self._work_prefixes[next(iter(self._work_prefixes))]  # the oldest
+        return found
+
+    def _plain_distinct_costs(
+        self, device_class: int, tp: int, micro_batch_size: int
+    ) -> dict[int, LayerCost]:
+        """``_distinct_costs`` as ``tables`` with the view's settings and no span computes
+        them (``totals``, ``work_prefix``)."""
+        dc = self.classes[device_class]
+        ep = self.expert_parallel
+
+        def with_experts(layer: LayerProfile, cost: LayerCost) -> LayerCost:
+            return expert_layer_cost(
+                cost, layer, dc, tp, ep, micro_batch_size, self.profile.micro_batch_size
+            )
+
+        sp = self.sequence_parallel and tp > 1
+        return self._distinct_costs(
+            device_class, tp, micro_batch_size, sp, self.context_parallel, with_experts
+        )
 
     def _ring_link(self, dc: DeviceClass, tp: int, cp: int) -> _RingLink:
         """``layer_cost``'s cp arguments: the ring inside a node when a replica's tp × cp GPUs

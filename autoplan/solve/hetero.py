@@ -180,7 +180,9 @@ class HeteroSource:
                 share = -(-self.b // n)
                 if self.pinned.micro_batch_size is not None:
                     share = self.pinned.micro_batch_size
-                self._single_prefix[option] = model.tables(k, t, share).work["none"]
+                # The work prefix alone (``CostModel.work_prefix``): of most of these shares
+                # no stage is ever costed, and a whole table set costs ~5x more.
+                self._single_prefix[option] = model.work_prefix(k, t, share, "none")
         self._prefix_matrix = self._prefix_tables()
         self._cores: dict[tuple[int, int, int, int], _Core | None] = {}
         self._sends: dict[tuple[LinkSide, LinkSide, int], float] = {}
