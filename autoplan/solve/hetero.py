@@ -91,6 +91,10 @@ class _Core:
 _FLOOR_CELLS = 1 << 18
 """About how many (option, cell) figures ``HeteroSource.floor_table`` computes in one pass."""
 
+_TWO_KIND_CELLS = 1 << 14
+"""About how many (option, cell) figures of two-kind options ``_two_kind_floor`` takes at a
+time: its arrays then stay in the cache across its passes."""
+
 
 def _two_kind_floor(
     w1: np.ndarray, w2: np.ndarray, n1: np.ndarray, n2: np.ndarray, b: int
@@ -116,7 +120,8 @@ def _two_kind_floor(
     denominator += n1 * w2
     cross = b * w2
     cross /= denominator
-    cross = np.where(cross <= most / n1, cross, w2 / w1)
+    # w2 / w1 only where it is taken (the same figures as a np.where of both).
+    np.divide(w2, w1, out=cross, where=~(cross <= most / n1))
     best = None
     for x in (np.floor(cross), np.ceil(cross)):
         # np.clip's own overhead is most of its time here; the same figures (no NaN).
@@ -319,19 +324,25 @@ class HeteroSource:
         if len(pair):
             # Laid out (cells, two-kind options): the replica counts then vary along the
             # contiguous axis, and numpy's loops over two arrays of one shape, or one and a
-            # row, run ~3x faster than with a column broadcast along it (the figures are
-            # elementwise the same).
+            # row, run ~3x faster than with a column broadcast along it; and a few cells at a
+            # time, so that the dozens of passes of ``_two_kind_floor`` stay in the cache
+            # (twice as fast again). The figures are elementwise the same.
             work = self._per_sample_by_layer[ends] - self._per_sample_by_layer[starts]
-            one, other = work[:, self._kind_index[pair, 0]], work[:, self._kind_index[pair, 1]]
-            missing = (one <= 0) | (other <= 0)
-            one = np.where(one > 0, one, 1.0)
-            other = np.where(other > 0, other, 1.0)
+            kinds1, kinds2 = self._kind_index[pair, 0], self._kind_index[pair, 1]
             n1, n2 = self._counts[pair, 0], self._counts[pair, 1]
-            balanced = _two_kind_floor(one, other, n1, n2, self.b)
-            swapped = _two_kind_floor(other, one, n2, n1, self.b)
-            np.maximum(balanced, swapped, out=balanced)
-            balanced[missing] = 0.0
-            out[pair] = balanced.T
+            floors = np.empty((len(ends), len(pair)))
+            step = max(1, _TWO_KIND_CELLS // len(pair))
+            for at in range(0, len(ends), step):
+                part = work[at : at + step]
+                one, other = part[:, kinds1], part[:, kinds2]
+                missing = (one <= 0) | (other <= 0)
+                one = np.where(one > 0, one, 1.0)
+                other = np.where(other > 0, other, 1.0)
+                balanced = _two_kind_floor(one, other, n1, n2, self.b)
+                np.maximum(balanced, _two_kind_floor(other, one, n2, n1, self.b), out=balanced)
+                balanced[missing] = 0.0
+                floors[at : at + step] = balanced
+            out[pair] = floors.T
         out += self._overhead[:, None]
         offsets = np.cumsum([0, *range(first, last + 1)])  # the cells of each end
         return {
