@@ -8,6 +8,7 @@ argument prints the usage line and a hint first, then ``error: <what>`` as the l
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import logging
 import os
@@ -147,6 +148,11 @@ class _OneLineErrors(TyperGroup):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The process's own entry point (the console script, ``python -m``); a test runner
         # calls ``main`` instead and never comes here.
+        _PROCESS[0] = True
+        # No cyclic collection while the command's modules load (the objects they make live
+        # as long as the process): ``_collect_less`` turns it back on before the command
+        # runs (the group's callback, once the command is resolved and its module loaded).
+        gc.disable()
         try:
             return self.main(*args, **kwargs)
         except SystemExit as done:
@@ -160,6 +166,24 @@ class _OneLineErrors(TyperGroup):
 
 
 _FAST_EXIT = [False]
+_PROCESS = [False]  # the process's own entry point runs the command (``_OneLineErrors``)
+
+_GC_THRESHOLD = (50_000, 20, 20)
+"""The cyclic collector's thresholds while a command runs in its own process (Python's
+default: 700, 10, 10); see ``_collect_less``."""
+
+
+def _collect_less() -> None:
+    """Once a command's modules are loaded, in its own process: what they made moved out of
+    the cyclic collector's way (``gc.freeze``: it lives as long as the process) and the
+    collector run less often. A search frees its many small objects (labels, stage figures)
+    by reference counting and keeps its tables and caches to the end; the collector's full
+    passes over all of them found nothing to free and cost 0.6 of 9.2 CPU-s of a solve
+    (GPT-3 175B on mixed-1024, batch 1536; 0.09 s with these thresholds)."""
+    if _PROCESS[0] and not gc.isenabled():
+        gc.freeze()
+        gc.set_threshold(*_GC_THRESHOLD)
+        gc.enable()
 
 
 def exit_fast_when_done() -> None:
@@ -257,6 +281,7 @@ def _configure(
         ),
     ] = False,
 ) -> None:
+    _collect_less()  # the command is resolved and its module loaded: it runs next
     # force: each invocation logs to the stderr of its own (tests run several in one process).
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
