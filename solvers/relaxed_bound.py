@@ -74,7 +74,8 @@ COARSE_ROWS = 32
 two passes' fixed costs are more than the work they save)."""
 
 _CAPS_AT_ONCE = 8
-"""Caps whose stage counts are searched in one pass (``RunRelaxation``'s bound)."""
+"""Caps whose stage counts are searched in the first pass (``RunRelaxation``'s bound); each
+further pass takes twice as many."""
 
 PRICE_FACTORS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
 """The prices tried, as multiples of ``weights`` scaled to the peak (module docstring)."""
@@ -577,10 +578,14 @@ class _Run:
             return float(loose.min())
         bound = math.inf
         pending = caps[np.argsort(loose, kind="stable")]
+        at_once = _CAPS_AT_ONCE
         while len(pending) and loose[pending[0] - 1] < bound:
-            batch, pending = pending[:_CAPS_AT_ONCE], pending[_CAPS_AT_ONCE:]
+            batch, pending = pending[:at_once], pending[at_once:]
             values = _shortest(tables.cost[:, :, batch], n, least, capped)
             bound = min(bound, float(totals(values, batch).min()))
+            # Twice the caps next time: a pass's cost is mostly its fixed loop over the
+            # layers, and a cap counted in any batch gives the same total.
+            at_once *= 2
         return bound
 
 
