@@ -102,3 +102,50 @@ def test_a_finite_deadline_with_time_to_spare_keeps_the_fixed_levels(monkeypatch
         monkeypatch.setattr(hetero_module, "best_pipelines", recorded)
         hetero_candidates(model, batch, OPTIONS, incumbent, keep=1, deadline=deadline)
     assert seen["inf"] == seen["far"]
+
+
+def test_a_pass_stopped_at_its_ceiling_goes_on_to_the_optimum_proven() -> None:
+    """With a ceiling below the optimum, the pass stops once every run is proven there
+    (``HeteroState.capped``, its floor at or above the ceiling and never above the optimum);
+    called again with the same state and no ceiling, it finds the optimum and proves it, as
+    one pass would."""
+    model = _gpt2_on_a100_v100()
+    batch = 64
+    best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
+    optimum = model.evaluate(best.configs[0]).iteration_ms
+    state = hetero_module.HeteroState()
+    incumbent = optimum * 1.25
+    ceiling = optimum * 0.99
+    capped = hetero_candidates(
+        model, batch, OPTIONS, incumbent, keep=1, deadline=math.inf, state=state, ceiling=ceiling
+    )
+    assert state.capped and not state.done and not capped.timed_out
+    assert ceiling <= capped.floor_ms <= optimum * (1 + 1e-9), (capped.floor_ms, ceiling, optimum)
+    assert not capped.configs  # nothing below the ceiling, and no level above it searched
+    again = hetero_candidates(
+        model, batch, OPTIONS, incumbent, keep=1, deadline=math.inf, state=state
+    )
+    assert state.done and not state.capped and not again.timed_out
+    assert math.isclose(model.evaluate(again.configs[0]).iteration_ms, optimum, rel_tol=1e-9)
+    assert math.isclose(again.floor_ms, optimum, rel_tol=1e-9), (again.floor_ms, optimum)
+
+
+def test_a_pass_cut_by_the_clock_goes_on_where_it_stopped() -> None:
+    """A pass whose deadline has passed stops at once (timed out, a floor never above the
+    optimum); the same state given time finds the optimum and proves it."""
+    model = _gpt2_on_a100_v100()
+    batch = 64
+    best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
+    optimum = model.evaluate(best.configs[0]).iteration_ms
+    state = hetero_module.HeteroState()
+    cut = hetero_candidates(
+        model, batch, OPTIONS, optimum * 1.25, keep=1, deadline=-math.inf, state=state
+    )
+    assert cut.timed_out and state.timed_out and not state.done
+    assert cut.floor_ms <= optimum * (1 + 1e-9)
+    again = hetero_candidates(
+        model, batch, OPTIONS, optimum * 1.25, keep=1, deadline=math.inf, state=state
+    )
+    assert state.done and not again.timed_out
+    assert math.isclose(model.evaluate(again.configs[0]).iteration_ms, optimum, rel_tol=1e-9)
+    assert math.isclose(again.floor_ms, optimum, rel_tol=1e-9), (again.floor_ms, optimum)

@@ -39,7 +39,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -63,7 +63,7 @@ from autoplan.solve.space import (
 from solvers.pipeline_dp import StageCostResult, StageSource, best_pipelines
 from solvers.relaxed_bound import RunRelaxation, stage_floors
 
-__all__ = ["Allocation", "HeteroResult", "HeteroSource", "hetero_candidates"]
+__all__ = ["Allocation", "HeteroResult", "HeteroSource", "HeteroState", "hetero_candidates"]
 
 logger = logging.getLogger(__name__)
 
@@ -919,6 +919,55 @@ def _run_floors(source: StageSource, num_layers: int) -> RunFloors:
     return uses, edges, floors
 
 
+@dataclass
+class HeteroState:
+    """A heterogeneous exact pass in progress, kept between calls of ``hetero_candidates``
+    on the same model view, batch and options, so that a call can go on where the last one
+    stopped (at its deadline or at its ``ceiling``) instead of starting over: the runs' stage
+    sources, root bounds and relaxations, what each run has proven (its floor) and found,
+    and the level to search next. ``capped``: the last call stopped at its ceiling with every
+    run proven there; ``done``: every run searched below the bound itself (nothing left)."""
+
+    runs: list[tuple[int, str, int, int]] = field(default_factory=list)
+    started: bool = False
+    level: float = math.inf
+    bound: float = math.inf
+    found: list[tuple[float, int, PlanConfig]] = field(default_factory=list)
+    seen: set[PlanConfig] = field(default_factory=set)
+    effort: dict[int, int] = field(default_factory=dict)
+    costed: int = 0
+    labels: int = 0
+    sources: dict[int, StageSource] = field(default_factory=dict)
+    promise: dict[int, float] = field(default_factory=dict)
+    floors: dict[int, float] = field(default_factory=dict)
+    costs: LevelCosts = field(default_factory=LevelCosts)
+    roots: dict[int, float] = field(default_factory=dict)
+    relaxations: dict[int, RunRelaxation] = field(default_factory=dict)
+    capped: bool = False
+    done: bool = False
+    timed_out: bool = False
+
+    def floor_ms(self) -> float:
+        """The least floor of the runs (-inf while one has none yet)."""
+        return min((self.floors.get(i, -math.inf) for i in range(len(self.runs))), default=math.inf)
+
+
+def _runs(num_layers: int, batch: int, options: SolveOptions) -> list[tuple[int, str, int, int]]:
+    """The runs of the heterogeneous family: (m, schedule, most stages, least stages)."""
+    runs: list[tuple[int, str, int, int]] = []
+    pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
+    for m in micro_batch_counts(batch, options):
+        kinds = []
+        if options.schedule in (None, "1f1b"):
+            kinds.append(("1f1b", min(m, num_layers), 1))
+        if options.schedule == "gpipe" or (options.schedule is None and m < num_layers):
+            kinds.append(("gpipe", num_layers, 1 if options.schedule == "gpipe" else m + 1))
+        for schedule, most, least in kinds:
+            if pinned_pp is None or least <= pinned_pp <= most:
+                runs.append((m, schedule, most, least))
+    return runs
+
+
 def hetero_candidates(
     model: CostModel,
     batch: int,
@@ -929,6 +978,8 @@ def hetero_candidates(
     deadline: float,
     progress: Callable[[int, int], None] | None = None,
     source_type: SourceType | None = None,
+    state: HeteroState | None = None,
+    ceiling: float = math.inf,
 ) -> HeteroResult:
     """The best heterogeneous pipelines below ``upper_bound`` (space.py), best first.
 
@@ -945,43 +996,35 @@ def hetero_candidates(
     below a level (the least root bound, then ``LEVEL_STEP`` higher each time; within two
     steps of the bound, the bound itself; a smaller step where that is predicted not to
     finish before the deadline: ``autoplan.solve.levels``) and, where it finds none, is
-    proven at or above
-    that level (its floor); a run that finds one lowers the bound. It stops once the level
-    reaches the bound pruned against, where every run has been searched below the bound
-    itself, as one pass would. A run's search prunes far more below a level near the
-    optimum than below a poor incumbent (GPT-3 175B on mixed-1024: the uniform incumbent is
-    6.7% above the optimum, which a two-stage plan at m = 8 holds), and the
-    certificate holds the level reached when the time limit stops it."""
+    proven at or above that level (its floor); a run that finds one lowers the bound. It
+    stops once the level reaches the bound pruned against, where every run has been searched
+    below the bound itself, as one pass would. A run's search prunes far more below a level
+    near the optimum than below a poor incumbent (GPT-3 175B on mixed-1024: the uniform
+    incumbent is 6.7% above the optimum, which a two-stage plan at m = 8 holds), and the
+    certificate holds the level reached when the time limit stops it.
+
+    ``state`` (``HeteroState``): where the pass is kept, and from where a later call with
+    the same state goes on (``autoplan.solve.portfolio`` shares the time among its runs by
+    it). ``ceiling``: no level above it is searched; once every run is proven there the call
+    returns (``state.capped``) with its floor, the least of the runs', at or above it."""
     if source_type is None:
         source_type = HeteroSource
     num_layers = model.num_layers
-    runs: list[tuple[int, str, int, int]] = []  # (m, schedule, most stages, least stages)
+    if state is None:
+        state = HeteroState()
+    if not state.started:
+        state.runs = _runs(num_layers, batch, options)
+        state.bound = upper_bound
+    runs = state.runs
     pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
-    for m in micro_batch_counts(batch, options):
-        kinds = []
-        if options.schedule in (None, "1f1b"):
-            kinds.append(("1f1b", min(m, num_layers), 1))
-        if options.schedule == "gpipe" or (options.schedule is None and m < num_layers):
-            kinds.append(("gpipe", num_layers, 1 if options.schedule == "gpipe" else m + 1))
-        for schedule, most, least in kinds:
-            if pinned_pp is None or least <= pinned_pp <= most:
-                runs.append((m, schedule, most, least))
     splits = None
     if options.layer_split is not None:
         splits = list(itertools.accumulate(options.layer_split))[:-1]
     resources = tuple(c.total_gpus for c in model.classes)
-    found: list[tuple[float, int, PlanConfig]] = []
-    seen: set[PlanConfig] = set()
-    effort: dict[int, int] = {}  # what each run's last search cost: the cheap go first
-    costed = labels = 0
-    bound = upper_bound
-    sources: dict[int, StageSource] = {}
-    promise: dict[int, float] = {}
-    floors: dict[int, float] = {}  # the exact pass's floor of each run it completed
-    costs = LevelCosts()  # what each run's exact searches cost: where the next level goes
-
-    roots: dict[int, float] = {}
-    relaxations: dict[int, RunRelaxation] = {}
+    state.bound = min(state.bound, upper_bound)
+    state.capped = state.timed_out = False
+    sources, promise, floors = state.sources, state.promise, state.floors
+    roots, relaxations, costs = state.roots, state.relaxations, state.costs
 
     def cheap_root(index: int) -> float:
         """The run's root bound as far as computed: the relaxation's where it was."""
@@ -1005,14 +1048,13 @@ def hetero_candidates(
                 index,
                 source_type,
                 relaxations,
-                target=bound if options.gap == 0 else math.inf,
+                target=state.bound if options.gap == 0 else math.inf,
             )
         return roots[index]
 
     def run(index: int, beam: int | None, level: float = math.inf) -> bool:
         """One run, pruned at ``level`` where that is below the bound; False when the
         deadline stopped it."""
-        nonlocal costed, labels, bound
         m, schedule, most, least = runs[index]
         source = _run_source(model, batch, options, runs[index], sources, index, source_type)
         if not source.options():
@@ -1021,7 +1063,7 @@ def hetero_candidates(
             return True
         # With --gap, what cannot beat the best by more than the gap is pruned: the run's
         # floor is then the lowered bound.
-        pruning = min(bound * (1.0 - options.gap), level)
+        pruning = min(state.bound * (1.0 - options.gap), level)
         now = time.monotonic()
         started = now <= deadline
         if beam is None and math.isfinite(pruning) and started and root(index) >= pruning:
@@ -1043,20 +1085,20 @@ def hetero_candidates(
             beam=beam,
             completion=relaxations.get(index),
         )
-        costed += stats.costed
-        labels += stats.labels
+        state.costed += stats.costed
+        state.labels += stats.labels
         if beam is None:
-            effort[index] = stats.costed + stats.labels
+            state.effort[index] = stats.costed + stats.labels
             if not stats.timed_out:
                 costs.record(index, pruning, time.monotonic() - now)
         for label in finals:
             config = _config(label.chain(), m, schedule)
-            if config not in seen:  # a run searched again at a higher level finds it again
-                seen.add(config)
-                found.append((label.objective(m), len(found), config))
+            if config not in state.seen:  # a run searched again at a higher level finds it again
+                state.seen.add(config)
+                state.found.append((label.objective(m), len(state.found), config))
         if finals:
-            bound = min(bound, finals[0].objective(m))
-            report_found(bound)
+            state.bound = min(state.bound, finals[0].objective(m))
+            report_found(state.bound)
         if beam is not None:
             promise[index] = finals[0].objective(m) if finals else math.inf
         else:
@@ -1083,42 +1125,54 @@ def hetero_candidates(
         return not stats.timed_out
 
     timed_out = False
-    if math.isinf(bound):
-        for index in range(len(runs)):
-            if not run(index, HEURISTIC_BEAM):
-                timed_out = True
-                break
-    else:
-        # An incumbent is held (the uniform and shared families ran first): the beam pass
-        # would mostly re-find it and cost more than the exact pass it serves (GPT-Neo-2.7B
-        # 16+16: 9.4 s of beam against 5.1 s exact); the runs go by their root bound instead.
-        for index in range(len(runs)):
-            if time.monotonic() > deadline:  # only the cheap bound: nothing more will run
-                promise[index] = cheap_root(index)
-            else:
-                promise[index] = root(index)
+    if not state.started:
+        state.started = True
+        if math.isinf(state.bound):
+            for index in range(len(runs)):
+                if not run(index, HEURISTIC_BEAM):
+                    timed_out = True
+                    break
+        else:
+            # An incumbent is held (the uniform and shared families ran first): the beam
+            # pass would mostly re-find it and cost more than the exact pass it serves
+            # (GPT-Neo-2.7B 16+16: 9.4 s of beam against 5.1 s exact); the runs go by their
+            # root bound instead.
+            for index in range(len(runs)):
+                if time.monotonic() > deadline:  # only the cheap bound: nothing more will run
+                    promise[index] = cheap_root(index)
+                else:
+                    promise[index] = root(index)
+        # Levels (module docstring): from the least root bound up, each run searched below
+        # the level until one finds a plan under it; by the beam's plans, at once to the bound.
+        lowest = min(promise.values(), default=math.inf)
+        if roots and 0 < lowest < math.inf:
+            state.level = lowest * (1 + LEVEL_STEP)
     order = sorted(range(len(runs)), key=lambda x: (promise.get(x, math.inf), x))
-    # Levels (module docstring): from the least root bound up, each run searched below the
-    # level until one finds a plan under it; by the beam's plans, at once to the bound.
-    level = math.inf
-    lowest = min(promise.values(), default=math.inf)
-    if roots and 0 < lowest < math.inf:
-        level = lowest * (1 + LEVEL_STEP)
-    while not timed_out:
+    level = state.level
+    while not timed_out and not state.done:
+        target = state.bound * (1.0 - options.gap)
+        if ceiling < target:
+            if state.floor_ms() >= ceiling:
+                state.capped = True  # proven at the ceiling: the caller goes on later
+                break
+            level = min(level, ceiling)
         # The runs their last search found cheap first: one holding a plan under the level
         # lowers the bound the costly ones are then searched below (GPT-3 175B on mixed-1024:
         # the two-stage m = 8 run before m = 32, 48 and 64; 16 -> 13 CPU-s).
-        order.sort(key=lambda x: (effort.get(x, 0), promise.get(x, math.inf), x))
+        order.sort(key=lambda x: (state.effort.get(x, 0), promise.get(x, math.inf), x))
         for done, index in enumerate(order):
             if progress is not None:
                 progress(done, len(runs))
-            if floors.get(index, -math.inf) >= min(level, bound * (1.0 - options.gap)):
+            if floors.get(index, -math.inf) >= min(level, state.bound * (1.0 - options.gap)):
                 continue  # proven at this level already
             if not run(index, None, level):
                 timed_out = True
                 break
-        if level >= bound * (1.0 - options.gap):
-            break  # every run searched below the bound itself: the exact pass is done
+        if timed_out:
+            break  # the level cut: the next call searches it again
+        if level >= state.bound * (1.0 - options.gap):
+            state.done = True  # every run searched below the bound itself: the pass is done
+            break
         # LEVEL_STEP higher, or the bound itself within two steps of it (a level that close
         # costs about what the bound's own pass does: Llama-2-13B on h100-a100-l4, 0.5 s each
         # of the last two under its optimal incumbent, and what it would find, that pass
@@ -1126,13 +1180,15 @@ def hetero_candidates(
         # (``autoplan.solve.levels``).
         level = next_level(
             level,
-            bound * (1.0 - options.gap),
+            state.bound * (1.0 - options.gap),
             deadline - time.monotonic(),
             costs,
             range(len(runs)),
             floors,
         )
-    found.sort(key=lambda item: (item[0], item[1]))
+    state.level = level
+    state.timed_out = timed_out
+    found = sorted(state.found, key=lambda item: (item[0], item[1]))
     # A run never started has its root bound and the work bound of its micro-batch count
     # (past the deadline, without the relaxation where it was not computed: it costs).
     floor = min(
@@ -1144,4 +1200,6 @@ def hetero_candidates(
         ),
         default=math.inf,
     )
-    return HeteroResult([config for _, _, config in found[:keep]], costed, labels, timed_out, floor)
+    return HeteroResult(
+        [config for _, _, config in found[:keep]], state.costed, state.labels, timed_out, floor
+    )

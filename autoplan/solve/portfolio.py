@@ -26,6 +26,15 @@ two phases:
    time the others leave. Of one degrees' runs, SP on goes first: its plans are the faster
    where tp > 1 helps, and its best prunes the SP-off family (GPT-3 175B on mixed-1024: 2.3x).
 
+The certificate is the least of the runs' floors, so a run's exact pass proving past the
+level at which the clock cut a run before it buys nothing yet: its pass stops there (a ceiling:
+``hetero.hetero_candidates``' ``state`` keeps where it stands), and the time it leaves goes,
+after the last run, to the run of the least floor, which goes on where it stopped up to one
+``LEVEL_STEP`` past the next least floor, then the next, until the time is spent or every run
+is done (Llama-2-70B on h100-a100-l4, b256: the SP-off run proves the level at which the SP-on
+run was cut in 8 s, and SP-on gets the other ~20 s of its half). A run left short of its end
+makes the result ``timed_out``. Where no run is cut, this is the one phase as before.
+
 Each run's candidates are turned into the plain model's terms (its degrees set on the
 configuration, its SP setting; ``CostModel.evaluate`` the figure) and ranked once
 (``autoplan.solve.ranking``). Time: each phase's run gets an equal share of what is left
@@ -46,6 +55,8 @@ from autoplan.solve.certificate import work_bound_ms
 from autoplan.solve.deadline import Deadline
 from autoplan.solve.expert_parallel import with_expert_degree
 from autoplan.solve.granularity import MIN_FINE_SHARE, lift
+from autoplan.solve.hetero import HeteroState
+from autoplan.solve.levels import LEVEL_STEP
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.ranking import Candidate, Merged, SearchResult, ranked
 from autoplan.solve.search import Started, finish_search, start_search
@@ -57,6 +68,9 @@ __all__ = ["Run", "portfolio_search", "runs_of"]
 Progress = Callable[[int, int], None] | None
 
 logger = logging.getLogger(__name__)
+
+_LEAST_TURN_S = 0.1
+"""Least time left worth a run's going on (a turn recosts its zero-bubble variants)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,17 +161,30 @@ def _search(
         )
         started.append((run, begun))
         incumbent_ms = min(incumbent_ms, begun.best_ms())
-    merged = Merged()
     pinned_on = bool(options.sequence_parallel)
-    for position, index in enumerate(_exact_order(runs)):
+    order = _exact_order(runs)
+    states = {index: HeteroState() for index in order}
+    results: dict[int, tuple[SearchResult, list[Candidate]]] = {}
+
+    def finish(index: int, at: float, ceiling: float) -> None:
+        """Run ``index``'s heterogeneous family until ``at`` or ``ceiling``, from where its
+        state stands; its result in ``results``, in the plain model's terms."""
         run, begun = started[index]
+        held = min(
+            [
+                incumbent_ms,
+                *(c.iteration_ms for _, cs in results.values() for c in cs if c.cost.feasible),
+            ]
+        )
         result = finish_search(
             run.view,
             batch,
             begun,
             progress,
-            incumbent_ms=incumbent_ms,
-            deadline=deadline.share(len(started) - position).at,
+            incumbent_ms=held,
+            deadline=at,
+            state=states[index],
+            ceiling=ceiling,
         )
         candidates = []
         for candidate in result.candidates:
@@ -170,8 +197,46 @@ def _search(
             else:
                 candidate = Candidate(candidate.iteration_ms, config, candidate.cost)
             candidates.append(candidate)
+        results[index] = (result, candidates)
+        state = states[index]
+        if state.done:  # never goes on: its stage sources' tables freed now
+            state.sources.clear()
+            state.relaxations.clear()
+
+    def unfinished(index: int) -> bool:
+        """Whether run ``index``'s exact pass stopped (clock or ceiling) short of its end."""
+        state = states[index]
+        return state.started and not state.done and (state.timed_out or state.capped)
+
+    for position, index in enumerate(order):
+        # A run before that the clock cut bounds the certificate by the level it was cut at:
+        # proving this one past that level buys nothing until it goes on (below).
+        ceiling = min(
+            (states[j].level for j in order[:position] if states[j].timed_out), default=math.inf
+        )
+        finish(index, deadline.share(len(started) - position).at, ceiling)
+    # What time is left goes to the run of the least floor, up to a step past the next
+    # least (the certificate is the least of them), until none is left short of its end.
+    while deadline.left_s() > _LEAST_TURN_S:
+        pending = [index for index in order if unfinished(index)]
+        if not pending:
+            break
+        index = min(pending, key=lambda i: states[i].floor_ms())
+        others = min((states[j].floor_ms() for j in pending if j != index), default=math.inf)
+        ceiling = others * (1 + LEVEL_STEP) if others > 0 else math.inf
+        before = states[index].floor_ms()
+        # All the time left: the ceiling hands the rest on once it is past the others.
+        finish(index, deadline.at, ceiling)
+        if states[index].capped and states[index].floor_ms() <= before:
+            break  # no level to go on to (a guard: a turn below its ceiling always climbs)
+    merged = Merged()
+    for index in order:
+        if index not in results:
+            continue
+        result, candidates = results[index]
+        if unfinished(index):  # stopped short of its end by the clock, not proven
+            result = dataclasses.replace(result, timed_out=True)
         merged.add(result, candidates)
-        incumbent_ms = min(incumbent_ms, merged.best_ms())
     # No runs (a pinned degree no node holds, SP pinned on where no tp > 1 is allowed): no
     # plan of these families, and the bound says so (inf).
     return merged.result(options.top_k + 1)

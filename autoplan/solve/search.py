@@ -30,7 +30,7 @@ from autoplan.cost.model import CostModel
 from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve.certificate import Floors, work_bound_ms, zero_bubble_bound_ms
 from autoplan.solve.deadline import Deadline
-from autoplan.solve.hetero import hetero_candidates
+from autoplan.solve.hetero import HeteroState, hetero_candidates
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.progress import report_found
 from autoplan.solve.ranking import Candidate, SearchResult, ranked
@@ -153,10 +153,14 @@ def finish_search(
     progress: Callable[[int, int], None] | None = None,
     incumbent_ms: float = math.inf,
     deadline: float | None = None,
+    state: HeteroState | None = None,
+    ceiling: float = math.inf,
 ) -> SearchResult:
     """The rest of ``search`` after ``start_search``: the heterogeneous family, pruned
     against ``incumbent_ms`` and the plans ``started`` holds, until ``deadline`` (default:
-    the started search's), then the zero-bubble variants and the ranking."""
+    the started search's), then the zero-bubble variants and the ranking. ``state`` and
+    ``ceiling``: the heterogeneous pass's, to go on from a call before and to stop at a
+    level (``hetero.hetero_candidates``)."""
     options = started.options
     deadline = started.deadline if deadline is None else deadline
     keep = options.top_k + 1
@@ -176,6 +180,8 @@ def finish_search(
             deadline=deadline,
             progress=progress,
             source_type=stage_source(model, options),  # ep per stage (solve.stage_degrees)
+            state=state,
+            ceiling=ceiling,
         )
         considered += found.labels
         solved += found.stages_costed
