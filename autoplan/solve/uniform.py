@@ -321,6 +321,11 @@ class _StageCoster:
             work, backward = self._sharded(s, span.params, level, *found)
             if best is None or work < best[0]:
                 best = (work, level, mode, backward)
+            if mode == span.ordered[0] and best[0] <= found[0]:
+                # At the fastest mode's work before any collective: a later level only adds
+                # its collectives (never negative) to a mode's work, no less than this one's,
+                # so none is below it (and a tie keeps the lower level).
+                break
         return None if best is None else (best[1], best[2], best[0], best[3])
 
     def __call__(self, s: int, i: int, j: int) -> tuple[float, float, float] | None:
