@@ -338,6 +338,10 @@ class CostModel:
         self._plain_totals: dict[tuple[int, int, int, int, bool, int, int], ModelTotals] = {}
         # ``work_prefix``'s lists where no table set is built, shared with views alike.
         self._work_prefixes: dict[tuple[int, int, int, int, bool, int, int, str], list[float]] = {}
+        # ``_layer_cost`` by (view's cp, layer, class, tp, micro-batch size, sp, cp), shared
+        # with views alike: ``tables``, ``totals`` and ``work_prefix`` of one (class, tp,
+        # micro-batch size) ask the same layers (GPT-Neo-2.7B 16+16: 2,568 asks, 2,000 distinct).
+        self._layer_costs: dict[tuple[int, int, int, int, int, bool, int], LayerCost] = {}
 
     def with_engine(self, engine: Engine) -> CostModel:
         """This model costing plans as ``engine`` runs them (``ENGINES``): the search reads
@@ -635,7 +639,35 @@ class CostModel:
         cp: int,
     ) -> LayerCost:
         """``layer_cost`` of one layer on a GPU of ``device_class`` (its peaks, its tp and cp
-        links; ``cp`` resolved), experts aside."""
+        links; ``cp`` resolved), experts aside; kept (``layer_cost`` is a pure function of
+        these: the view's cp picks its classes, the layer is the profile's or a merged block
+        this model holds, so its id is its own while the model lives)."""
+        key = (
+            self.context_parallel,
+            id(layer),
+            device_class,
+            tp,
+            micro_batch_size,
+            sequence_parallel,
+            cp,
+        )
+        found = self._layer_costs.get(key)
+        if found is None:
+            found = self._layer_costs[key] = self._new_layer_cost(
+                layer, device_class, tp, micro_batch_size, sequence_parallel, cp
+            )
+        return found
+
+    def _new_layer_cost(
+        self,
+        layer: LayerProfile,
+        device_class: int,
+        tp: int,
+        micro_batch_size: int,
+        sequence_parallel: bool,
+        cp: int,
+    ) -> LayerCost:
+        """``_layer_cost``, uncached."""
         dc = self.classes[device_class]
         return layer_cost(
             layer,

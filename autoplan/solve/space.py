@@ -272,9 +272,12 @@ def _min_max_split(work_ms: list[float], parts: int) -> list[int]:
         raise ValueError(f"{parts} chunks need at least {parts} layers; got {len(work_ms)}")
 
     def fill(bound: float) -> list[int] | None:
-        sizes, current, count = [], 0.0, 0
+        sizes: list[int] = []
+        current, count = 0.0, 0
         for work in work_ms:
             if count and current + work > bound:
+                if len(sizes) == parts - 1:
+                    return None  # a chunk past ``parts`` follows: the end says None too
                 sizes.append(count)
                 current, count = 0.0, 0
             if work > bound:
