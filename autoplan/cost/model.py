@@ -342,6 +342,10 @@ class CostModel:
         # with views alike: ``tables``, ``totals`` and ``work_prefix`` of one (class, tp,
         # micro-batch size) ask the same layers (GPT-Neo-2.7B 16+16: 2,568 asks, 2,000 distinct).
         self._layer_costs: dict[tuple[int, int, int, int, int, bool, int], LayerCost] = {}
+        # ``boundary_ms``' inter-node (bandwidth GB/s, latency us) by the two sides' classes,
+        # shared with views alike (none changes a class's node groups or GPU): the search's
+        # bounds ask it thousands of times over a few class sets.
+        self._inter_node_links: dict[tuple[int, ...], tuple[float, float]] = {}
 
     def with_engine(self, engine: Engine) -> CostModel:
         """This model costing plans as ``engine`` runs them (``ENGINES``): the search reads
@@ -967,12 +971,16 @@ class CostModel:
                 dc.intra_node_bandwidth_gb_per_s,
                 dc.intra_node_latency_us,
             )
-        names = {name for k in sender.classes + receiver.classes for name in self.classes[k].groups}
-        bandwidth = self.cluster.inter_node_bandwidth(names)
+        classes = sender.classes + receiver.classes
+        link = self._inter_node_links.get(classes)
+        if link is None:
+            names = {name for k in classes for name in self.classes[k].groups}
+            link = self._inter_node_links[classes] = (
+                self.cluster.inter_node_bandwidth(names),
+                self.cluster.inter_node_latency(names) + self._step_overhead_us(classes),
+            )
+        bandwidth, latency = link
         busiest = max(sender.node_samples, receiver.node_samples)
-        latency = self.cluster.inter_node_latency(names) + self._step_overhead_us(
-            sender.classes + receiver.classes
-        )
         return p2p_ms(busiest * bytes_per_sample, bandwidth, latency)
 
     def _step_overhead_us(self, classes: tuple[int, ...]) -> float:
