@@ -490,9 +490,15 @@ def best_pipelines(
         cuts_ok = np.ones(j, dtype=bool)
         if allowed_cuts is not None:
             cuts_ok = np.isin(starts, sorted(allowed_cuts))
+        # Per stage count of the label: the starts its stage may take (``cuts_ok`` and the
+        # rules above).
+        allowed: dict[int, np.ndarray] = {}
         if beam is not None:
             by_key = _narrowed(by_key, beam, source, capacity, j, m)
         for next_key in sorted(by_key, key=repr):
+            # Per resources used: the transfers and floors of the stages of labels of this key
+            # (the same for every such label).
+            stage_of: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
             for label in by_key[next_key]:
                 if deadline is not None and time.monotonic() > deadline:
                     # Every pipeline not found goes through a label not yet extended: here
@@ -524,16 +530,30 @@ def best_pipelines(
                     continue
                 prefix = tables.prefix[:, :j]
                 fill = tables.fill[:, :j]
-                stage_ok = cuts_ok & np.where(starts == 0, position >= min_stages, position < cap)
+                stage_ok = allowed.get(position)
+                if stage_ok is None:
+                    stage_ok = cuts_ok & np.where(
+                        starts == 0, position >= min_stages, position < cap
+                    )
+                    allowed[position] = stage_ok
                 # The stage's own transfers, and the same added to the label's first stage
                 # (the root label has none after it).
-                sends = 2 * source.send_floor(j, next_key)[fit] if label.stages else np.zeros(1)
-                stage = floors[fit] + sends[:, None]
+                found = stage_of.get(label.used) if label.stages else None
+                if found is None:
+                    sends = 2 * source.send_floor(j, next_key)[fit] if label.stages else np.zeros(1)
+                    found = (sends, floors[fit] + sends[:, None])
+                    if label.stages:
+                        stage_of[label.used] = found
+                sends, stage = found
                 head = label.first_stage + sends[:, None]
                 peak = np.maximum(np.maximum(np.maximum(label.max_stage, head), stage), prefix)
-                with np.errstate(invalid="ignore"):  # 0 × inf when m = 1: no candidate
+                if m > 1:
                     reach = (m - 1) * peak + label.sum_stage + sends[:, None] + stage + fill
                     reach += label.max_tail
+                else:
+                    with np.errstate(invalid="ignore"):  # 0 × inf: no candidate
+                        reach = (m - 1) * peak + label.sum_stage + sends[:, None] + stage + fill
+                        reach += label.max_tail
                 # (A NaN, from 0 × inf at m = 1, is no candidate: NaN < limit is false.)
                 candidates = stage_ok[None, :] & (reach < limit)
                 if completion is not None:
