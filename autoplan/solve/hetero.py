@@ -491,11 +491,15 @@ class HeteroSource:
             if id(c) not in seen:
                 seen[id(c)] = self.model.transient_bytes(c, mode)
             values.append(seen[id(c)])
+        # A sparse table of range maxima: level l holds the max of each 2^l layers from y.
+        # Built in numpy (a search builds thousands, one per (class, tp, share, mode): the
+        # Python pairs were most of their time), read back as lists (a lookup per stage).
         table = [values]
+        prev = np.array(values)
         width = 1
         while 2 * width <= len(values):
-            prev = table[-1]
-            table.append([max(prev[y], prev[y + width]) for y in range(len(prev) - width)])
+            prev = np.maximum(prev[:-width], prev[width:])
+            table.append(prev.tolist())
             width *= 2
         return table
 
