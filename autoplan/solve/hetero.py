@@ -633,8 +633,11 @@ class HeteroSource:
         # same largest share never hurts, so these S cover every balanced split. Kind 1's time
         # grows with S and kind 2's shrinks (a split that does not fit counts as infinitely
         # slow), so the slowest of the two is least where they cross: bisection.
-        candidates = sorted({n1 * x for x in range(1, (self.b - n2) // n1 + 1)} | {self.b - n2})
-        candidates = [total for total in candidates if total >= n1]
+        # (The multiples of n1 up to b − n2 and b − n2 itself, ascending, from n1 on.)
+        most = self.b - n2
+        candidates = list(range(n1, most + 1, n1))
+        if most >= n1 and most % n1:
+            candidates.append(most)
 
         def splits(index: int):
             total = candidates[index]
@@ -643,9 +646,11 @@ class HeteroSource:
             return first, second
 
         def kind1_slower(index: int) -> bool:
-            first, second = splits(index)
+            total = candidates[index]
+            first = self._split((k1, t1), n1, total, i, j, flight, per_param, zero)
             if first is None:
-                return True
+                return True  # (kind 2's split is not needed to say so)
+            second = self._split((k2, t2), n2, self.b - total, i, j, flight, per_param, zero)
             return second is not None and first[1] >= second[1]
 
         low, high = 0, len(candidates)  # the first index where kind 1 is the slower
