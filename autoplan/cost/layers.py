@@ -280,6 +280,23 @@ def layer_cost(
     )
 
 
+_PASS_FIELDS = {
+    phase: (
+        f"{phase}_flops",
+        f"{phase}_bytes_moved",
+        f"{phase}_memory_bound_bytes",
+        f"{phase}_matmul_fixed_bytes",
+        f"{phase}_kernels",
+    )
+    for phase in ("forward", "backward")
+}
+"""A pass's ``LayerProfile`` fields ``_modelled_ms`` reads (named once: it runs per layer
+cost, thousands of times a solve)."""
+
+_SHARDED = {name: f"sharded_{name}" for names in _PASS_FIELDS.values() for name in names[:4]}
+"""Each of those fields' tp-split part in ``TensorParallelProfile``."""
+
+
 def _modelled_ms(
     layer: LayerProfile,
     phase: str,
@@ -293,22 +310,22 @@ def _modelled_ms(
     """One pass of one tp rank, modelled (``autoplan.cost.efficiency``): the larger of the GPU
     time and the launch floor of its kernels (the tp all-reduces are kernels too)."""
     tpp = layer.tensor_parallel
+    names = _PASS_FIELDS[phase]
 
-    def sharded(name: str) -> int | None:
-        return getattr(tpp, f"sharded_{name}") if tpp is not None else None
+    def figure(x: int) -> float | None:
+        total = getattr(layer, names[x])
+        if total is None:
+            return None
+        return per_gpu(total, getattr(tpp, _SHARDED[names[x]]) if tpp is not None else None)
 
-    def figure(name: str) -> float | None:
-        total = getattr(layer, name)
-        return None if total is None else per_gpu(total, sharded(name))
-
-    flops = figure(f"{phase}_flops") or 0.0
-    moved = figure(f"{phase}_bytes_moved") or 0.0
-    memory_bound = figure(f"{phase}_memory_bound_bytes")
-    fixed = figure(f"{phase}_matmul_fixed_bytes") or 0.0
+    flops = figure(0) or 0.0
+    moved = figure(1) or 0.0
+    memory_bound = figure(2)
+    fixed = figure(3) or 0.0
     # Profiles without the memory-bound split: every byte is charged to the matmuls.
     matmul = moved - (memory_bound or 0.0)
     fixed = min(fixed, matmul)
-    kernels = getattr(layer, f"{phase}_kernels")
+    kernels = getattr(layer, names[4])
     work = PassWork(
         flops=flops * scale,
         matmul_bytes=(matmul - fixed) * scale + fixed,
