@@ -191,3 +191,16 @@ def test_the_zero_bubble_bound_with_a_tp_one_class_cannot_run() -> None:
     plan = solve(profile, cluster, 32, options)
     assert plan.search is not None and plan.search.lower_bound_ms is not None
     assert plan.search.lower_bound_ms <= plan.prediction.iteration_time_ms
+
+
+def test_the_zero_bubble_bound_under_a_cap_is_the_least_of_the_two() -> None:
+    """``cap_ms``: the bound itself below the cap, the cap at or above it (a cap at or
+    under the bound without activations skips the counts' packings: here that bound is the
+    whole one, so every cap under it does). A model per call: its cache never answers."""
+    profile, cluster, batch = _medium()
+    options = SolveOptions(top_k=1)
+    uncapped = zero_bubble_bound_ms(cost_model(profile, cluster, options), batch, options)
+    assert math.isfinite(uncapped)
+    for cap in (0.0, 0.5 * uncapped, 0.999 * uncapped, uncapped, 1.001 * uncapped, math.inf):
+        model = cost_model(profile, cluster, options)
+        assert zero_bubble_bound_ms(model, batch, options, cap_ms=cap) == min(uncapped, cap)

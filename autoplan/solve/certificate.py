@@ -420,14 +420,18 @@ def zero_bubble_bound_ms(
             (sum(works) for k, _, works, params in kinds if sum(params) <= model.usable_bytes(k)),
             default=math.inf,
         )
+        # The bound without activations first (cheap: one count): the answer is the least
+        # of the cap and the larger of it and the counts' least, so where it reaches the cap
+        # the answer is the cap, whatever the counts' (most of the cost) would say.
+        free = _free_bound_ms(model, batch, m, options, kinds, single, packing)
         found = -math.inf
-        if packing and memory:
+        if packing and memory and not free >= cap_ms:  # (a NaN too: the counts decide)
             found = min(
                 _memory_bound_ms(model, batch, count, options, sequence_parallel, single, cap_ms)
                 for count in counts
             )
         if found < cap_ms:
-            found = max(found, _free_bound_ms(model, batch, m, options, kinds, single, packing))
+            found = max(found, free)
         found = min(found, cap_ms)
     # Below the cap it is the bound itself (every count's part stops only at the cap).
     cache[key] = (found, found < cap_ms)
