@@ -51,6 +51,7 @@ found, and final labels are ranked by (F, insertion order).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import operator
 import time
@@ -129,9 +130,10 @@ class StageSource(Protocol):
         ...
 
     def prefix_table(self, free: np.ndarray) -> np.ndarray:
-        """``out[o, i]``: a lower bound on max a, and on Σ f, of stages covering [0, i) with
-        ``free[o]`` resources left (one row of ``free`` per option); 0 at i = 0,
-        nondecreasing in i, inf where nothing can cover the layers."""
+        """``out[r, i]``: a lower bound on max a, and on Σ f, of stages covering [0, i) with
+        ``free[r]`` resources left (row by row: the DP asks for the rows of the options that
+        fit, of labels, ...); 0 at i = 0, nondecreasing in i, inf where nothing can cover
+        the layers."""
         ...
 
     def cost(
@@ -414,10 +416,11 @@ def _left_tables(source: StageSource, uses: np.ndarray, free: np.ndarray) -> _Le
     rows = np.flatnonzero(fits)
     if not len(rows):
         return _Left(rows, np.zeros((0, 0)), np.zeros((0, 0)))
-    after = np.where(fits[:, None], free - uses, 0)
+    # Row by row, on the rows that fit alone (the tables are per row).
+    after = free - uses[rows]
     prefix = source.prefix_table(after)
     fill = prefix * source.fill_ratio(after, fits)[:, None]
-    return _Left(rows, prefix[rows], fill[rows])
+    return _Left(rows, prefix, fill)
 
 
 def best_pipelines(
@@ -555,29 +558,31 @@ def best_pipelines(
                         reach = (m - 1) * peak + label.sum_stage + sends[:, None] + stage + fill
                         reach += label.max_tail
                 # (A NaN, from 0 × inf at m = 1, is no candidate: NaN < limit is false.)
-                candidates = stage_ok[None, :] & (reach < limit)
-                if completion is not None:
-                    rows, cols = np.nonzero(candidates)
-                    if len(rows):
-                        # The same figures as ``reach``, with the relaxation's bound on what
-                        # the stages before add in place of the prefix bound.
-                        sent = np.broadcast_to(sends, (len(fit),))[rows]
-                        heads = label.first_stage + sent
-                        own = stage[rows, cols]
-                        floor = completion.completion_floors(
-                            cols,
-                            np.maximum(np.maximum(label.max_stage, heads), own),
-                            label.sum_stage + sent + own,
-                            np.full(len(rows), label.max_tail),
-                            free[None, :] - uses[fit[rows]],
-                            limit,
-                        )
-                        candidates[rows[floor >= limit], cols[floor >= limit]] = False
+                # The candidate stages, (row, start) row by row, starts ascending.
+                rows, cols = np.nonzero(stage_ok[None, :] & (reach < limit))
+                if completion is not None and len(rows):
+                    # The same figures as ``reach``, with the relaxation's bound on what
+                    # the stages before add in place of the prefix bound.
+                    sent = np.broadcast_to(sends, (len(fit),))[rows]
+                    heads = label.first_stage + sent
+                    own = stage[rows, cols]
+                    floor = completion.completion_floors(
+                        cols,
+                        np.maximum(np.maximum(label.max_stage, heads), own),
+                        label.sum_stage + sent + own,
+                        np.full(len(rows), label.max_tail),
+                        free[None, :] - uses[fit[rows]],
+                        limit,
+                    )
+                    kept = ~(floor >= limit)
+                    rows, cols = rows[kept], cols[kept]
                 pending: list[PipelineLabel] = []
-                for row in np.flatnonzero(candidates.any(axis=1)).tolist():
+                for row, cells in itertools.groupby(
+                    zip(rows.tolist(), cols.tolist(), strict=True), key=operator.itemgetter(0)
+                ):
                     option = int(fit[row])
                     use = options[option]
-                    for i in np.flatnonzero(candidates[row])[::-1].tolist():
+                    for i in [cell[1] for cell in cells][::-1]:
                         if reach[row, i] >= threshold():
                             continue
                         stats.costed += 1
