@@ -37,7 +37,8 @@ that stages covering [0, i) add with resources R' left, and ``send_floor(j, κ)[
 of what the stage's boundary transfer to a label of key κ adds to its own a and f and to the
 label's (2s); a stage whose (m - 1) · max(M, A + 2s, floor + 2s, prefix) + S + 2s + floor + 2s
 + prefix × fill + U >= u is skipped. These bounds are evaluated for every (option, start) of
-a label at once, with numpy; only the survivors are costed, each option from its shortest
+a label at once, with numpy, on the options that fit in the resources it leaves (the others
+cannot precede it); only the survivors are costed, each option from its shortest
 surviving stage to its longest: a cost of None at i promises None at every smaller i (memory only
 grows with more layers), which ends that option. With a ``CompletionBound`` (the run's
 relaxation, ``solvers.relaxed_bound``), the same test is made again with its bound on what
