@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from autoplan.solve.levels import GROWTH_RANGE, LEVEL_GROWTH, LEVEL_STEP, LevelCosts, next_level
+from autoplan.solve.levels import (
+    GROWTH_RANGE,
+    LEVEL_GROWTH,
+    LEVEL_STEP,
+    TIME_SHARE,
+    LevelCosts,
+    next_level,
+)
 
 
 def _costs(*searches: tuple[int, float, float]) -> LevelCosts:
@@ -35,8 +42,14 @@ def test_a_short_time_takes_the_largest_smaller_step_predicted_to_fit() -> None:
     assert costs.predicted_s(half, [0, 1], {}) == pytest.approx(
         3.0 * (1 + LEVEL_STEP / 2) ** LEVEL_GROWTH
     )
-    assert next_level(100.0, 200.0, 6.0, costs, [0, 1], {}) == half
-    assert next_level(100.0, 200.0, 10.0, costs, [0, 1], {}) == 100.0 * (1 + LEVEL_STEP)
+    # A step may take TIME_SHARE of the time left.
+    assert next_level(100.0, 200.0, 6.0 / TIME_SHARE, costs, [0, 1], {}) == half
+    assert next_level(100.0, 200.0, 6.0, costs, [0, 1], {}) < half
+    assert next_level(100.0, 200.0, 10.0 / TIME_SHARE, costs, [0, 1], {}) == 100.0 * (
+        1 + LEVEL_STEP
+    )
+    # Half of 10 s: the half step (~5.2 s) no longer fits, the quarter (~4.0 s) does.
+    assert next_level(100.0, 200.0, 10.0, costs, [0, 1], {}) == 100.0 * (1 + LEVEL_STEP / 4)
     # Nothing fits: the smallest step.
     assert next_level(100.0, 200.0, 0.0, costs, [0, 1], {}) == 100.0 * (1 + LEVEL_STEP / 8)
 
@@ -46,8 +59,8 @@ def test_the_bound_is_skipped_where_its_pass_is_predicted_not_to_fit() -> None:
     costs = _costs((0, 100.0, 1.0))
     target = 104.0
     at_target = costs.predicted_s(target, [0], {})
-    assert next_level(100.0, target, at_target + 1e-6, costs, [0], {}) == math.inf
-    below = next_level(100.0, target, at_target * 0.99, costs, [0], {})
+    assert next_level(100.0, target, (at_target + 1e-6) / TIME_SHARE, costs, [0], {}) == math.inf
+    below = next_level(100.0, target, at_target * 0.99 / TIME_SHARE, costs, [0], {})
     assert 100.0 < below < target
     assert costs.predicted_s(below, [0], {}) <= at_target * 0.99
 
