@@ -230,9 +230,7 @@ def _search(
         if states[index].capped and states[index].floor_ms() <= before:
             break  # no level to go on to (a guard: a turn below its ceiling always climbs)
     merged = Merged()
-    for index in order:
-        if index not in results:
-            continue
+    for index in order:  # every run finished at least once (the loop above)
         result, candidates = results[index]
         if unfinished(index):  # stopped short of its end by the clock, not proven
             result = dataclasses.replace(result, timed_out=True)
