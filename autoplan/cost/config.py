@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 from autoplan.plan.schema import Executor
 
-__all__ = ["PlanConfig", "ReplicaGroup", "StageChoice", "with_cp"]
+__all__ = [
+    "PlanConfig",
+    "ReplicaGroup",
+    "StageChoice",
+    "canonical_sequence_parallel",
+    "with_cp",
+]
 
 
 @dataclass(frozen=True, order=True)
@@ -54,7 +60,10 @@ class StageChoice:
     inside each replica group (``autoplan.cost.expert_parallel``); with ``experts`` (one
     entry per group), the expert groups span the groups instead, each taking replicas / k of
     every group (k = the stage's replicas / ep expert groups), a rank of group g holding
-    ``experts[g]`` experts of each MoE layer (experts placed by speed)."""
+    ``experts[g]`` experts of each MoE layer (experts placed by speed). With
+    ``sequence_parallel`` the stage's tp groups run sequence parallelism
+    (``autoplan.cost.sequence_parallel``) whatever the rest of the plan does
+    (``PlanConfig.sequence_parallel``: every stage does)."""
 
     layer_start: int
     layer_end: int
@@ -62,6 +71,12 @@ class StageChoice:
     zero_stage: int = 0
     ep: int = 1
     experts: tuple[int, ...] = ()
+    sequence_parallel: bool = False
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether a group of the stage runs tensor parallel (SP means something there)."""
+        return any(g.tp > 1 for g in self.groups)
 
     @property
     def zero1(self) -> bool:
@@ -116,6 +131,10 @@ class PlanConfig:
     @property
     def pipeline_degree(self) -> int:
         return len(self.stages) // self.chunks
+
+    def stage_sequence_parallel(self, index: int) -> bool:
+        """Whether stage ``index`` runs sequence parallelism: the plan's setting, or its own."""
+        return self.sequence_parallel or self.stages[index].sequence_parallel
 
     def mesh_shaped(self) -> bool:
         """Whether one (pp, dp, cp, tp) mesh holds the plan, its ranks' order aside
@@ -178,6 +197,7 @@ class PlanConfig:
             zero = f" z{stage.zero_stage}" if stage.zero_stage else ""
             zero += f" ep{stage.ep}" if stage.ep > 1 else ""
             zero += f"[{'+'.join(map(str, stage.experts))}]" if stage.experts else ""
+            zero += " sp" if stage.sequence_parallel else ""
             parts.append(f"{stage.layer_start}-{stage.layer_end}: {groups}{zero}")
         return " | ".join(parts)
 
@@ -194,6 +214,24 @@ def with_cp(config: PlanConfig, cp: int) -> PlanConfig:
             for stage in config.stages
         ),
     )
+
+
+def canonical_sequence_parallel(config: PlanConfig) -> PlanConfig:
+    """``config`` with its sequence parallelism said one way: on for the whole plan where
+    every stage with tp > 1 runs it (and one does), else per stage, only where tp > 1 (a
+    stage without tp runs the same with or without it). Equal plans then compare equal."""
+    tensor = [stage.tensor_parallel for stage in config.stages]
+    on = [config.stage_sequence_parallel(s) and t for s, t in enumerate(tensor)]
+    whole = any(on) and on == tensor
+    stages = tuple(
+        stage
+        if stage.sequence_parallel == (on[s] and not whole)
+        else dataclasses.replace(stage, sequence_parallel=on[s] and not whole)
+        for s, stage in enumerate(config.stages)
+    )
+    if whole == config.sequence_parallel and stages == config.stages:
+        return config
+    return dataclasses.replace(config, stages=stages, sequence_parallel=whole)
 
 
 def _shares(stage: StageChoice) -> list[int]:

@@ -1153,10 +1153,13 @@ class CostModel:
             if stage.groups != stages[rank_of(index)].groups:
                 raise ValueError("all stages of one pipeline rank must have the same groups")
         # A view with sequence parallelism on (``with_sequence_parallel``) costs every config
-        # with it: the solvers build their configs without the flag.
+        # with it: the solvers build their configs without the flag. A stage may run it alone.
         sp = config.sequence_parallel or self.sequence_parallel
         groups_cost = [
-            self._with_zero(s, tuple(self.group_cost(s, g, sp) for g in s.groups)) for s in stages
+            self._with_zero(
+                s, tuple(self.group_cost(s, g, sp or s.sequence_parallel) for g in s.groups)
+            )
+            for s in stages
         ]
         sides = [self.link_side(s.groups) for s in stages]
         costs = []
