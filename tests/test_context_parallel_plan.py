@@ -181,5 +181,5 @@ def test_a_version_4_plan_reads_with_equal_chunks(profile: Profile, tmp_path: Pa
     path = tmp_path / "v4.json"
     path.write_text(json.dumps(data))
     plan = read_plan(path)
-    assert plan.schema_version == PLAN_SCHEMA_VERSION == 5
+    assert plan.schema_version == PLAN_SCHEMA_VERSION >= 5
     assert all(r.context_tokens is None for s in plan.stages for r in s.replicas)

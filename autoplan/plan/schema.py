@@ -73,7 +73,7 @@ __all__ = [
     "ZeroStage",
 ]
 
-PLAN_SCHEMA_VERSION: Final = 5
+PLAN_SCHEMA_VERSION: Final = 6
 
 Recompute = Literal["none", "selective", "full"]
 # The training engine a plan is priced for (``autoplan.cost.engines`` says what differs).
@@ -152,7 +152,8 @@ class Parallelism(_Strict):
     sequence_parallel: bool = Field(
         default=False,
         description="Megatron-style sequence parallelism in every tp group: norms and dropout "
-        "sharded along the sequence, all-gather/reduce-scatter in place of all-reduce.",
+        "sharded along the sequence, all-gather/reduce-scatter in place of all-reduce. "
+        "Stage.sequence_parallel: one stage's tp groups only.",
     )
 
     async_pb: AsyncPB | None = Field(
@@ -301,6 +302,12 @@ class Stage(_Strict):
         "consecutive replicas (inside the data-parallel group: ep divides the replicas of "
         "each GPU type and tp, and the experts); each rank holds experts / ep of each layer "
         "and tokens reach them by all-to-all. 1: every replica holds every expert.",
+    )
+    sequence_parallel: bool = Field(
+        default=False,
+        description="This stage's tp groups run sequence parallelism whatever the other "
+        "stages do (SP is local to a stage: the whole activation passes between stages); "
+        "parallelism.sequence_parallel: every stage does. Set only on a stage with tp > 1.",
     )
 
     @model_validator(mode="before")
@@ -563,7 +570,7 @@ class SearchRecord(_Strict):
 class Plan(_Strict):
     """A complete, executable parallelization plan."""
 
-    schema_version: Literal[5] = Field(
+    schema_version: Literal[6] = Field(
         default=PLAN_SCHEMA_VERSION, description="Version of this schema."
     )
     inputs: PlanInputs

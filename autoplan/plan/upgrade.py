@@ -14,6 +14,10 @@ Version 3 maps onto version 4 unchanged: version 4 adds each replica's ``routed_
 
 Version 4 maps onto version 5 unchanged: version 5 adds each replica's ``context_tokens``
 (uneven cp chunks), and a version-4 plan's chunks are equal (``null``).
+
+Version 5 maps onto version 6 unchanged: version 6 adds each stage's ``sequence_parallel``
+(sequence parallelism on some stages only), and a version-5 plan says it for the whole plan
+(``parallelism.sequence_parallel``) or not at all (every stage's flag false).
 """
 
 from __future__ import annotations
@@ -133,4 +137,7 @@ def upgrade_plan_data(data: dict[str, Any]) -> dict[str, Any]:
     if data.get("schema_version") == 4:
         # Version 5 adds Replica.context_tokens, absent (equal chunks) in version 4.
         data = {**data, "schema_version": 5}
+    if data.get("schema_version") == 5:
+        # Version 6 adds Stage.sequence_parallel, absent (the plan's setting) in version 5.
+        data = {**data, "schema_version": 6}
     return data

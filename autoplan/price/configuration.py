@@ -386,6 +386,7 @@ def config_from_plan(model: CostModel, plan: Plan) -> PlanConfig:
             stage.zero_stage,
             stage.expert_parallel_degree,
             experts,
+            stage.sequence_parallel,
         )
         try:
             model.expert_span(choice)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from autoplan.cost.config import PlanConfig, StageChoice
+from autoplan.cost.config import PlanConfig, StageChoice, canonical_sequence_parallel
 from autoplan.cost.model import CostModel, PlanCost, RankMemory
 from autoplan.cost.zero_bubble import group_weight_gradient_ms
 from autoplan.plan.fingerprint import costed_sha256
@@ -151,6 +151,10 @@ def emit_plan(
     """The Plan of ``config`` (costed as ``cost``), with runner-ups as alternatives.
 
     Raises ValueError when the configuration does not fit the cluster's nodes."""
+    # Sequence parallelism said one way (plan-wide where every stage with tp runs it, else per
+    # stage, never on a stage without tp): equal plans write equal files. The cost is the
+    # same: a stage without tp runs the same with or without it.
+    config = canonical_sequence_parallel(config)
     pp = config.pipeline_degree
     placement = place(model, config)
     nodes, rank_map, ranks = build_rank_map(placement)
@@ -224,6 +228,7 @@ def emit_plan(
                 replicas=replicas,
                 zero_stage=stage.zero_stage,  # type: ignore[arg-type]
                 expert_parallel_degree=stage.ep,
+                sequence_parallel=stage.sequence_parallel,
             )
         )
         timings.append(

@@ -1,0 +1,149 @@
+"""Sequence parallelism per stage in plans (``Stage.sequence_parallel``, schema 6): emitted from
+a configuration with a per-stage flag in one canonical form, read back by ``autoplan cost``
+and ``validate`` with the same prediction, and a version-5 plan read unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autoplan.cli import app
+from autoplan.cluster.catalog import gpu_specs
+from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.model import CostModel
+from autoplan.files import read_json_model
+from autoplan.inputs import read_plan
+from autoplan.plan.schema import PLAN_SCHEMA_VERSION, Plan, PlanInputs
+from autoplan.plan.validate import plan_problems
+from autoplan.price.configuration import config_from_plan
+from autoplan.profile.schema import Profile
+from autoplan.solve.emit import emit_plan
+from tests.synthetic_profiles import gpu, make_cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "profiles" / "gpt2-small.profile.json"
+A = gpu("A", 100.0, 80.0)
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    return read_json_model(PROFILE, Profile)
+
+
+@pytest.fixture(scope="module")
+def model(profile: Profile) -> CostModel:
+    cluster = make_cluster([("a", A, 4, 1)])
+    return CostModel(profile, cluster, gpu_specs(cluster))
+
+
+def mixed_config(
+    first: bool = True, second: bool = False, second_tp: int = 2, whole: bool = False
+) -> PlanConfig:
+    """gpt2-small's 14 layers on two stages of one replica: tp 2, then ``second_tp``; the
+    stages' own SP flags ``first`` and ``second``, the plan's ``whole``."""
+    one = (ReplicaGroup(0, 2, 1, 2, "none"),)
+    two = (ReplicaGroup(0, second_tp, 1, 2, "none"),)
+    return PlanConfig(
+        4,
+        "1f1b",
+        1,
+        (
+            StageChoice(0, 7, one, sequence_parallel=first),
+            StageChoice(7, 14, two, sequence_parallel=second),
+        ),
+        sequence_parallel=whole,
+    )
+
+
+def emitted(model: CostModel, config: PlanConfig) -> Plan:
+    """``config`` emitted as solve emits its plans."""
+    inputs = PlanInputs(
+        model=model.profile.model,
+        profile_sha256="test",
+        seq_len=model.profile.seq_len,
+        dtype=model.profile.dtype,
+        cluster=model.cluster,
+        global_batch_size=config.samples_per_iteration,
+        strategy="optimal",
+    )
+    return emit_plan(model, config, model.evaluate(config), inputs, [])
+
+
+def test_a_stage_flag_is_emitted_and_priced_as_its_own(model: CostModel) -> None:
+    plan = emitted(model, mixed_config())
+    assert plan.schema_version == PLAN_SCHEMA_VERSION == 6
+    assert not plan.parallelism.sequence_parallel
+    assert [s.sequence_parallel for s in plan.stages] == [True, False]
+    off = emitted(model, mixed_config(first=False))
+    on = emitted(model, mixed_config(first=False, whole=True))
+    # Stage 0 as in the plan where every stage runs SP, stage 1 as in the one where none does
+    # (and the two differ, else this proves nothing).
+    timings = plan.prediction.stage_timings
+    assert timings[0] == on.prediction.stage_timings[0] != off.prediction.stage_timings[0]
+    assert timings[1] == off.prediction.stage_timings[1] != on.prediction.stage_timings[1]
+    assert plan.prediction.iteration_time_ms not in (
+        off.prediction.iteration_time_ms,
+        on.prediction.iteration_time_ms,
+    )
+    # Read back, the configuration is the one emitted.
+    assert config_from_plan(model, plan) == mixed_config()
+
+
+def test_the_plan_says_it_one_way(model: CostModel) -> None:
+    # Every stage with tp flagged: plan-wide, no stage flag.
+    both = emitted(model, mixed_config(second=True))
+    assert both.parallelism.sequence_parallel
+    assert not any(s.sequence_parallel for s in both.stages)
+    assert both == emitted(model, mixed_config(first=False, whole=True))
+    # A stage without tp runs the same either way: its flag is dropped, and then the plan's
+    # only stage with tp running SP makes it plan-wide.
+    lone = emitted(model, mixed_config(second=True, second_tp=1))
+    assert lone.parallelism.sequence_parallel
+    assert not any(s.sequence_parallel for s in lone.stages)
+    assert plan_problems(lone) == []
+
+
+def test_cost_and_validate_reprice_a_mixed_plan_as_emitted(
+    model: CostModel, profile: Profile, tmp_path: Path
+) -> None:
+    plan = emitted(model, mixed_config())
+    assert plan_problems(plan, profile) == []
+    path = tmp_path / "mixed.json"
+    path.write_text(plan.model_dump_json(indent=1))
+    checked = runner.invoke(app, ["validate", str(path), "--profile", str(PROFILE)])
+    assert checked.exit_code == 0, checked.output
+    assert "timings recomputed" in checked.output
+    priced_path = tmp_path / "priced.json"
+    priced = runner.invoke(
+        app, ["cost", str(path), "--profile", str(PROFILE), "-o", str(priced_path)]
+    )
+    assert priced.exit_code == 0, priced.output
+    again = read_plan(priced_path)
+    assert [s.sequence_parallel for s in again.stages] == [True, False]
+    # The same figures (the fingerprint differs: the file's profile_sha256 is the real one).
+    fresh = again.prediction.model_dump(exclude={"costed_sha256"})
+    assert fresh == plan.prediction.model_dump(exclude={"costed_sha256"})
+
+
+def test_a_version_5_plan_reads_with_no_stage_flag(model: CostModel, tmp_path: Path) -> None:
+    for whole in (False, True):
+        data = json.loads(emitted(model, mixed_config(first=whole, whole=whole)).model_dump_json())
+        data["schema_version"] = 5
+        for stage in data["stages"]:
+            del stage["sequence_parallel"]
+        path = tmp_path / f"v5-{whole}.json"
+        path.write_text(json.dumps(data))
+        plan = read_plan(path)
+        assert plan.schema_version == PLAN_SCHEMA_VERSION
+        assert plan.parallelism.sequence_parallel is whole
+        assert not any(s.sequence_parallel for s in plan.stages)
+        # The same configuration as before the upgrade: flags of the plan, none of a stage.
+        config = config_from_plan(model, plan)
+        assert config == dataclasses.replace(
+            mixed_config(first=False, whole=whole), executor=config.executor
+        )
