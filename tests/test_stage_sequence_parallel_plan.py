@@ -1,6 +1,7 @@
 """Sequence parallelism per stage in plans (``Stage.sequence_parallel``, schema 6): emitted from
 a configuration with a per-stage flag in one canonical form, read back by ``autoplan cost``
-and ``validate`` with the same prediction, and a version-5 plan read unchanged."""
+and ``validate`` with the same prediction, a version-5 plan read unchanged, and written as a
+stage's ``:sp`` in the ``--stages`` notation (show's line, runner-ups, ``cost --stages``)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,22 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from autoplan.cli import app
 from autoplan.cluster.catalog import gpu_specs
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel
+from autoplan.errors import InputError
 from autoplan.files import read_json_model
 from autoplan.inputs import read_plan
 from autoplan.plan.schema import PLAN_SCHEMA_VERSION, Plan, PlanInputs
+from autoplan.plan.stage_spec import format_stage_specs, parse_stages
 from autoplan.plan.validate import plan_problems
 from autoplan.price.configuration import config_from_plan
 from autoplan.profile.schema import Profile
-from autoplan.solve.emit import emit_plan
+from autoplan.solve.emit import alternative_records, emit_plan
 from tests.synthetic_profiles import gpu, make_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,3 +151,71 @@ def test_a_version_5_plan_reads_with_no_stage_flag(model: CostModel, tmp_path: P
         assert config == dataclasses.replace(
             mixed_config(first=False, whole=whole), executor=config.executor
         )
+
+
+# --- `autoplan cost --stages` notation: a stage's own ':sp' ------------------------------------
+
+
+def test_a_stage_spec_says_its_own_sequence_parallelism() -> None:
+    specs = parse_stages("A:L0-6:tp2:dp1:sp | A:L7-13:tp2:dp1")
+    assert [s.sequence_parallel for s in specs] == [True, False]
+    assert format_stage_specs(specs) == "A:L0-6:tp2:dp1:sp | A:L7-13:tp2:dp1"
+    assert parse_stages(format_stage_specs(specs)) == specs
+    for bad in ("A:L0-13:tp2:dp1:sp:sp", "A(sp):L0-13:tp2:dp1"):
+        with pytest.raises(InputError, match="is not one of"):
+            parse_stages(bad)
+
+
+def _cluster_file(model: CostModel, folder: Path) -> Path:
+    path = folder / "cluster.yaml"
+    path.write_text(yaml.safe_dump(model.cluster.model_dump(mode="json")))
+    return path
+
+
+def test_show_writes_a_mixed_plan_as_stages_that_price_to_it(
+    model: CostModel, tmp_path: Path
+) -> None:
+    plan = emitted(model, mixed_config())
+    path = tmp_path / "mixed.json"
+    path.write_text(plan.model_dump_json())
+    result = runner.invoke(app, ["show", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.output)["sections"][0]["items"]["as cost --stages"]
+    head, _, stages = line.partition(" | ")
+    # Not plan-wide (no leading ' sp'), the first stage's own.
+    assert head == "pp=2 m=4 1f1b"
+    assert stages == "A*1:L0-6:tp2:mb2:sp | A*1:L7-13:tp2:mb2"
+    priced_path = tmp_path / "priced.json"
+    args = ["cost", "--profile", str(PROFILE), "-c", str(_cluster_file(model, tmp_path))]
+    priced = runner.invoke(
+        app, [*args, "--num-micro-batches", "4", "--stages", stages, "-o", str(priced_path)]
+    )
+    assert priced.exit_code == 0, priced.output
+    again = read_plan(priced_path)
+    assert again.stages == plan.stages and again.parallelism == plan.parallelism
+    assert again.prediction.iteration_time_ms == plan.prediction.iteration_time_ms
+    # Every stage's ':sp' is the plan-wide setting (one plan, one way), as `--sp` gives it.
+    both = runner.invoke(
+        app,
+        [*args, "--num-micro-batches", "4", "-o", str(priced_path), "--stages",
+         "A:L0-6:tp2:dp1:mb2:sp | A:L7-13:tp2:dp1:mb2:sp"],
+    )  # fmt: skip
+    assert both.exit_code == 0, both.output
+    whole = read_plan(priced_path)
+    assert whole.parallelism.sequence_parallel
+    assert whole.stages == emitted(model, mixed_config(first=False, whole=True)).stages
+    # The runner-up summaries use the same notation.
+    (record,) = alternative_records(model, [(mixed_config(), model.evaluate(mixed_config()))], 8)
+    assert record.summary == f"{head} | {stages}"
+
+
+def test_sp_on_a_stage_without_tp_is_refused_in_one_line(model: CostModel, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["cost", "--profile", str(PROFILE), "-c", str(_cluster_file(model, tmp_path)),
+         "--num-micro-batches", "4", "--stages", "A:L0-6:tp2:dp1:mb2 | A:L7-13:tp1:dp1:mb2:sp"],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        "error: --stages stage 1: :sp (sequence parallelism) needs tp > 1 in the stage"
+    ]

@@ -59,7 +59,7 @@ def cost(
         typer.Option(
             "--stages",
             help="Stages as 'TYPES:Lfirst-last:tpT:dpD | ...' (inclusive layers; 'A+B' mixes "
-            "types, 'A*2+B*1' says how many replicas each; extras :mbB :full :z1 :offload), "
+            "types, 'A*2+B*1' says how many replicas each; extras :mbB :full :z1 :offload :sp), "
             "e.g. 'RTX-2080+RTX-3090:L0-11:tp8:dp2 | RTX-2080+Titan-RTX:L12-25:tp8:dp2'.",
         ),
     ] = None,
@@ -108,7 +108,11 @@ def cost(
         int, typer.Option("--zero", min=0, max=3, help="ZeRO level (stages that do not say).")
     ] = 0,
     sequence_parallel: Annotated[
-        bool, typer.Option("--sp/--no-sp", help="Sequence parallelism with tp.")
+        bool,
+        typer.Option(
+            "--sp/--no-sp",
+            help="Sequence parallelism with tp in every stage (':sp' in --stages: one stage).",
+        ),
     ] = False,
     catalog: Annotated[
         list[Path] | None,

@@ -10,6 +10,7 @@ The grammar (stages separated by ``|``; fields after the first two in any order)
     extra   := own | "dp" D                D replicas in all (needed unless every type
              | "z" Z                       says how many); ZeRO level (0-3) of the stage
              | "ep" E                      expert parallelism of the stage's MoE layers
+             | "sp"                        sequence parallelism in the stage's tp groups
     own     := "tp" T                      GPUs per replica (needed, per stage or per type)
              | "cp" C                      context parallelism: C × tp GPUs per replica
              | "mb" B                      samples per micro-batch of each replica
@@ -25,6 +26,8 @@ fit the cluster). This is the notation of the measured runs in ``../shared/calib
 What a type says in parentheses is its replicas' own, over the stage's: the replicas of one
 stage may differ in tp, share and recompute, as ``solve``'s plans do
 (``A100*1(tp4,mb4)+V100*4(tp1,mb1):L0-11``); the alternatives of a plan are written so.
+``:sp`` is the stage's own sequence parallelism (``Stage.sequence_parallel``), for plans where
+some stages run it and others do not; ``cost --sp`` turns it on in every stage.
 
 Parsing only: no cluster or profile is read here (``autoplan.price.configuration`` resolves
 the names).
@@ -141,6 +144,11 @@ class StageSpec(BaseModel):
     recompute: Recompute | None = Field(default=None, description="None: the default.")
     zero_stage: ZeroStage | None = Field(default=None, description="None: the default.")
     offload: bool = Field(default=False, description="Activation offload to host memory.")
+    sequence_parallel: bool = Field(
+        default=False,
+        description="Sequence parallelism in this stage's tp groups (``:sp``; the command's "
+        "--sp: every stage's).",
+    )
 
     @property
     def num_layers(self) -> int:
@@ -165,12 +173,16 @@ class StageSpec(BaseModel):
             parts.append(f"ep{self.expert_parallel_degree}")
         if self.offload:
             parts.append("offload")
+        if self.sequence_parallel:
+            parts.append("sp")
         return ":".join(parts)
 
 
-def _options(items: list[str], where: str, allowed: tuple[str, ...]) -> dict[str, int | str | bool]:
-    """``tpT``, ``mbB``, recompute, ``offload`` (and ``dpD``, ``zZ`` where allowed), each at
-    most once."""
+def _options(
+    items: list[str], where: str, allowed: tuple[str, ...], words: tuple[str, ...] = ("offload",)
+) -> dict[str, int | str | bool]:
+    """``tpT``, ``mbB``, recompute, ``offload`` (and ``dpD``, ``zZ``, ``sp`` where allowed),
+    each at most once."""
     out: dict[str, int | str | bool] = {}
     for item in items:
         numbered = _NUMBERED.fullmatch(item)
@@ -178,13 +190,13 @@ def _options(items: list[str], where: str, allowed: tuple[str, ...]) -> dict[str
             out[numbered["key"]] = int(numbered["value"])
         elif item in ("none", "selective", "full") and "recompute" not in out:
             out["recompute"] = item
-        elif item == "offload" and "offload" not in out:
-            out["offload"] = True
+        elif item in words and item not in out:
+            out[item] = True
         else:
             listed = ", ".join(f"{key}N" for key in allowed)
             raise InputError(
-                f"{where}: {shown(item)} is not one of {listed}, none/selective/full, offload "
-                "(each at most once)"
+                f"{where}: {shown(item)} is not one of {listed}, none/selective/full, "
+                f"{', '.join(words)} (each at most once)"
             )
     return out
 
@@ -229,7 +241,7 @@ def _stage(text: str, number: int) -> StageSpec:
     first, last = int(layers["first"]), int(layers["last"])
     if last < first:
         raise InputError(f"{where}: the last layer ({last}) comes before the first ({first})")
-    numbers = _options(fields[1:], where, ("tp", "cp", "dp", "mb", "z", "ep"))
+    numbers = _options(fields[1:], where, ("tp", "cp", "dp", "mb", "z", "ep"), ("offload", "sp"))
     given = [t.replicas for t in types if t.replicas is not None]
     if "dp" not in numbers:
         if len(given) < len(types):
@@ -260,6 +272,7 @@ def _stage(text: str, number: int) -> StageSpec:
                 "recompute": numbers.get("recompute"),
                 "zero_stage": numbers.get("z"),
                 "offload": bool(numbers.get("offload", False)),
+                "sequence_parallel": bool(numbers.get("sp", False)),
             }
         )
     except ValidationError as error:  # a pydantic bound: say which
@@ -335,10 +348,12 @@ def written_stage(
     zero_stage: int,
     expert_parallel_degree: int = 1,
     experts: tuple[int, ...] = (),
+    sequence_parallel: bool = False,
 ) -> StageSpec:
     """A stage of ``groups`` (name, replicas, tp, samples each, recompute, offload, cp) as the
     shortest spec that says it: what all groups share at the stage, the rest per type; with
-    ``experts`` (one per group), the experts each group's replicas hold."""
+    ``experts`` (one per group), the experts each group's replicas hold; with
+    ``sequence_parallel``, its own SP (``:sp``)."""
 
     def common(index: int) -> object:
         values = {group[index] for group in groups}
@@ -378,6 +393,7 @@ def written_stage(
             "recompute": None if recompute in (None, "none") else recompute,
             "zero_stage": zero_stage or None,
             "offload": bool(offload),
+            "sequence_parallel": sequence_parallel,
         }
     )
 
@@ -411,6 +427,7 @@ def plan_stage_specs(plan: Plan) -> list[StageSpec]:
                 stage.zero_stage,
                 stage.expert_parallel_degree,
                 () if None in held else tuple(x for x in held if x is not None),
+                stage.sequence_parallel,
             )
         )
     return out

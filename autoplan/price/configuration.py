@@ -302,10 +302,16 @@ def config_from_specs(
                 knobs.zero_stage if spec.zero_stage is None else spec.zero_stage,
                 spec.expert_parallel_degree or 1,
                 _experts_held(model, spec, groups[stage_rank(s, pp, v_shape=v_shape)]),
+                spec.sequence_parallel,
             )
             for s, spec in enumerate(specs)
         )
         for s, stage in enumerate(stages):
+            if stage.sequence_parallel and not stage.tensor_parallel:
+                # SP shards each tp group's sequence: without tp the flag would be dropped.
+                raise InputError(
+                    f"--stages stage {s}: :sp (sequence parallelism) needs tp > 1 in the stage"
+                )
             try:
                 model.expert_span(stage)
             except ValueError as error:

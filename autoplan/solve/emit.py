@@ -340,6 +340,7 @@ def config_stage_specs(model: CostModel, config: PlanConfig) -> list[StageSpec]:
             stage.zero_stage,
             stage.ep,
             stage.experts,
+            stage.sequence_parallel,
         )
         for stage in config.stages
     ]
@@ -347,7 +348,10 @@ def config_stage_specs(model: CostModel, config: PlanConfig) -> list[StageSpec]:
 
 def _summary(model: CostModel, config: PlanConfig) -> str:
     """The pipeline's knobs, then its stages as ``autoplan cost --stages`` takes them
-    (inclusive layer ranges): 'pp=2 m=8 1f1b | A100-80GB*4:L0-11:tp1:mb2 | ...'."""
+    (inclusive layer ranges): 'pp=2 m=8 1f1b | A100-80GB*4:L0-11:tp1:mb2 | ...'; sequence
+    parallelism as ' sp' after the schedule where every stage with tp runs it, else as the
+    stages' own ':sp'."""
+    config = canonical_sequence_parallel(config)
     chunks = f" v={config.chunks}" if config.chunks > 1 else ""
     sp = " sp" if config.sequence_parallel else ""
     head = f"pp={config.pipeline_degree} m={config.num_micro_batches} {config.schedule}{chunks}{sp}"
