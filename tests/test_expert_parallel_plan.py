@@ -145,6 +145,13 @@ def test_sequence_parallelism_is_refused_on_experts(solved, tmp_path: Path) -> N
         validate_plan(sp, profile)
     with pytest.raises(InputError, match="solve with --no-sp"):
         check_runnable(sp)
+    # A stage's own flag likewise (SP on that stage alone).
+    stages = [plan.stages[0].model_copy(update={"sequence_parallel": True}), *plan.stages[1:]]
+    own = plan.model_copy(update={"stages": stages})
+    with pytest.raises(PlanInvalidError, match=r"is on \(stage 0\), but the model has mixture-of"):
+        validate_plan(own, profile)
+    with pytest.raises(InputError, match="solve with --no-sp"):
+        check_runnable(own)
     write_json_model(tmp_path / "profile.json", profile)
     result = runner.invoke(
         app,

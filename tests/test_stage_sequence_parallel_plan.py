@@ -26,7 +26,7 @@ from autoplan.plan.validate import plan_problems
 from autoplan.price.configuration import config_from_plan
 from autoplan.profile.schema import Profile
 from autoplan.solve.emit import alternative_records, emit_plan
-from tests.synthetic_profiles import gpu, make_cluster
+from tests.synthetic_profiles import gpu, make_cluster, transformer_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "profiles" / "gpt2-small.profile.json"
@@ -219,3 +219,44 @@ def test_sp_on_a_stage_without_tp_is_refused_in_one_line(model: CostModel, tmp_p
     assert result.output.strip().splitlines() == [
         "error: --stages stage 1: :sp (sequence parallelism) needs tp > 1 in the stage"
     ]
+
+
+# --- The validator, per stage -------------------------------------------------------------------
+
+
+def test_a_stage_flag_without_tp_is_a_problem_naming_the_stage(model: CostModel) -> None:
+    plan = emitted(model, mixed_config(second_tp=1))
+    assert plan_problems(plan) == []
+    stages = list(plan.stages)
+    stages[1] = stages[1].model_copy(update={"sequence_parallel": True})
+    problems = plan_problems(plan.model_copy(update={"stages": stages}))
+    assert problems == [
+        "stage 1 runs sequence parallelism (its sequence_parallel) but none of its replicas "
+        "runs tensor parallel"
+    ]
+
+
+def test_only_the_stages_running_sp_need_their_tp_to_divide_the_sequence() -> None:
+    # A 6-token sequence: tp 2 divides it, tp 4 does not.
+    profile = transformer_profile(4, 256, 6, vocab=1024, heads=4)
+    cluster = make_cluster([("a", A, 8, 1)])
+    six = CostModel(profile, cluster, gpu_specs(cluster))
+
+    def config(first: bool, second: bool) -> PlanConfig:
+        two, four = (ReplicaGroup(0, 2, 1, 2, "none"),), (ReplicaGroup(0, 4, 1, 2, "none"),)
+        return PlanConfig(
+            4,
+            "1f1b",
+            1,
+            (
+                StageChoice(0, 3, two, sequence_parallel=first),
+                StageChoice(3, 6, four, sequence_parallel=second),
+            ),
+        )
+
+    assert plan_problems(emitted(six, config(True, False)), profile) == []
+    for first, second in ((False, True), (True, True)):
+        problems = plan_problems(emitted(six, config(first, second)), profile)
+        assert problems == [
+            "sequence parallelism: tensor parallel degree 4 does not divide the sequence length 6"
+        ]

@@ -607,6 +607,15 @@ class Plan(_Strict):
     def world_size(self) -> int:
         return len(self.rank_map)
 
+    def stage_sequence_parallel(self, stage: Stage) -> bool:
+        """Whether ``stage`` runs sequence parallelism: the plan's setting, or its own."""
+        return self.parallelism.sequence_parallel or stage.sequence_parallel
+
+    @property
+    def sequence_parallel_stages(self) -> list[int]:
+        """Indices of the stages that run sequence parallelism (the plan's or their own)."""
+        return [stage.index for stage in self.stages if self.stage_sequence_parallel(stage)]
+
     def stages_of_rank(self, pipeline_rank: int) -> list[Stage]:
         """The stages pipeline rank ``pipeline_rank`` runs, in stage order."""
         return [stage for stage in self.stages if stage.pipeline_rank == pipeline_rank]

@@ -135,11 +135,16 @@ def _check_async_pb(plan: Plan, problems: list[str]) -> None:
 
 def _check_experts_without_sp(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
     """Sequence parallelism is not run on mixture-of-experts models (the runtime's router
-    does not take a sequence-sharded stream)."""
-    if not plan.parallelism.sequence_parallel or profile is None:
+    does not take a sequence-sharded stream), on any stage."""
+    stages = plan.sequence_parallel_stages
+    if not stages or profile is None:
         return
     if any(layer.experts is not None for layer in profile.layers):
-        problems.append("sequence parallelism is on, but the model has mixture-of-experts layers")
+        named = f"stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))}"
+        where = "" if plan.parallelism.sequence_parallel else f" ({named})"
+        problems.append(
+            f"sequence parallelism is on{where}, but the model has mixture-of-experts layers"
+        )
 
 
 def _check_expert_parallel(plan: Plan, profile: Profile | None, problems: list[str]) -> None:
@@ -242,15 +247,25 @@ def _check_uneven_experts(
 
 
 def _check_sequence_parallel(plan: Plan, problems: list[str]) -> None:
-    """SP shards the sequence over each tp group: it needs tp > 1 somewhere, and every tp
-    degree must divide the sequence length."""
-    if not plan.parallelism.sequence_parallel:
-        return
-    degrees = sorted({r.tensor_parallel_degree for s in plan.stages for r in s.replicas})
-    if max(degrees) <= 1:
+    """SP shards the sequence over each tp group of the stages that run it (all of them with
+    ``parallelism.sequence_parallel``, else those with their own flag): the plan-wide setting
+    needs tp > 1 somewhere, a stage's own needs tp > 1 in that stage (without it the flag says
+    nothing: the canonical plan does not write it), and every tp degree of a stage running it
+    must divide the sequence length."""
+    degrees: set[int] = set()
+    for stage in plan.stages:
+        stage_degrees = {r.tensor_parallel_degree for r in stage.replicas}
+        if stage.sequence_parallel and max(stage_degrees) <= 1:
+            problems.append(
+                f"stage {stage.index} runs sequence parallelism (its sequence_parallel) but "
+                "none of its replicas runs tensor parallel"
+            )
+        if plan.stage_sequence_parallel(stage):
+            degrees |= stage_degrees
+    if plan.parallelism.sequence_parallel and max(degrees) <= 1:
         problems.append("sequence parallelism is on but no replica runs tensor parallel")
     seq = plan.inputs.seq_len
-    for degree in degrees:
+    for degree in sorted(degrees):
         if degree > 1 and seq % degree:
             problems.append(
                 f"sequence parallelism: tensor parallel degree {degree} does not divide the "
@@ -265,8 +280,8 @@ def _check_context_parallel(plan: Plan, problems: list[str]) -> None:
     mirrored pieces per rank: even counts summing to the sequence length, each divisible by
     tp under sequence parallelism (its tp group splits the rank's chunk)."""
     seq = plan.inputs.seq_len
-    sp = plan.parallelism.sequence_parallel
     for stage in plan.stages:
+        sp = plan.stage_sequence_parallel(stage)
         degrees = sorted({r.context_parallel_degree for r in stage.replicas})
         if len(degrees) > 1:
             problems.append(

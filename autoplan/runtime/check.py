@@ -234,7 +234,7 @@ def check_runnable(plan: Plan) -> None:
             f"the plan uses context parallelism (cp {cps[0]}) on stages of different shapes; "
             "autoplan's runtime runs cp on one (pp, dp, cp, tp) mesh only"
         )
-    if plan.parallelism.sequence_parallel and any(isinstance(m, MoE) for m in model.modules()):
+    if plan.sequence_parallel_stages and any(isinstance(m, MoE) for m in model.modules()):
         # The router would take the sequence-sharded residual stream as it is (a DTensor).
         raise InputError(
             "the plan runs sequence parallelism on a mixture-of-experts model, which autoplan's "
