@@ -9,8 +9,10 @@ reads, from the plan and the world, what applies to each of this rank's stages (
 :class:`StageLayout`); :func:`parallelize` builds the stages' layers from the seed
 (``model_stage``) and applies the layout to each, always in this order:
 
-1. **Tensor parallelism**, with sequence parallelism inside it (``tensor_parallel``: DTensor
-   column/row splits, the vocabulary split). First, because it replaces parameters with
+1. **Tensor parallelism**, with sequence parallelism inside it on the stages that run it
+   (``Plan.stage_sequence_parallel``: every stage, or the stage's own; SP is local to a stage,
+   which passes the whole activation on) (``tensor_parallel``: DTensor column/row splits, the
+   vocabulary split). First, because it replaces parameters with
    DTensors and changes what a layer's forward computes: everything after wraps that forward
    or holds those parameters. (Sequence parallelism's saved-input hook depends on whether the
    replica recomputes, so it is told the recompute mode here rather than applied after.)
@@ -235,7 +237,7 @@ def parallelize_stage(
             model,
             layout.tp_mesh,
             get_model_spec(plan.inputs.model.name).tensor_parallel_divisor,
-            sequence_parallel=plan.parallelism.sequence_parallel,
+            sequence_parallel=plan.stage_sequence_parallel(layout.stage),
             recompute=replica.recompute,
         )
     if layout.cp_group is not None:
