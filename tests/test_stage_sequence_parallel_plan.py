@@ -1,7 +1,9 @@
 """Sequence parallelism per stage in plans (``Stage.sequence_parallel``, schema 6): emitted from
 a configuration with a per-stage flag in one canonical form, read back by ``autoplan cost``
 and ``validate`` with the same prediction, a version-5 plan read unchanged, and written as a
-stage's ``:sp`` in the ``--stages`` notation (show's line, runner-ups, ``cost --stages``)."""
+stage's ``:sp`` in the ``--stages`` notation (show's line, runner-ups, ``cost --stages``),
+checked per stage by the validator, said by ``show`` and refused by the exports, whose targets
+set SP for the whole job."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from autoplan.cluster.catalog import gpu_specs
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel
 from autoplan.errors import InputError
+from autoplan.export import NotExpressibleError, export_plan, layer_kinds
 from autoplan.files import read_json_model
 from autoplan.inputs import read_plan
 from autoplan.plan.schema import PLAN_SCHEMA_VERSION, Plan, PlanInputs
@@ -260,3 +263,54 @@ def test_only_the_stages_running_sp_need_their_tp_to_divide_the_sequence() -> No
         assert problems == [
             "sequence parallelism: tensor parallel degree 4 does not divide the sequence length 6"
         ]
+
+
+# --- Views and exports ---------------------------------------------------------------------------
+
+
+def test_show_says_which_stages_run_sp(model: CostModel, tmp_path: Path) -> None:
+    for name, config, words in (
+        ("mixed", mixed_config(), "sequence parallelism (SP) on stage 0"),
+        ("second", mixed_config(first=False, second=True), "sequence parallelism (SP) on stage 1"),
+        ("whole", mixed_config(second=True), "sequence parallelism (SP) on"),
+        ("none", mixed_config(first=False), None),
+    ):
+        path = tmp_path / f"{name}.json"
+        path.write_text(emitted(model, config).model_dump_json())
+        result = runner.invoke(app, ["show", str(path), "--format", "json"])
+        assert result.exit_code == 0, result.output
+        pipeline = json.loads(result.output)["sections"][0]["items"]["pipeline"]
+        if words is None:
+            assert "sequence parallelism" not in pipeline
+        else:
+            assert pipeline.endswith(words), pipeline
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_exports_refuse_sp_on_some_stages_in_one_line(
+    model: CostModel, profile: Profile, target: str, tmp_path: Path
+) -> None:
+    plan = emitted(model, mixed_config())
+    with pytest.raises(NotExpressibleError) as refused:
+        export_plan(plan, target, layer_kinds(plan, profile))
+    assert str(refused.value) == (
+        f"{target} cannot run this plan: sequence parallelism is on for stages 0 and off for "
+        f"stages 1; {target} sets it for every stage"
+    )
+    path = tmp_path / "mixed.json"
+    path.write_text(plan.model_dump_json())
+    result = runner.invoke(app, ["export", str(path), "--to", target])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [f"error: {refused.value}"]
+
+
+def test_megatron_exports_sp_on_every_stage_as_its_global_flag(
+    model: CostModel, profile: Profile
+) -> None:
+    whole = emitted(model, mixed_config(second=True))
+    argv = export_plan(whole, "megatron", layer_kinds(whole, profile)).text
+    assert "--sequence-parallel" in argv
+    none = emitted(model, mixed_config(first=False))
+    assert (
+        "--sequence-parallel" not in export_plan(none, "megatron", layer_kinds(none, profile)).text
+    )

@@ -100,6 +100,11 @@ class PlanShape(_Strict):
     expert_parallel_degree: int = Field(
         default=1, ge=1, description="ep of every stage (1: no expert parallelism)."
     )
+    sequence_parallel: bool = Field(
+        default=False,
+        description="Every stage runs sequence parallelism in its tp groups (tp > 1; a plan "
+        "where some stages run it and others do not has no shape).",
+    )
     stage_layers: list[int] = Field(description="Layers of each stage, in stage order.")
     world_size: int = Field(ge=1)
 
@@ -259,6 +264,17 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
             f"stages use different expert-parallel degrees ({_listing(degrees)}); {target} "
             "sets one for every stage",
         )
+    running = plan.sequence_parallel_stages
+    if tp > 1 and running and len(running) < len(stages):
+        # Some stages run SP and others, of the same tp, do not (Stage.sequence_parallel): the
+        # targets set it for the whole job (Megatron-LM's --sequence-parallel), so either
+        # setting would run another plan than the one priced.
+        off = [str(s.index) for s in stages if s.index not in running]
+        raise NotExpressibleError(
+            target,
+            f"sequence parallelism is on for stages {', '.join(map(str, running))} and off for "
+            f"stages {', '.join(off)}; {target} sets it for every stage",
+        )
     if not _grid_numbered(plan, dp, cp, tp):
         # Every check above passed, so only the numbering is off: the launchers number ranks
         # rank = pipeline_rank * dp * tp + replica * tp + tp_index, and torchrun numbers them
@@ -285,6 +301,7 @@ def plan_shape(plan: Plan, target: str) -> PlanShape:
         zero1=dp > 1 and first.zero1,
         zero_stage=first.zero_stage if dp > 1 else 0,
         expert_parallel_degree=first.expert_parallel_degree,
+        sequence_parallel=tp > 1 and bool(running),
         stage_layers=[stage.layer_end - stage.layer_start for stage in stages],
         world_size=plan.world_size,
     )

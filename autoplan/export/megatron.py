@@ -19,8 +19,9 @@ Recompute: the plan's ``full`` is Megatron-LM's full recompute of every layer
 (``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``); its
 ``selective`` is Megatron-LM's own selective recompute (attention core recomputed). ZeRO-1 is
 ``--use-distributed-optimizer`` (ZeRO-2/3 plans are refused), sequence parallelism
-``--sequence-parallel``, context parallelism ``--context-parallel-size`` (its ring attention
-with load-balanced causal chunks, ranks ordered tp-cp-dp-pp as the plan's). Megatron-LM has
+``--sequence-parallel`` (global: a plan with SP on some stages only is refused), context
+parallelism ``--context-parallel-size`` (its ring attention with load-balanced causal chunks,
+ranks ordered tp-cp-dp-pp as the plan's). Megatron-LM has
 no GPipe schedule: a GPipe plan runs as 1F1B, with the same bubble and fewer micro-batches in
 flight (a note says so).
 """
@@ -187,7 +188,7 @@ def megatron_args(plan: Plan, kinds: list[LayerKind] | None) -> list[list[str]]:
         args.append(["--recompute-granularity", "selective"])
     if shape.zero1:
         args.append(["--use-distributed-optimizer"])
-    if plan.parallelism.sequence_parallel and shape.tensor_parallel_degree > 1:
+    if shape.sequence_parallel:
         args.append(["--sequence-parallel"])
     if shape.expert_parallel_degree > 1:
         # Megatron-LM's expert groups sit inside the data-parallel group, as the plan's do.

@@ -48,7 +48,8 @@ ALTERNATIVES_LEGEND = (
     "parallelism, cost --sp); each stage as "
     "autoplan cost --stages takes it: TYPE*replicas:Lfirst-last (inclusive layers):tpT (GPUs "
     "per replica):mbB (micro-batch per replica), (…) a type's own, full/selective recompute, "
-    "offload (activations to host), zZ ZeRO level; price one with autoplan cost --stages "
+    "offload (activations to host), zZ ZeRO level, sp the stage's own sequence parallelism; "
+    "price one with autoplan cost --stages "
     "'…' --num-micro-batches M --schedule S."
 )
 LEGACY_LEGEND = (
@@ -203,7 +204,7 @@ def overview_section(plan: Plan) -> Section:
         f"{counted(par.pipeline_degree, 'rank')}{virtual}, {counted(len(plan.stages), 'stage')}, "
         f"{par.schedule}"
         + (f", {zero}" if zero else "")
-        + (", sequence parallelism (SP) on" if par.sequence_parallel else "")
+        + _sequence_parallel_text(plan)
         + _expert_text(plan),
     )
     virtual_flag = f" v={par.virtual_stages_per_rank}" if par.virtual_stages_per_rank > 1 else ""
@@ -277,6 +278,18 @@ def plan_precision_warnings(plan: Plan) -> list[str]:
     """The plan's GPU types that have no tensor cores for its dtype, and what it costs."""
     used = [entry.gpu_type for entry in plan.rank_map]
     return precision_warnings(plan.inputs.cluster, plan.inputs.dtype, used)
+
+
+def _sequence_parallel_text(plan: Plan) -> str:
+    """', sequence parallelism (SP) on' (every stage), ', sequence parallelism (SP) on stages
+    0, 2' (those of their own), or '' without SP."""
+    if plan.parallelism.sequence_parallel:
+        return ", sequence parallelism (SP) on"
+    stages = plan.sequence_parallel_stages
+    if not stages:
+        return ""
+    named = f"stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))}"
+    return f", sequence parallelism (SP) on {named}"
 
 
 def _expert_text(plan: Plan) -> str:
