@@ -314,3 +314,31 @@ def test_megatron_exports_sp_on_every_stage_as_its_global_flag(
     assert (
         "--sequence-parallel" not in export_plan(none, "megatron", layer_kinds(none, profile)).text
     )
+
+
+# --- Zero-bubble plans: the weight-gradient split with the stage's SP ---------------------------
+
+
+def _zbv(first: bool = False, whole: bool = False) -> PlanConfig:
+    """gpt2-small on a V of 4 stages over 2 ranks of tp 2 (zbv), SP on stage 0 or all."""
+    group = (ReplicaGroup(0, 2, 1, 2, "none"),)
+    bounds = [(0, 4), (4, 7), (7, 11), (11, 14)]
+    stages = tuple(
+        StageChoice(a, b, group, sequence_parallel=first and i == 0)
+        for i, (a, b) in enumerate(bounds)
+    )
+    return PlanConfig(4, "zbv", 2, stages, sequence_parallel=whole)
+
+
+def test_zero_bubble_weight_gradients_run_with_the_stages_sp(model: CostModel) -> None:
+    # The search's view with SP on and the plan's flag on the plain model (autoplan cost's
+    # and validate's re-pricing) price the same plan alike, W split included.
+    view = model.with_sequence_parallel(True).evaluate(_zbv())
+    assert model.evaluate(_zbv(whole=True)).iteration_ms == view.iteration_ms
+    off, on, mixed = (
+        emitted(model, config).prediction.stage_timings
+        for config in (_zbv(), _zbv(whole=True), _zbv(first=True))
+    )
+    weights = [[t.weight_gradient_ms for t in timings] for timings in (off, on, mixed)]
+    assert weights[2][0] == weights[1][0] != weights[0][0]
+    assert weights[2][1:] == weights[0][1:] != weights[1][1:]

@@ -174,10 +174,14 @@ def peak_in_flight(order: PipelineOrder) -> list[int]:
     return peaks
 
 
-def group_weight_gradient_ms(model: CostModel, stage: StageChoice, group: int) -> float:
+def group_weight_gradient_ms(
+    model: CostModel, stage: StageChoice, group: int, plan_sequence_parallel: bool = False
+) -> float:
     """The weight-gradient part (W) of one micro-batch's backward of ``stage``'s group
     ``group``, layer by layer (module docstring); the plan's StageTiming carries it so that the
-    simulator plays the same split."""
+    simulator plays the same split. With sequence parallelism where ``CostModel.evaluate``
+    costs the stage with it: the model's view, the plan's setting
+    (``plan_sequence_parallel``) or the stage's own."""
     profile = model.profile
     tokens = profile.seq_len * profile.micro_batch_size
     choice = stage.groups[group]
@@ -185,6 +189,7 @@ def group_weight_gradient_ms(model: CostModel, stage: StageChoice, group: int) -
         choice.device_class,
         choice.tp,
         choice.micro_batch_size,
+        model.sequence_parallel or plan_sequence_parallel or stage.sequence_parallel,
         expert_parallel=model.stage_expert_parallel(stage),
     )
     w = 0.0
@@ -213,7 +218,7 @@ def zero_bubble_pipeline(
     forward, input_grad, weight = [], [], []
     for stage, cost in zip(config.stages, costs, strict=True):
         slowest = max(range(len(stage.groups)), key=lambda g: cost.groups[g].backward_ms)
-        w = group_weight_gradient_ms(model, stage, slowest)
+        w = group_weight_gradient_ms(model, stage, slowest, config.sequence_parallel)
         forward.append(cost.forward_ms)
         weight.append(w)
         input_grad.append(cost.groups[slowest].backward_ms - w)

@@ -185,7 +185,9 @@ def emit_plan(
         # Zero-bubble plans split each backward into I and W; the simulator plays the split.
         split = config.schedule in ZERO_BUBBLE_SCHEDULES
         weight_ms = [
-            _round(group_weight_gradient_ms(model, stage, g)) if split else None
+            _round(group_weight_gradient_ms(model, stage, g, config.sequence_parallel))
+            if split
+            else None
             for g in range(len(stage.groups))
         ]
         replicas = []
