@@ -705,3 +705,20 @@ def test_an_asynchronous_plan_is_refused_by_every_target(target: str) -> None:
     plan = Plan.model_validate({**plan.model_dump(), "parallelism": parallelism})
     with pytest.raises(NotExpressibleError, match="its schedule is async_pb"):
         export_plan(plan, target, layer_kinds(plan, None))
+
+
+def test_sequence_parallelism_reaches_megatron_only(tmp_path: Path) -> None:
+    """SP with tp: Megatron-LM's flag; DeepSpeed's AutoTP has none (the plan's activation
+    memory would not hold there: refused); torchtitan shards the sequence with any tp, which
+    a plan without SP is told of."""
+    plan = make_plan([4], data_parallel=2, tensor_parallel=2, sequence_parallel=True, dtype="bf16")
+    kinds = layer_kinds(plan, None)
+    check_megatron(plan, export_plan(plan, "megatron", kinds).text, tmp_path)
+    with pytest.raises(NotExpressibleError, match="AutoTP keeps every rank's whole sequence"):
+        export_plan(plan, "deepspeed", kinds)
+    on = export_plan(plan, "torchtitan", kinds).notes
+    plain = make_plan([4], data_parallel=2, tensor_parallel=2, dtype="bf16")
+    off = export_plan(plain, "torchtitan", layer_kinds(plain, None)).notes
+    assert not any("always shards the sequence" in note for note in on)
+    assert any("always shards the sequence" in note for note in off)
+    check_deepspeed(plain, export_plan(plain, "deepspeed", layer_kinds(plain, None)).text)

@@ -99,6 +99,12 @@ def _check(shape: PlanShape) -> None:
             f"it uses ZeRO-3 with tp {shape.tensor_parallel_degree}; DeepSpeed's AutoTP "
             "training runs with ZeRO stages 0 to 2"
         )
+    if shape.sequence_parallel:
+        raise _fail(
+            f"it shards the sequence over tp {shape.tensor_parallel_degree} (sequence "
+            "parallelism); DeepSpeed's AutoTP keeps every rank's whole sequence: more "
+            "activation memory than the plan's"
+        )
     if shape.recompute == "selective":
         raise _fail(
             "it uses selective recompute; DeepSpeed's config sets only full recompute "
@@ -164,9 +170,14 @@ def export_deepspeed(plan: Plan, kinds: list[LayerKind] | None, source: str) -> 
 
 def restrictions(num_layers: int, base: SolveOptions) -> list[SolveOptions]:
     """The solves whose best covers every plan DeepSpeed runs within ``base`` (uniform space):
-    no pipeline (any tp, no recompute), or pp ranks of one GPU each (tp 1) over an even split of
-    the layers with 1F1B and no or full recompute."""
-    found = [base.model_copy(update={"pp": 1, "layer_split": None, "recompute": "none"})]
+    no pipeline (any tp, no recompute, no sequence parallelism), or pp ranks of one GPU each
+    (tp 1) over an even split of the layers with 1F1B and no or full recompute."""
+    # AutoTP has no sequence parallelism (the pipelined plans are tp 1: it means nothing).
+    found = [
+        base.model_copy(
+            update={"pp": 1, "layer_split": None, "recompute": "none", "sequence_parallel": False}
+        )
+    ]
     for pp in PIPELINE_DEGREES:
         if pp < 2 or num_layers % pp:
             continue

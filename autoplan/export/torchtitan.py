@@ -199,6 +199,12 @@ def _notes(shape: PlanShape) -> list[str]:
             "some torchtitan versions refuse replicated data parallelism (DDP) beside tp or pp "
             "('DDP has not supported > 1D parallelism')"
         )
+    if shape.tensor_parallel_degree > 1 and not shape.sequence_parallel:
+        notes.append(
+            "torchtitan's tensor parallelism always shards the sequence between sub-layers "
+            "(sequence parallelism, its norms on sequence shards): less activation memory than "
+            "the plan's, and all-gathers / reduce-scatters in place of its all-reduces"
+        )
     if shape.dtype == "tf32":
         notes.append(tf32_note("torchtitan trains float32"))
     return notes
