@@ -1,7 +1,11 @@
 """The searched sequence-parallel knob against brute force: on small random instances, the
 solver's best with SP searched equals the best of every configuration of the space costed
-by ``CostModel.evaluate`` with SP off and on (tests/test_solver_oracle.py's enumerations, run
-on the cost model's view of each setting)."""
+by ``CostModel.evaluate``: the one-tp plans with SP off and on for the whole plan
+(tests/test_solver_oracle.py's enumerations, run on the cost model's view of each setting),
+and the heterogeneous pipelines with SP off or on per stage (``brute_force_hetero`` with
+``per_stage_sp``). The reported lower bound is never above that optimum, nor is the DP's
+root bound of any run above the run's own optimum (its prefix bound's ω is the least over
+SP off and on: ``autoplan.solve.stage_degrees``)."""
 
 from __future__ import annotations
 
@@ -11,9 +15,17 @@ from hypothesis import HealthCheck, given, settings
 
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
+from autoplan.solve.hetero import _root_bound, _runs, hetero_candidates
 from autoplan.solve.search import start_search
 from autoplan.solve.sequence_parallel import has_tensor_parallel
-from tests.test_solver_oracle import brute_force, brute_force_hetero, instances
+from autoplan.solve.stage_degrees import stage_source
+from tests.test_solver_oracle import (
+    brute_force,
+    brute_force_hetero,
+    brute_force_hetero_runs,
+    hetero_instances,
+    instances,
+)
 
 # Zero bubble off: its plans are outside the brute force, and without them a search run to its
 # end proves its best (the bound is checked below).
@@ -46,11 +58,11 @@ def test_searched_sequence_parallel_equals_brute_force(instance) -> None:
     profile, cluster, batch = instance
     profile = _with_replicated_work(profile)
     model = cost_model(profile, cluster, OPTIONS)
-    expected = math.inf
+    expected = brute_force_hetero(model, batch, per_stage_sp=True)
     for setting in (False, True):
         view = model.with_sequence_parallel(setting)
         off = OPTIONS.model_copy(update={"sequence_parallel": False})
-        expected = min(expected, brute_force(view, batch, off), brute_force_hetero(view, batch))
+        expected = min(expected, brute_force(view, batch, off))
     result = solve_candidates(model, batch, OPTIONS)
     found = [c for c in result.candidates if c.cost.feasible]
     if math.isinf(expected):
@@ -63,7 +75,7 @@ def test_searched_sequence_parallel_equals_brute_force(instance) -> None:
         best.iteration_ms,
         expected,
     )
-    SEEN.add(best.config.sequence_parallel)
+    SEEN.add(any(best.config.stage_sequence_parallel(i) for i in range(len(best.config.stages))))
     # Proven: the searches' stage times are evaluate's (SP's all-gathers at the ends of a
     # stage's runs of blocks included), so the bound they report reaches the optimum.
     assert result.lower_bound_ms <= expected * (1 + 1e-9)
@@ -107,3 +119,70 @@ def test_the_skip_instances_hold_tp1_plans() -> None:
     """Runs after the test above (file order): on some of its instances the full run held
     tp-1 plans, so the skip was tested where it leaves something out."""
     assert any(SKIPPED)
+
+
+CHOSEN: list[bool] = []  # per example: whether a stage of the DP's optimum runs SP
+
+
+@settings(
+    max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", 60)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    derandomize=True,
+)
+@given(hetero_instances())
+def test_per_stage_sequence_parallel_dp_equals_brute_force(instance) -> None:
+    """The heterogeneous DP with SP per stage (``stage_source``'s SP options) against every
+    pipeline with every stage's SP setting enumerated; its floor and each run's root bound
+    (prefix bound, fill ratio and relaxation over the joined options) never above the
+    optimum they bound."""
+    profile, cluster, batch = instance
+    profile = _with_replicated_work(profile)
+    options = OPTIONS.model_copy(update={"sequence_parallel": None})
+    model = cost_model(profile, cluster, options)
+    runs = brute_force_hetero_runs(model, batch, per_stage_sp=True)
+    expected = min(runs.values(), default=math.inf)
+    source_type = stage_source(model, options, sequence_parallel=True)
+    found = hetero_candidates(
+        model, batch, options, math.inf, keep=1, deadline=math.inf, source_type=source_type
+    )
+    sources: dict = {}
+    for index, run in enumerate(_runs(model.num_layers, batch, options)):
+        m, schedule = run[0], run[1]
+        root = _root_bound(model, batch, options, run, sources, index, source_type, {})
+        assert root <= runs.get((m, schedule), math.inf) * (1 + 1e-9), (run, root, runs)
+    assert found.floor_ms <= expected * (1 + 1e-9)
+    if math.isinf(expected):
+        assert not found.configs
+        return
+    assert found.configs, f"brute force found {expected} ms; the DP found nothing"
+    config = found.configs[0]
+    cost = model.evaluate(config)
+    assert cost.feasible
+    assert math.isclose(cost.iteration_ms, expected, rel_tol=1e-9), (
+        config.summary(),
+        cost.iteration_ms,
+        expected,
+    )
+    # Pruned against a bound just above the optimum (root bounds, levels, completion floors
+    # and the prefix bound all at work): the same optimum.
+    pruned = hetero_candidates(
+        model,
+        batch,
+        options,
+        expected * (1 + 1e-9),
+        keep=1,
+        deadline=math.inf,
+        source_type=stage_source(model, options, sequence_parallel=True),
+    )
+    assert pruned.configs
+    assert math.isclose(model.evaluate(pruned.configs[0]).iteration_ms, expected, rel_tol=1e-9)
+    CHOSEN.append(any(config.stage_sequence_parallel(s) for s in range(len(config.stages))))
+
+
+def test_the_per_stage_instances_hold_sp_optima() -> None:
+    """Runs after the test above (file order): on some of its instances the optimum has a
+    stage running SP (one of the joined SP options), so the equality covers them. (A plan
+    mixing SP and non-SP stages is rarely the optimum of these random instances: a built
+    one is in tests/test_sequence_parallel_cost.py.)"""
+    assert any(CHOSEN), CHOSEN

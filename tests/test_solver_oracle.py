@@ -194,14 +194,19 @@ def _allocations(model, b: int) -> list[tuple[tuple[int, int, int], ...]]:
     return single + mixed
 
 
-def brute_force_hetero(model, batch: int) -> float:
-    """Every heterogeneous pipeline of the space, costed by evaluate."""
-    return min(brute_force_hetero_runs(model, batch).values(), default=math.inf)
+def brute_force_hetero(model, batch: int, per_stage_sp: bool = False) -> float:
+    """Every heterogeneous pipeline of the space, costed by evaluate; with ``per_stage_sp``,
+    each stage with tp > 1 with sequence parallelism off and on."""
+    return min(brute_force_hetero_runs(model, batch, per_stage_sp).values(), default=math.inf)
 
 
-def brute_force_hetero_runs(model, batch: int) -> dict[tuple[int, str], float]:
+def brute_force_hetero_runs(
+    model, batch: int, per_stage_sp: bool = False
+) -> dict[tuple[int, str], float]:
     """``brute_force_hetero`` per run of the DP: the best of each (m, schedule), 1F1B for
-    pp <= m and GPipe beyond (``hetero_candidates``' runs); inf where nothing fits."""
+    pp <= m and GPipe beyond (``hetero_candidates``' runs); inf where nothing fits. With
+    ``per_stage_sp`` a stage's SP setting is enumerated too: on, its shares and recompute
+    are the space's rule on the model with SP on (``StageChoice.sequence_parallel``)."""
     runs: dict[tuple[int, str], float] = {}
     n = model.num_layers
     totals = [c.total_gpus for c in model.classes]
@@ -211,12 +216,15 @@ def brute_force_hetero_runs(model, batch: int) -> dict[tuple[int, str], float]:
         for pp in range(1, n + 1):
             schedule = "1f1b" if pp <= m else "gpipe"
             runs.setdefault((m, schedule), math.inf)
-            source = HeteroSource(model, batch, m, schedule, OPTIONS)
+            sources = [(HeteroSource(model, batch, m, schedule, OPTIONS), False)]
+            if per_stage_sp:
+                view = model.with_sequence_parallel(True)
+                sources.append((HeteroSource(view, batch, m, schedule, OPTIONS), True))
             for sizes in compositions(n, pp):
                 bounds = [0, *itertools.accumulate(sizes)]
 
                 def extend(
-                    s, used, stages, m=m, pp=pp, bounds=bounds, source=source, options=allocations
+                    s, used, stages, m=m, pp=pp, bounds=bounds, sources=sources, options=allocations
                 ):
                     if s == pp:
                         schedule = "1f1b" if pp <= m else "gpipe"
@@ -233,12 +241,19 @@ def brute_force_hetero_runs(model, batch: int) -> dict[tuple[int, str], float]:
                             use[k] += t * count
                         if any(u > total for u, total in zip(use, totals, strict=True)):
                             continue
-                        found = source.stage_groups(allocation, bounds[s], bounds[s + 1], flight)
-                        if found is None:
-                            continue
-                        groups, zero1, _ = found
-                        stage = StageChoice(bounds[s], bounds[s + 1], groups, zero1)
-                        extend(s + 1, use, [*stages, stage])
+                        for source, sp in sources:
+                            if sp and all(t == 1 for _, t, _ in allocation):
+                                continue  # the same stage as with SP off
+                            found = source.stage_groups(
+                                allocation, bounds[s], bounds[s + 1], flight
+                            )
+                            if found is None:
+                                continue
+                            groups, zero1, _ = found
+                            stage = StageChoice(
+                                bounds[s], bounds[s + 1], groups, zero1, sequence_parallel=sp
+                            )
+                            extend(s + 1, use, [*stages, stage])
 
                 extend(0, [0] * len(totals), [])
     return runs

@@ -17,7 +17,9 @@ bounds it prunes with:
   Ω_k = Σ_l ω_k(l), any λ_k >= 0 with Σ_k λ_k f_k = 1 gives max_s T_s >= b Σ_{l<i}
   min_k λ_k ω_k(l) (each stage's GPUs times its time cover its samples' work; weak duality);
   λ_k ∝ 1/Ω_k is exact when every layer is the same factor faster on one class than on
-  another. The sum of the stages' times is at least their max.
+  another. The sum of the stages' times is at least their max. Where the DP's options are
+  several views' (``autoplan.solve.stage_degrees``: cp, ep and SP per stage), ω is the least
+  over them: with SP options, over SP off and on (``bound_sequence_parallel``).
 
 Costs mirror ``CostModel.evaluate`` stage by stage (the oracle tests hold the two to the same
 answers): balanced shares (space.py), per group the fastest recompute that fits, ZeRO-1 by
@@ -33,6 +35,7 @@ executor, as priced; the uniform and shared-stage families price theirs for the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 import logging
@@ -63,7 +66,14 @@ from autoplan.solve.space import (
 from solvers.pipeline_dp import StageCostResult, StageSource, best_pipelines
 from solvers.relaxed_bound import RunRelaxation, stage_floors
 
-__all__ = ["Allocation", "HeteroResult", "HeteroSource", "HeteroState", "hetero_candidates"]
+__all__ = [
+    "Allocation",
+    "HeteroResult",
+    "HeteroSource",
+    "HeteroState",
+    "RunFloors",
+    "hetero_candidates",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +91,7 @@ RunFloors = tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]], np.ndarray]
 
 @dataclass(frozen=True)
 class _Core:
-    groups: tuple[ReplicaGroup, ...]
-    zero1: int  # the ZeRO level
+    payload: tuple  # (groups, ZeRO level, and the source's ``degrees``: ``_config``)
     work_ms: float
     tail_ms: float
     side: LinkSide
@@ -149,12 +158,26 @@ class HeteroSource:
         num_micro_batches: int,
         schedule: str,
         options: SolveOptions,
+        *,
+        tensor_parallel_only: bool = False,
+        bound_sequence_parallel: bool = False,
+        degrees: tuple[int, int, bool] | None = None,
     ) -> None:
+        """``tensor_parallel_only``: only the allocations with a kind at tp > 1 (a source
+        joined beside another view's of the same model, which holds the rest:
+        ``autoplan.solve.stage_degrees``); ``bound_sequence_parallel``: the prefix bound's
+        ω_k(l) is the least over sequence parallelism off and on (the bound then holds for
+        the options of a view with it on joined beside this one); ``degrees``: the (cp, ep,
+        SP) of a joined view, which its stages' payloads carry (its groups at that cp, and
+        ``StageChoice``'s ep and sequence_parallel: ``_config``), made once per stage kept."""
         self.model = model
         self.m = num_micro_batches
         self.b = batch // num_micro_batches
         self.schedule = schedule
         self.pinned = options
+        self._tensor_parallel_only = tensor_parallel_only
+        self._bound_sequence_parallel = bound_sequence_parallel
+        self._degrees = degrees
         self.modes = recompute_modes(options)
         self.kinds: list[Kind] = [
             (c.index, t) for c in model.classes for t in class_tp_choices(model, c.index, options)
@@ -242,6 +265,8 @@ class HeteroSource:
                 return False
             if pinned.micro_batch_size is not None:
                 return replicas * pinned.micro_batch_size == self.b
+            if self._tensor_parallel_only and all(t == 1 for _, t, _ in allocation):
+                return False
             return replicas <= self.b
 
         return sorted(a for a in found if allowed(a))
@@ -256,11 +281,12 @@ class HeteroSource:
         return self._uses
 
     # ---- bounds --------------------------------------------------------------------------
-    def _per_sample_prefix(self, kind: Kind) -> list[float]:
+    def _per_sample_prefix(self, kind: Kind, sequence_parallel: bool | None = None) -> list[float]:
         """Prefix sums of each layer's per-replica time for one sample at the largest share
-        (forward + backward, no recompute; module docstring)."""
+        (forward + backward, no recompute; module docstring), with sequence parallelism as
+        the view has it (None) or as said."""
         k, t = kind
-        layers = self.model.tables(k, t, self.b).layers
+        layers = self.model.tables(k, t, self.b, sequence_parallel).layers
         return [
             0.0,
             *itertools.accumulate(
@@ -277,6 +303,11 @@ class HeteroSource:
         for k, t in self.kinds:
             per = self._per_sample_array[(k, t)]
             values = t * np.diff(per)
+            if self._bound_sequence_parallel and t > 1:
+                # A layer can take less with SP on (its replicated part split t ways) than
+                # off: the bound holds for the options of both only at the least of the two.
+                on = np.array(self._per_sample_prefix(kind=(k, t), sequence_parallel=True))
+                values = np.minimum(values, t * np.diff(on))
             omega[k] = np.minimum(omega[k], values) if k in omega else values
         classes = sorted(omega)
         self._omega_classes = classes
@@ -749,7 +780,12 @@ class HeteroSource:
             # Its plans run on the groups executor: the sums come after the last backward.
             exposed = model.exposed_allreduce_ms(allreduce, min(backward), "groups", groups)
             tail = exposed + max(steps)
-            core = _Core(groups, zero1, work, tail, model.link_side(groups))
+            payload: tuple = (groups, zero1)
+            if self._degrees is not None:
+                cp, ep, sp = self._degrees
+                at_cp = tuple(dataclasses.replace(g, cp=cp) for g in groups) if cp > 1 else groups
+                payload = (at_cp, zero1, ep, (), True) if sp else (at_cp, zero1, ep)
+            core = _Core(payload, work, tail, model.link_side(groups))
         self._cores[key] = core
         return core
 
@@ -789,7 +825,7 @@ class HeteroSource:
             fill_ms=core.work_ms + 2 * send,
             tail_ms=core.tail_ms,
             key=core.side,
-            payload=(core.groups, core.zero1),
+            payload=core.payload,
             next_added_ms=2 * send,
         )
 
@@ -806,8 +842,9 @@ class HeteroResult:
 
 
 def _config(labels, m: int, schedule: str) -> PlanConfig:
-    # A payload is (groups, ZeRO level), and the stage's ep where the source chose one
-    # (``autoplan.solve.stage_degrees``).
+    # A payload is (groups, ZeRO level), then where the source chose them the stage's ep,
+    # its experts' split and its sequence parallelism (``StageChoice``'s fields in order:
+    # ``autoplan.solve.stage_degrees``, ``autoplan.solve.expert_span``).
     stages = tuple(
         StageChoice(label.start, label.previous.start, groups, int(zero1), *ep)
         for label in labels
@@ -825,13 +862,21 @@ def _run_source(
     index: int,
     source_type: SourceType,
 ) -> StageSource:
-    """The stage source of run ``index`` (kept in ``sources``): a ``HeteroSource`` of the
-    same m under the other schedule shared where there is one (``with_schedule``), else a
-    new one."""
+    """The stage source of run ``index`` (kept in ``sources``): the source of the same m
+    under the other schedule shared where there is one (``with_schedule``: a
+    ``HeteroSource``, or a ``stage_degrees.StageDegreeSource`` joining several), else a new
+    one. (Every source in ``sources`` was made by ``source_type``: one pass's.)"""
     if index not in sources:
         m, schedule = run[0], run[1]
-        twin = next((s for s in sources.values() if type(s) is HeteroSource and s.m == m), None)
-        if twin is not None and source_type is HeteroSource:
+        twin = next(
+            (
+                s
+                for s in sources.values()
+                if getattr(s, "m", None) == m and hasattr(s, "with_schedule")
+            ),
+            None,
+        )
+        if twin is not None:
             sources[index] = twin.with_schedule(schedule)
         else:
             sources[index] = source_type(model, batch, m, schedule, options)

@@ -6,12 +6,18 @@ its own run on a view of the cost model: the context-parallel degree c
 expert-parallel degree e (``with_expert_parallel``, ``autoplan.solve.expert_parallel``) and
 sequence parallelism off or on (``with_sequence_parallel``,
 ``autoplan.solve.sequence_parallel``). A run is one (c, e, SP) triple; each runs the families
-of ``autoplan.solve.search`` on its view. At sub-block grain every run is searched first at
-block grain and its plans seed the unit grain (``autoplan.solve.granularity``).
+of ``autoplan.solve.search`` on its view, but for SP: the one-tp families (uniform, shared)
+run in both SP runs of one (c, e), SP for the whole plan, and the heterogeneous family only
+in the SP-off run, which chooses SP per stage (its source joins the SP-on view's tp > 1
+options: ``autoplan.solve.stage_degrees``; its bounds take the least over both settings, so
+they hold for every option), unless SP is pinned. At sub-block grain every run is searched
+first at block grain and its plans seed the unit grain (``autoplan.solve.granularity``).
 
-Formulation: the space is the union of the runs' spaces (a configuration belongs to exactly
-one: its degrees and SP setting), so its best plan is the best of the runs' bests, and a
-proven lower bound on it is the least of the runs' bounds (``SearchResult.lower_bound_ms``).
+Formulation: the space is the union of the runs' spaces (a configuration belongs to one: its
+degrees and, for the one-tp families, its SP setting; a heterogeneous pipeline with its SP
+per stage belongs to the SP-off run of its degrees), so its best plan is the best of the
+runs' bests, and a proven lower bound on it is the least of the runs' bounds
+(``SearchResult.lower_bound_ms``).
 The driver keeps one incumbent (the best feasible plan held by any run, in the plain model's
 milliseconds: a view's figure of a configuration is the model's) and one deadline; it works in
 two phases:
@@ -23,20 +29,22 @@ two phases:
    better than it: the best plan stays exact; the runners-up are the best other plans costed.
    The run at c = e = 1 goes last where degrees are searched: its heterogeneous family chooses
    the degrees per stage (``autoplan.solve.stage_degrees``), the largest space, and it gets the
-   time the others leave. Of one degrees' runs, SP on goes first: its plans are the faster
-   where tp > 1 helps, and its best prunes the SP-off family (GPT-3 175B on mixed-1024: 2.3x).
+   time the others leave. Of one degrees' runs, SP on goes first: with no heterogeneous family
+   of its own, its phase is only its zero-bubble variants and ranking, and the SP-off run's
+   heterogeneous family, which chooses SP per stage, gets the time.
 
 The certificate is the least of the runs' floors, so a run's exact pass proving past the
 level at which the clock cut a run before it buys nothing yet: its pass stops there (a ceiling:
 ``hetero.hetero_candidates``' ``state`` keeps where it stands), and the time it leaves goes,
 after the last run, to the run of the least floor, which goes on where it stopped up to one
 ``LEVEL_STEP`` past the next least floor, then the next, until the time is spent or every run
-is done (Llama-2-70B on h100-a100-l4, b256: the SP-off run proves the level at which the SP-on
-run was cut in 8 s, and SP-on gets the other ~20 s of its half). A run left short of its end
+is done (runs of several cp or ep degrees, each with a heterogeneous family: the one cut
+first goes on once the others have proven its level). A run left short of its end
 makes the result ``timed_out``. Where no run is cut, this is the one phase as before.
 
 Each run's candidates are turned into the plain model's terms (its degrees set on the
-configuration, its SP setting; ``CostModel.evaluate`` the figure) and ranked once
+configuration, its SP setting, said one way: ``canonical_sequence_parallel``, so the same plan
+from two runs is one; ``CostModel.evaluate`` the figure) and ranked once
 (``autoplan.solve.ranking``). Time: each phase's run gets an equal share of what is left
 (``autoplan.solve.deadline``); a run stopped by it makes the whole result ``timed_out``.
 """
@@ -49,7 +57,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from autoplan.cost.block_parts import unit_boundaries
-from autoplan.cost.config import PlanConfig, with_cp
+from autoplan.cost.config import PlanConfig, canonical_sequence_parallel, with_cp
 from autoplan.cost.model import CostModel
 from autoplan.solve.certificate import work_bound_ms
 from autoplan.solve.deadline import Deadline
@@ -78,7 +86,9 @@ class Run:
     """One (cp, ep, SP) setting: the view the families search and their options.
 
     ``tensor_parallel_only``: the quick families search only tp > 1 (the SP-off run of the
-    same degrees searches the tp-1 plans, the same plans with SP off)."""
+    same degrees searches the tp-1 plans, the same plans with SP off); ``heterogeneous``:
+    its heterogeneous family runs; ``per_stage_sp``: that family chooses SP per stage
+    (``autoplan.solve.sequence_parallel``)."""
 
     cp: int
     ep: int
@@ -86,17 +96,24 @@ class Run:
     view: CostModel
     options: SolveOptions
     tensor_parallel_only: bool
+    heterogeneous: bool = True
+    per_stage_sp: bool = False
 
     def plain(self, config: PlanConfig, pinned_on: bool) -> PlanConfig | None:
         """``config`` (of this run's view) as a configuration of the plain model: its
-        degrees and SP setting on it; None where SP is pinned on and means nothing in it."""
-        setting = self.sequence_parallel and has_tensor_parallel(config)
+        degrees and SP setting on it, said one way (``canonical_sequence_parallel``); None
+        where SP is pinned on and means nothing in it."""
+        # (A search of the SP-off view returns plan-wide SP where its every tp > 1 stage
+        # chose it: ``canonical_sequence_parallel`` in ``finish_search``.)
+        setting = (self.sequence_parallel or config.sequence_parallel) and has_tensor_parallel(
+            config
+        )
         if self.sequence_parallel and not setting and pinned_on:
             return None
         config = with_expert_degree(config, self.ep)
         if self.cp > 1:
             config = with_cp(config, self.cp)
-        return dataclasses.replace(config, sequence_parallel=setting)
+        return canonical_sequence_parallel(dataclasses.replace(config, sequence_parallel=setting))
 
 
 def runs_of(model: CostModel, options: SolveOptions) -> list[Run]:
@@ -113,16 +130,17 @@ def runs_of(model: CostModel, options: SolveOptions) -> list[Run]:
             if ep_options is None:
                 continue  # ZeRO-2/3 pinned: ep > 1 is not composed with them
             view = cp_view if ep == 1 else cp_view.with_expert_parallel(ep)
-            settings = sequence_parallel_runs(view, ep_options)
-            for position, (setting, run_options) in enumerate(settings):
+            for sp_run in sequence_parallel_runs(view, ep_options):
                 runs.append(
                     Run(
                         cp,
                         ep,
-                        setting,
-                        view.with_sequence_parallel(setting),
-                        run_options,
-                        setting and position > 0 and not settings[0][0],
+                        sp_run.sequence_parallel,
+                        view.with_sequence_parallel(sp_run.sequence_parallel),
+                        sp_run.options,
+                        sp_run.tensor_parallel_only,
+                        sp_run.heterogeneous,
+                        sp_run.per_stage,
                     )
                 )
     return runs
@@ -185,6 +203,8 @@ def _search(
             deadline=at,
             state=states[index],
             ceiling=ceiling,
+            heterogeneous=run.heterogeneous,
+            per_stage_sp=run.per_stage_sp,
         )
         candidates = []
         for candidate in result.candidates:

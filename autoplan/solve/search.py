@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from autoplan.cost.config import canonical_sequence_parallel
 from autoplan.cost.model import CostModel
 from autoplan.schedule.names import ZERO_BUBBLE_SCHEDULES
 from autoplan.solve.certificate import Floors, work_bound_ms, zero_bubble_bound_ms
@@ -155,16 +156,23 @@ def finish_search(
     deadline: float | None = None,
     state: HeteroState | None = None,
     ceiling: float = math.inf,
+    *,
+    heterogeneous: bool = True,
+    per_stage_sp: bool = False,
 ) -> SearchResult:
     """The rest of ``search`` after ``start_search``: the heterogeneous family, pruned
     against ``incumbent_ms`` and the plans ``started`` holds, until ``deadline`` (default:
     the started search's), then the zero-bubble variants and the ranking. ``state`` and
     ``ceiling``: the heterogeneous pass's, to go on from a call before and to stop at a
-    level (``hetero.hetero_candidates``)."""
+    level (``hetero.hetero_candidates``). ``heterogeneous`` False: that family does not
+    run here (another run's covers it); ``per_stage_sp``: it chooses sequence parallelism
+    per stage (``autoplan.solve.sequence_parallel``)."""
     options = started.options
     deadline = started.deadline if deadline is None else deadline
     keep = options.top_k + 1
-    heterogeneous = options.strategy == "optimal" and options.space == "heterogeneous"
+    heterogeneous = (
+        heterogeneous and options.strategy == "optimal" and options.space == "heterogeneous"
+    )
     candidates = list(started.candidates)
     considered, solved, timed_out = started.considered, started.solved, started.timed_out
     floors = Floors(started.floors.floor_ms)
@@ -179,7 +187,8 @@ def finish_search(
             keep=keep,
             deadline=deadline,
             progress=progress,
-            source_type=stage_source(model, options),  # ep per stage (solve.stage_degrees)
+            # cp, ep and SP per stage (solve.stage_degrees)
+            source_type=stage_source(model, options, per_stage_sp),
             state=state,
             ceiling=ceiling,
         )
@@ -188,6 +197,7 @@ def finish_search(
         timed_out = timed_out or found.timed_out
         floors.add(found.floor_ms)
         for config in found.configs:
+            config = canonical_sequence_parallel(config)
             cost = model.evaluate(config)
             candidates.append(Candidate(cost.iteration_ms, config, cost))
     # Zero bubble: the best pipelines again under the schedules their layout allows.
