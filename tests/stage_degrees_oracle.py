@@ -35,12 +35,15 @@ def brute_force_stage_degrees(
     options: SolveOptions,
     degrees: list[tuple[int, int]],
     spans: bool | None = None,
+    per_stage_sp: bool = False,
 ) -> float:
     """The best feasible iteration time (ms) with each stage at any (cp, ep) of ``degrees``
     (module docstring), and with ``spans`` (None: ``options.experts_by_speed``, as the search
     takes it) also any mixed allocation of a mixture-of-experts model with its experts placed
     by speed, every expert-group count and integer split (``autoplan.solve.expert_span``, its
-    stage rule); inf where none fits."""
+    stage rule); with ``per_stage_sp`` each stage with tp > 1 also with sequence parallelism
+    on (its rule on the view with SP on, ``StageChoice.sequence_parallel``); inf where none
+    fits."""
     if spans is None:
         spans = options.experts_by_speed and bool(expert_counts(model.profile))
     best = math.inf
@@ -53,16 +56,19 @@ def brute_force_stage_degrees(
             continue
         view = model if cp == 1 else model.with_context_parallel(cp)
         view = view if ep == 1 else view.with_expert_parallel(ep)
-        views.append((cp, ep, view, at_ep))
+        views.append((cp, ep, view, at_ep, False))
+        if per_stage_sp:
+            views.append((cp, ep, view.with_sequence_parallel(True), at_ep, True))
     for m in divisors(batch):
         kinds = [
-            (cp, ep, view, at_ep, _allocations(view, batch // m)) for cp, ep, view, at_ep in views
+            (cp, ep, view, at_ep, sp, _allocations(view, batch // m))
+            for cp, ep, view, at_ep, sp in views
         ]
         for pp in range(1, n + 1):
             schedule = "1f1b" if pp <= m else "gpipe"
             sources = [
-                (cp, ep, HeteroSource(view, batch, m, schedule, at_ep), allocations)
-                for cp, ep, view, at_ep, allocations in kinds
+                (cp, ep, sp, HeteroSource(view, batch, m, schedule, at_ep), allocations)
+                for cp, ep, view, at_ep, sp, allocations in kinds
             ]
             span_source = None
             every_span = []
@@ -96,10 +102,12 @@ def brute_force_stage_degrees(
                             best = min(best, cost.iteration_ms)
                         return
                     flight = m if pp > m else min(m, pp - s)
-                    for cp, ep, source, allocations in sources:
+                    for cp, ep, sp, source, allocations in sources:
                         for allocation in allocations:
                             if any(count % ep for _, _, count in allocation):
                                 continue
+                            if sp and all(t == 1 for _, t, _ in allocation):
+                                continue  # the same stage as with SP off
                             use = list(used)
                             for k, t, count in allocation:
                                 use[k] += t * count * cp
@@ -112,7 +120,9 @@ def brute_force_stage_degrees(
                                 continue
                             groups, zero, _ = found
                             groups = tuple(dataclasses.replace(g, cp=cp) for g in groups)
-                            stage = StageChoice(bounds[s], bounds[s + 1], groups, zero, ep)
+                            stage = StageChoice(
+                                bounds[s], bounds[s + 1], groups, zero, ep, sequence_parallel=sp
+                            )
                             extend(s + 1, use, [*stages, stage])
                     for option in every_span:
                         assert span_source is not None

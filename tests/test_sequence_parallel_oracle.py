@@ -12,13 +12,16 @@ from __future__ import annotations
 import math
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model, solve_candidates
+from autoplan.solve.context_parallel import cp_choices
 from autoplan.solve.hetero import _root_bound, _runs, hetero_candidates
 from autoplan.solve.search import start_search
 from autoplan.solve.sequence_parallel import has_tensor_parallel
 from autoplan.solve.stage_degrees import stage_source
+from tests.stage_degrees_oracle import brute_force_stage_degrees
 from tests.test_solver_oracle import (
     brute_force,
     brute_force_hetero,
@@ -186,3 +189,61 @@ def test_the_per_stage_instances_hold_sp_optima() -> None:
     mixing SP and non-SP stages is rarely the optimum of these random instances: a built
     one is in tests/test_sequence_parallel_cost.py.)"""
     assert any(CHOSEN), CHOSEN
+
+
+@st.composite
+def cp_sp_instances(draw):
+    """The solver oracle's instances with one node of 4 GPUs per type, so that a stage may
+    run cp 2 or 4 (a node's cp groups), tp 2, or cp 2 and tp 2."""
+    profile, cluster, batch = draw(instances())
+    groups = [g.model_copy(update={"gpus_per_node": 4, "count": 1}) for g in cluster.node_groups]
+    return profile, cluster.model_copy(update={"node_groups": groups}), batch
+
+
+CP_SP_SEEN: set[tuple[int, bool]] = set()  # (cp, SP) of the stages of the DP's optima
+
+
+@settings(
+    max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", 60)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(cp_sp_instances())
+def test_per_stage_sp_beside_per_stage_cp_equals_brute_force(instance) -> None:
+    """The DP with cp and SP both per stage (the (cp, SP) views joined: its prefix bound the
+    plain view's at the least over SP off and on, which holds for the cp views too) against
+    every pipeline with each stage at cp 1, 2 or 4 and SP off or on; its floor never above
+    it."""
+    profile, cluster, batch = instance
+    profile = _with_replicated_work(profile)
+    options = OPTIONS.model_copy(update={"sequence_parallel": None, "cp_min_seq_len": 1})
+    model = cost_model(profile, cluster, options)
+    degrees = [(cp, 1) for cp in cp_choices(model, options)]
+    assert degrees == [(1, 1), (2, 1), (4, 1)]
+    expected = brute_force_stage_degrees(model, batch, options, degrees, per_stage_sp=True)
+    source_type = stage_source(model, options, sequence_parallel=True)
+    found = hetero_candidates(
+        model, batch, options, math.inf, keep=1, deadline=math.inf, source_type=source_type
+    )
+    assert found.floor_ms <= expected * (1 + 1e-9)
+    if math.isinf(expected):
+        assert not found.configs
+        return
+    assert found.configs, f"brute force found {expected} ms; the DP found nothing"
+    best = model.evaluate(found.configs[0])
+    assert math.isclose(best.iteration_ms, expected, rel_tol=1e-9), (
+        found.configs[0].summary(),
+        best.iteration_ms,
+        expected,
+    )
+    config = found.configs[0]
+    CP_SP_SEEN.update(
+        (stage.cp, config.stage_sequence_parallel(s)) for s, stage in enumerate(config.stages)
+    )
+
+
+def test_the_cp_sp_instances_have_both_knobs_chosen() -> None:
+    """Runs after the test above (file order): its optima hold stages at cp 2 and stages
+    running SP, so the joined views are tested where each is chosen."""
+    assert any(cp == 2 for cp, _ in CP_SP_SEEN) and any(sp for _, sp in CP_SP_SEEN), CP_SP_SEEN
