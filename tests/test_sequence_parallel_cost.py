@@ -33,6 +33,7 @@ from autoplan.plan.validate import plan_problems, validate_plan
 from autoplan.profile.profiler import profile_model
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, cost_model, solve, solve_candidates
+from autoplan.solve.sequence_parallel import sequence_parallel_runs
 from tests.plan_factory import make_plan
 from tests.synthetic_profiles import gpu, layer, make_cluster, make_profile, transformer_profile
 from tests.test_solver_oracle import brute_force_hetero
@@ -209,6 +210,15 @@ def test_a_plan_mixing_sp_and_non_sp_stages_beats_both_pinned_settings() -> None
         result = solve_candidates(model, batch, options)
         found = [c for c in result.candidates if c.cost.feasible]
         best[sp] = (found[0], result.lower_bound_ms)
+        # Pinned, the setting is the whole plan's: on in every tp > 1 stage, or in none.
+        for candidate in result.candidates if sp is not None else []:
+            settings = {
+                candidate.config.stage_sequence_parallel(s)
+                for s, stage in enumerate(candidate.config.stages)
+                if stage.tensor_parallel
+            }
+            assert settings <= {sp}, candidate.config.summary()
+            assert not any(stage.sequence_parallel for stage in candidate.config.stages)
     mixed, bound = best[None]
     config = mixed.config
     tensor = [s for s, stage in enumerate(config.stages) if stage.tensor_parallel]
@@ -269,3 +279,27 @@ def test_megatron_export_says_sequence_parallel() -> None:
     for sp in (True, False):
         plan = make_plan([6], tensor_parallel=2, sequence_parallel=sp, dtype="bf16")
         assert (["--sequence-parallel"] in megatron_args(plan, layer_kinds(plan, None))) is sp
+
+
+def test_sequence_parallel_runs_by_pinning() -> None:
+    """The runs of ``sequence_parallel_runs``: unpinned, SP off with the heterogeneous family
+    choosing it per stage and SP on without a heterogeneous family (its quick families tp > 1
+    only); --no-sp one run without it; --sp one run per tp > 1, SP for the whole plan, each
+    with its heterogeneous family; tp pinned to 1: one run without it."""
+    profile, cluster = _mixed_instance()
+    model = cost_model(profile, cluster, SolveOptions())
+    free = sequence_parallel_runs(model, SolveOptions())
+    assert [
+        (r.sequence_parallel, r.tensor_parallel_only, r.heterogeneous, r.per_stage) for r in free
+    ] == [
+        (False, False, True, True),
+        (True, True, False, False),
+    ]
+    (off,) = sequence_parallel_runs(model, SolveOptions(sequence_parallel=False))
+    assert (off.sequence_parallel, off.per_stage, off.heterogeneous) == (False, False, True)
+    pinned = sequence_parallel_runs(model, SolveOptions(sequence_parallel=True))
+    assert [(r.sequence_parallel, r.options.tp, r.heterogeneous, r.per_stage) for r in pinned] == [
+        (True, 2, True, False)
+    ]
+    (one,) = sequence_parallel_runs(model, SolveOptions(tp=1))
+    assert (one.sequence_parallel, one.per_stage) == (False, False)
