@@ -175,15 +175,10 @@ class StageDegreeSource:
             )
             for index, v in enumerate(variants)
         ]
-        self._setup(batch, num_micro_batches, schedule, variants, spans)
+        self._setup(num_micro_batches, variants, spans)
 
     def _setup(
-        self,
-        batch: int,
-        num_micro_batches: int,
-        schedule: str,
-        variants: list[_Variant],
-        spans: SolveOptions | None,
+        self, num_micro_batches: int, variants: list[_Variant], spans: SolveOptions | None
     ) -> None:
         """What ``__init__`` derives from the variants' sources (``with_schedule`` too)."""
         self.m = num_micro_batches
@@ -243,7 +238,7 @@ class StageDegreeSource:
             if isinstance(source, HeteroSource)
         ]
         kept = self.kept_run_floors
-        twin._setup(self.base.b * self.m, self.m, schedule, list(self._given), self._spans)
+        twin._setup(self.m, list(self._given), self._spans)
         twin.kept_run_floors = kept
         return twin
 
