@@ -282,24 +282,31 @@ def test_megatron_export_says_sequence_parallel() -> None:
 
 
 def test_sequence_parallel_runs_by_pinning() -> None:
-    """The runs of ``sequence_parallel_runs``: unpinned, SP off with the heterogeneous family
-    choosing it per stage and SP on without a heterogeneous family (its quick families tp > 1
-    only); --no-sp one run without it; --sp one run per tp > 1, SP for the whole plan, each
-    with its heterogeneous family; tp pinned to 1: one run without it."""
+    """The runs of ``sequence_parallel_runs``: unpinned, SP off with the uniform and
+    heterogeneous families choosing it per stage, and SP on with neither (its shared family
+    tp > 1 only); --no-sp one run without it; --sp one run per tp > 1, SP for the whole
+    plan, each with its uniform and heterogeneous families; tp pinned to 1: one run without
+    it."""
     profile, cluster = _mixed_instance()
     model = cost_model(profile, cluster, SolveOptions())
     free = sequence_parallel_runs(model, SolveOptions())
     assert [
-        (r.sequence_parallel, r.tensor_parallel_only, r.heterogeneous, r.per_stage) for r in free
+        (r.sequence_parallel, r.tensor_parallel_only, r.uniform, r.heterogeneous, r.per_stage)
+        for r in free
     ] == [
-        (False, False, True, True),
-        (True, True, False, False),
+        (False, False, True, True, True),
+        (True, True, False, False, False),
     ]
     (off,) = sequence_parallel_runs(model, SolveOptions(sequence_parallel=False))
-    assert (off.sequence_parallel, off.per_stage, off.heterogeneous) == (False, False, True)
+    assert (off.sequence_parallel, off.per_stage, off.uniform, off.heterogeneous) == (
+        False,
+        False,
+        True,
+        True,
+    )
     pinned = sequence_parallel_runs(model, SolveOptions(sequence_parallel=True))
-    assert [(r.sequence_parallel, r.options.tp, r.heterogeneous, r.per_stage) for r in pinned] == [
-        (True, 2, True, False)
-    ]
+    assert [
+        (r.sequence_parallel, r.options.tp, r.uniform, r.heterogeneous, r.per_stage) for r in pinned
+    ] == [(True, 2, True, True, False)]
     (one,) = sequence_parallel_runs(model, SolveOptions(tp=1))
     assert (one.sequence_parallel, one.per_stage) == (False, False)

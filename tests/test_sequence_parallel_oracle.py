@@ -1,11 +1,12 @@
 """The searched sequence-parallel knob against brute force: on small random instances, the
 solver's best with SP searched equals the best of every configuration of the space costed
-by ``CostModel.evaluate``: the one-tp plans with SP off and on for the whole plan
+by ``CostModel.evaluate``: the shared single-stage plans with SP off and on
 (tests/test_solver_oracle.py's enumerations, run on the cost model's view of each setting),
-and the heterogeneous pipelines with SP off or on per stage (``brute_force_hetero`` with
-``per_stage_sp``). The reported lower bound is never above that optimum, nor is the DP's
-root bound of any run above the run's own optimum (its prefix bound's ω is the least over
-SP off and on: ``autoplan.solve.stage_degrees``)."""
+the uniform pipelines and the heterogeneous ones with SP off or on per stage
+(``brute_force`` and ``brute_force_hetero`` with ``per_stage_sp``). The reported lower
+bound is never above that optimum, nor is the DP's root bound of any run above the run's own
+optimum (its prefix bound's ω is the least over SP off and on:
+``autoplan.solve.stage_degrees``)."""
 
 from __future__ import annotations
 
@@ -61,11 +62,13 @@ def test_searched_sequence_parallel_equals_brute_force(instance) -> None:
     profile, cluster, batch = instance
     profile = _with_replicated_work(profile)
     model = cost_model(profile, cluster, OPTIONS)
-    expected = brute_force_hetero(model, batch, per_stage_sp=True)
-    for setting in (False, True):
-        view = model.with_sequence_parallel(setting)
-        off = OPTIONS.model_copy(update={"sequence_parallel": False})
-        expected = min(expected, brute_force(view, batch, off))
+    off = OPTIONS.model_copy(update={"sequence_parallel": False})
+    expected = min(
+        brute_force_hetero(model, batch, per_stage_sp=True),
+        # The uniform plans with each stage's SP its own, the shared ones of both settings.
+        brute_force(model, batch, off, per_stage_sp=True),
+        brute_force(model.with_sequence_parallel(True), batch, off, uniform=False),
+    )
     result = solve_candidates(model, batch, OPTIONS)
     found = [c for c in result.candidates if c.cost.feasible]
     if math.isinf(expected):

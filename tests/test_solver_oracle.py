@@ -68,14 +68,28 @@ def _contiguous(seq: tuple[int, ...]) -> bool:
 
 
 def brute_force(
-    model, batch: int, options: SolveOptions, levels: tuple[int, ...] = (0, 1)
+    model,
+    batch: int,
+    options: SolveOptions,
+    levels: tuple[int, ...] = (0, 1),
+    per_stage_sp: bool = False,
+    *,
+    uniform: bool = True,
+    shared: bool = True,
 ) -> float:
     """The fastest feasible plan over every (tp, dp, micro-batch, pp, schedule, split, mode)
-    with every stage at one of ZeRO ``levels`` where dp > 1 (0 otherwise)."""
+    with every stage at one of ZeRO ``levels`` where dp > 1 (0 otherwise). With
+    ``per_stage_sp`` (``model`` with SP off), each stage with tp > 1 also with sequence
+    parallelism off and on (``StageChoice.sequence_parallel``), and the interleaved plans
+    with it off and on for the whole plan, each on its own view's split (the uniform
+    family's space: ``autoplan.solve.uniform``); the shared plans as ``model`` has SP.
+    ``uniform`` and ``shared``: which of the two families' plans are enumerated."""
     best = math.inf
     n = model.num_layers
+    sp_view = model.with_sequence_parallel(True)
     for tp in tp_choices(model, options):
-        for dp in divisors(batch):
+        settings = (False, True) if per_stage_sp and tp > 1 else (False,)
+        for dp in divisors(batch) if uniform else ():
             caps = class_caps(model, tp, dp)
             for zero1 in levels if dp > 1 else (0,):
                 for mbs in micro_batch_choices(batch // dp, options):
@@ -87,35 +101,51 @@ def brute_force(
                                     seq.count(k) > caps[k] for k in set(seq)
                                 ):
                                     continue
-                                splits = (
-                                    compositions(n, pp)
-                                    if v == 1
-                                    else [interleaved_sizes(model, seq, tp, mbs, v)]
-                                )
-                                for sizes in splits:
-                                    bounds = [0, *itertools.accumulate(sizes)]
-                                    for modes in itertools.product(MODES, repeat=pp):
-                                        stages = tuple(
-                                            StageChoice(
-                                                bounds[s],
-                                                bounds[s + 1],
-                                                (
-                                                    group_of(
-                                                        seq[s % pp], tp, dp, mbs, modes[s % pp]
+                                for plan_sp in settings if v > 1 else (False,):
+                                    view = sp_view if plan_sp else model
+                                    splits = (
+                                        compositions(n, pp)
+                                        if v == 1
+                                        else [interleaved_sizes(view, seq, tp, mbs, v)]
+                                    )
+                                    per_stage = itertools.product(
+                                        MODES, settings if v == 1 else (False,)
+                                    )
+                                    choices = list(itertools.product(per_stage, repeat=pp))
+                                    for sizes in splits:
+                                        bounds = [0, *itertools.accumulate(sizes)]
+                                        for choice in choices:
+                                            stages = tuple(
+                                                StageChoice(
+                                                    bounds[s],
+                                                    bounds[s + 1],
+                                                    (
+                                                        group_of(
+                                                            seq[s % pp],
+                                                            tp,
+                                                            dp,
+                                                            mbs,
+                                                            choice[s % pp][0],
+                                                        ),
                                                     ),
-                                                ),
-                                                zero1,
+                                                    zero1,
+                                                    sequence_parallel=choice[s % pp][1],
+                                                )
+                                                for s in range(pp * v)
                                             )
-                                            for s in range(pp * v)
-                                        )
-                                        executor = model.uniform_executor()
-                                        config = PlanConfig(
-                                            m, schedule, v, stages, executor=executor
-                                        )
-                                        cost = model.evaluate(config)
-                                        if cost.feasible:
-                                            best = min(best, cost.iteration_ms)
-        best = min(best, _brute_force_shared(model, batch, tp))
+                                            config = PlanConfig(
+                                                m,
+                                                schedule,
+                                                v,
+                                                stages,
+                                                plan_sp,
+                                                executor=model.uniform_executor(),
+                                            )
+                                            cost = model.evaluate(config)
+                                            if cost.feasible:
+                                                best = min(best, cost.iteration_ms)
+        if shared:
+            best = min(best, _brute_force_shared(model, batch, tp))
     return best
 
 

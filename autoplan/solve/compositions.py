@@ -24,7 +24,9 @@ and for a plan of one chunk per rank (m − 1) × the largest of the three + Σ_
 interleaved one m × the largest (every rank runs m micro-batches of its chunks). Weights,
 gradients and optimizer states of all layers must fit the ranks' memory at the most sharded
 ZeRO level (``bounds.static_fits``). A composition queues with the least over its allowed
-schedules; each is scaled by 1 − 1e-12 so that rounding never lifts it above a plan.
+schedules; each is scaled by 1 − 1e-12 so that rounding never lifts it above a plan. Where the
+stages choose sequence parallelism each (``Group.per_stage_sp``), the layer figures are the
+least over SP off and on (``bounds.layer_tables``), which every stage's are at least.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def compositions(
     counts = _count_vectors(tuple(g.caps[k] for k in usable), g.pp)
     if not len(counts):
         return []
-    _, work = fastest_work(model, g.tp, g.mbs, tuple(usable))
+    _, work = fastest_work(model, g.tp, g.mbs, tuple(usable), g.per_stage_sp)
     w = np.array([work[k] for k in usable])  # classes × layers
     num_layers = w.shape[1]
     totals = w.sum(axis=1)
@@ -164,8 +166,9 @@ def _integral(
 ) -> np.ndarray:
     """The integral bound (module docstring) of each row of ``n`` (counts of ``classes``):
     inf where no budget suffices."""
-    steps = [rank_steps(model, g.tp, g.mbs, g.dp, levels, k, 1, 0.0) for k in classes]
-    cheapest = [_sorted_work(model, g.tp, g.mbs, k) for k in classes]
+    sp = g.per_stage_sp
+    steps = [rank_steps(model, g.tp, g.mbs, g.dp, levels, k, 1, 0.0, sp) for k in classes]
+    cheapest = [_sorted_work(model, g.tp, g.mbs, k, sp) for k in classes]
     grid = np.unique(np.concatenate([s for s, _ in steps] + cheapest))
     if not len(grid):
         return np.full(len(n), math.inf)
@@ -196,9 +199,11 @@ def _integral(
 
 
 @functools.lru_cache(maxsize=4096)
-def _sorted_work(model: CostModel, tp: int, mbs: int, k: int) -> np.ndarray:
+def _sorted_work(
+    model: CostModel, tp: int, mbs: int, k: int, per_stage_sp: bool = False
+) -> np.ndarray:
     """Class k's layer times (forward + backward, no recompute), ascending; read-only."""
-    out = np.sort(np.array(fastest_work(model, tp, mbs, (k,))[1][k]))
+    out = np.sort(np.array(fastest_work(model, tp, mbs, (k,), per_stage_sp)[1][k]))
     out.flags.writeable = False
     return out
 

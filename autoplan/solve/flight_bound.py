@@ -33,6 +33,11 @@ With them the 1F1B and GPipe objective (m − 1) max a + Σ b + max t is at leas
 max((m − 1) max(X*, runs) + Σ_l min_k w_k(l) + the runs' excess, fill). Only for plans of one
 chunk per rank (the interleaved split is fixed and bounded apart) and tables without sub-block
 starts (whose stage costs are not prefix differences).
+
+Where each stage chooses sequence parallelism (``Pending.per_stage_sp``), every per-layer
+figure above is the least over SP off and on (``bounds.layer_tables``): each rank's stage is
+one setting or the other, and its figures are at least those least ones, so each bound holds
+for every choice.
 """
 
 from __future__ import annotations
@@ -40,9 +45,11 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
+from autoplan.cost.layers import LayerCost
 from autoplan.cost.model import CostModel
 from autoplan.cost.offload import (
     ALL_MODES,
@@ -52,7 +59,7 @@ from autoplan.cost.offload import (
     split_mode,
 )
 from autoplan.cost.schedule import in_flight_chunks
-from autoplan.solve.bounds import Pending, fastest_work
+from autoplan.solve.bounds import Pending, fastest_work, layer_tables
 
 __all__ = ["fill_bound", "flight_bound", "order_bound", "rank_steps", "run_bound"]
 
@@ -61,43 +68,70 @@ _Prefixes = tuple[np.ndarray, dict[str, np.ndarray], dict[str, tuple[np.ndarray,
 
 
 @functools.lru_cache(maxsize=4096)
-def _layer_prefixes(model: CostModel, tp: int, mbs: int, k: int) -> _Prefixes:
+def _layer_prefixes(
+    model: CostModel, tp: int, mbs: int, k: int, per_stage_sp: bool = False
+) -> _Prefixes:
     """What ``_rank_tables`` reads that depends on neither dp nor the ZeRO levels (one set
     for the groups of every dp): the prefix sums over the n = 0..L smallest per-layer values,
     each sorted on its own, of the parameters, of the least time per recompute (offload's
-    copies left out: they only add) and of the resident saved and parked bytes per mode.
+    copies left out: they only add) and of the resident saved and parked bytes per mode
+    (with ``per_stage_sp``, each layer's least over SP off and on: module docstring).
     Each figure once per distinct layer cost (a model's repeated blocks share one)."""
-    layers = model.tables(k, tp, mbs).layers
-    distinct: dict[int, int] = {}
-    slots = [distinct.setdefault(id(c), len(distinct)) for c in layers]
-    unique = list({id(c): c for c in layers}.values())
+    spreads = []
+    for tables in layer_tables(model, k, tp, mbs, per_stage_sp):
+        layers = tables.layers
+        distinct: dict[int, int] = {}
+        slots = [distinct.setdefault(id(c), len(distinct)) for c in layers]
+        spreads.append((slots, list({id(c): c for c in layers}.values())))
 
-    def prefix(values: list[float]) -> np.ndarray:
-        spread = np.asarray(values, dtype=float)[slots]
-        return np.concatenate(([0.0], np.cumsum(np.sort(spread))))
+    def prefix(figure: Callable[[LayerCost], float]) -> np.ndarray:
+        least = None
+        for slots, unique in spreads:
+            spread = np.asarray([figure(c) for c in unique], dtype=float)[slots]
+            least = spread if least is None else np.minimum(least, spread)
+        assert least is not None
+        return np.concatenate(([0.0], np.cumsum(np.sort(least))))
 
-    params = prefix([c.params_per_gpu for c in unique])
+    params = prefix(lambda c: c.params_per_gpu)
     times: dict[str, np.ndarray] = {}
     memory: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for mode in ALL_MODES:
         recompute = split_mode(mode)[0]
         if recompute not in times:
-            times[recompute] = prefix([c.forward_ms() + c.backward_ms(recompute) for c in unique])
+            times[recompute] = prefix(functools.partial(_pass_ms, recompute))
         memory[mode] = (
-            prefix([resident_saved_bytes(c, mode) for c in unique]),
-            prefix([parked_bytes(c, mode) for c in unique]),
+            prefix(functools.partial(_resident, mode)),
+            prefix(functools.partial(_parked, mode)),
         )
     return params, times, memory
 
 
+def _pass_ms(recompute: str, c: LayerCost) -> float:
+    return c.forward_ms() + c.backward_ms(recompute)
+
+
+def _resident(mode: str, c: LayerCost) -> float:
+    return resident_saved_bytes(c, mode)
+
+
+def _parked(mode: str, c: LayerCost) -> float:
+    return parked_bytes(c, mode)
+
+
 @functools.lru_cache(maxsize=4096)
 def _rank_tables(
-    model: CostModel, tp: int, mbs: int, dp: int, levels: tuple[int, ...], k: int
+    model: CostModel,
+    tp: int,
+    mbs: int,
+    dp: int,
+    levels: tuple[int, ...],
+    k: int,
+    per_stage_sp: bool = False,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """Per (ZeRO level, mode): prefix sums over the n = 0..L smallest per-layer values, each
     sorted on its own: static bytes, resident saved bytes, parked bytes, and the least time
     of n layers (their n least times, and at ZeRO-2/3 at least their collectives)."""
-    params, times, memory = _layer_prefixes(model, tp, mbs, k)
+    params, times, memory = _layer_prefixes(model, tp, mbs, k, per_stage_sp)
     collective = None  # only ZeRO-2/3 with replicas read it: L + 1 all-reduce costings
     if dp > 1 and any(level >= 2 for level in levels):
         collective = _collectives(model, k, tp, dp, tuple(params.tolist()))
@@ -117,11 +151,17 @@ def _rank_tables(
 
 @functools.lru_cache(maxsize=4096)
 def _stacked_tables(
-    model: CostModel, tp: int, mbs: int, dp: int, levels: tuple[int, ...], k: int
+    model: CostModel,
+    tp: int,
+    mbs: int,
+    dp: int,
+    levels: tuple[int, ...],
+    k: int,
+    per_stage_sp: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``_rank_tables``' rows stacked: (static, saved, parked, least), each (level, mode)
     × (L + 1), so that ``rank_steps`` reads every row in one numpy pass."""
-    rows = _rank_tables(model, tp, mbs, dp, levels, k)
+    rows = _rank_tables(model, tp, mbs, dp, levels, k, per_stage_sp)
     stacked = tuple(np.stack([row[x] for row in rows]) for x in range(4))
     for array in stacked:
         array.flags.writeable = False
@@ -153,14 +193,15 @@ def rank_steps(
     k: int,
     flight: int,
     reserved: float,
+    per_stage_sp: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(budgets ascending, most layers within each): the staircase h(X) of the module
     docstring for a rank of class k holding ``flight`` micro-batches and ``reserved`` bytes of
-    buffers, at any of the ZeRO ``levels``."""
+    buffers, at any of the ZeRO ``levels`` (``per_stage_sp``: either SP setting)."""
     usable = model.usable_bytes(k) - reserved
     host = model.host_budget_bytes(k)
     # Every (level, mode) row at once: the rows of ``_rank_tables`` stacked.
-    static, saved, parked, least = _stacked_tables(model, tp, mbs, dp, levels, k)
+    static, saved, parked, least = _stacked_tables(model, tp, mbs, dp, levels, k, per_stage_sp)
     fits = (static + flight * saved <= usable) & (flight * parked <= host)
     # The prefixes only grow: the layers that fit in a row are its first ``fit``.
     width = fits.shape[1]
@@ -197,7 +238,9 @@ def flight_bound(model: CostModel, p: Pending, levels: tuple[int, ...]) -> float
     for s, k in enumerate(p.classes):
         flight = in_flight_chunks(p.schedule, pp, s, p.m)  # type: ignore[arg-type]
         reserved = boundary * ((s > 0) + (s < pp - 1))
-        ranks.append(rank_steps(model, p.tp, p.mbs, p.dp, levels, k, flight, reserved))
+        ranks.append(
+            rank_steps(model, p.tp, p.mbs, p.dp, levels, k, flight, reserved, p.per_stage_sp)
+        )
     num_layers = model.num_layers
     candidates = np.unique(np.concatenate([budgets for budgets, _ in ranks]))
     if not len(candidates):
@@ -246,7 +289,7 @@ def run_bound(model: CostModel, p: Pending) -> tuple[float, float]:
     together at least Σ_l min_j w_j(l) + Σ_runs Σ_W (w_k − min_j w_j) (the runs' windows
     are disjoint); each taken at its least over the windows (no recompute, no sends)."""
     used = tuple(sorted(set(p.classes)))
-    fastest, _ = fastest_work(model, p.tp, p.mbs, used)
+    fastest, _ = fastest_work(model, p.tp, p.mbs, used, p.per_stage_sp)
     num_layers, pp = len(fastest), len(p.classes)
     slowest = extra = 0.0
     for first, r, k in _runs(p.classes):
@@ -257,7 +300,9 @@ def run_bound(model: CostModel, p: Pending) -> tuple[float, float]:
             highest = 0 if after else highest
         if after == 0:
             lowest = num_layers - r if first else 0
-        best_slowest, best_extra = _windows(model, p.tp, p.mbs, used, k, r, lowest, highest)
+        best_slowest, best_extra = _windows(
+            model, p.tp, p.mbs, used, k, r, lowest, highest, p.per_stage_sp
+        )
         if math.isinf(best_slowest):
             continue  # the run cannot be placed: the DP finds no split (no bound claimed)
         slowest = max(slowest, best_slowest)
@@ -275,12 +320,13 @@ def _windows(
     r: int,
     lowest: int,
     highest: int,
+    per_stage_sp: bool = False,
 ) -> tuple[float, float]:
     """``run_bound``'s least (slowest rank, extra fill) of a run of r ranks of class k over
     its windows starting at ``lowest``..``highest`` (inf, inf: none). The same run recurs in
     the orders of many compositions and groups (every dp of a (tp, micro-batch size)): it is
     scanned once."""
-    fastest, work = fastest_work(model, tp, mbs, used)
+    fastest, work = fastest_work(model, tp, mbs, used, per_stage_sp)
     times = work[k]
     best_slowest = best_extra = math.inf
     for start in range(lowest, highest + 1):
@@ -302,7 +348,12 @@ DUAL_REFINE = 8
 
 @functools.lru_cache(maxsize=65536)
 def fill_bound(
-    model: CostModel, tp: int, mbs: int, m: int, counts: tuple[tuple[int, int], ...]
+    model: CostModel,
+    tp: int,
+    mbs: int,
+    m: int,
+    counts: tuple[tuple[int, int], ...],
+    per_stage_sp: bool = False,
 ) -> float:
     """A bound on (m − 1) max_s a_s + Σ_s a_s with r_k ranks of class k (``counts``), each
     a_s at least its layers' work w_k(l) (no recompute, no sends), through the dual of the
@@ -317,7 +368,7 @@ def fill_bound(
     The largest over a grid of ν and a local search from its best point is taken."""
     classes = [k for k, _ in counts]
     ranks = np.array([r for _, r in counts], dtype=float)
-    _, work = fastest_work(model, tp, mbs, tuple(sorted(classes)))
+    _, work = fastest_work(model, tp, mbs, tuple(sorted(classes)), per_stage_sp)
     w = np.array([work[k] for k in classes])  # classes × layers
     grid = np.array(
         [
@@ -363,7 +414,7 @@ def order_bound(model: CostModel, p: Pending, levels: tuple[int, ...]) -> float:
         return math.inf
     slowest, extra = run_bound(model, p)
     used = tuple(sorted(set(p.classes)))
-    fastest, _ = fastest_work(model, p.tp, p.mbs, used)
+    fastest, _ = fastest_work(model, p.tp, p.mbs, used, p.per_stage_sp)
     counts = tuple((k, p.classes.count(k)) for k in used)
-    fill = fill_bound(model, p.tp, p.mbs, p.m, counts)
+    fill = fill_bound(model, p.tp, p.mbs, p.m, counts, p.per_stage_sp)
     return max(p.bound, (p.m - 1) * max(slowest, flight) + sum(fastest) + extra, fill)

@@ -6,16 +6,18 @@ its own run on a view of the cost model: the context-parallel degree c
 expert-parallel degree e (``with_expert_parallel``, ``autoplan.solve.expert_parallel``) and
 sequence parallelism off or on (``with_sequence_parallel``,
 ``autoplan.solve.sequence_parallel``). A run is one (c, e, SP) triple; each runs the families
-of ``autoplan.solve.search`` on its view, but for SP: the one-tp families (uniform, shared)
-run in both SP runs of one (c, e), SP for the whole plan, and the heterogeneous family only
-in the SP-off run, which chooses SP per stage (its source joins the SP-on view's tp > 1
-options: ``autoplan.solve.stage_degrees``; its bounds take the least over both settings, so
-they hold for every option), unless SP is pinned. At sub-block grain every run is searched
-first at block grain and its plans seed the unit grain (``autoplan.solve.granularity``).
+of ``autoplan.solve.search`` on its view, but for SP: the shared single-stage family runs
+in both SP runs of one (c, e), SP for the whole plan, and the uniform and heterogeneous
+families only in the SP-off run, which choose SP per stage (the uniform family costs each
+stage both ways: ``autoplan.solve.uniform``; the heterogeneous source joins the SP-on view's
+tp > 1 options: ``autoplan.solve.stage_degrees``; the bounds of each take the least over both
+settings, so they hold for every choice), unless SP is pinned. At sub-block grain every run
+is searched first at block grain and its plans seed the unit grain
+(``autoplan.solve.granularity``).
 
 Formulation: the space is the union of the runs' spaces (a configuration belongs to one: its
-degrees and, for the one-tp families, its SP setting; a heterogeneous pipeline with its SP
-per stage belongs to the SP-off run of its degrees), so its best plan is the best of the
+degrees and, for the shared family, its SP setting; a uniform or heterogeneous pipeline with
+its SP per stage belongs to the SP-off run of its degrees), so its best plan is the best of the
 runs' bests, and a proven lower bound on it is the least of the runs' bounds
 (``SearchResult.lower_bound_ms``).
 The driver keeps one incumbent (the best feasible plan held by any run, in the plain model's
@@ -86,8 +88,8 @@ class Run:
     """One (cp, ep, SP) setting: the view the families search and their options.
 
     ``tensor_parallel_only``: the quick families search only tp > 1 (the SP-off run of the
-    same degrees searches the tp-1 plans, the same plans with SP off); ``heterogeneous``:
-    its heterogeneous family runs; ``per_stage_sp``: that family chooses SP per stage
+    same degrees searches the tp-1 plans, the same plans with SP off); ``heterogeneous``
+    and ``uniform``: those families run; ``per_stage_sp``: they choose SP per stage
     (``autoplan.solve.sequence_parallel``)."""
 
     cp: int
@@ -98,13 +100,15 @@ class Run:
     tensor_parallel_only: bool
     heterogeneous: bool = True
     per_stage_sp: bool = False
+    uniform: bool = True
 
     def plain(self, config: PlanConfig, pinned_on: bool) -> PlanConfig | None:
         """``config`` (of this run's view) as a configuration of the plain model: its
         degrees and SP setting on it, said one way (``canonical_sequence_parallel``); None
         where SP is pinned on and means nothing in it."""
         # (A search of the SP-off view returns plan-wide SP where its every tp > 1 stage
-        # chose it: ``canonical_sequence_parallel`` in ``finish_search``.)
+        # chose it: ``canonical_sequence_parallel`` in ``finish_search`` and the uniform
+        # family.)
         setting = (self.sequence_parallel or config.sequence_parallel) and has_tensor_parallel(
             config
         )
@@ -141,6 +145,7 @@ def runs_of(model: CostModel, options: SolveOptions) -> list[Run]:
                         sp_run.tensor_parallel_only,
                         sp_run.heterogeneous,
                         sp_run.per_stage,
+                        sp_run.uniform,
                     )
                 )
     return runs
@@ -176,6 +181,8 @@ def _search(
             incumbent_ms=incumbent_ms,
             tensor_parallel_only=run.tensor_parallel_only,
             deadline=deadline.share(len(runs) - position),
+            uniform=run.uniform,
+            per_stage_sp=run.per_stage_sp,
         )
         started.append((run, begun))
         incumbent_ms = min(incumbent_ms, begun.best_ms())

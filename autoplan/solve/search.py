@@ -90,35 +90,38 @@ def start_search(
     incumbent_ms: float = math.inf,
     tensor_parallel_only: bool = False,
     deadline: Deadline | None = None,
+    *,
+    uniform: bool = True,
+    per_stage_sp: bool = False,
 ) -> Started:
     """The uniform and shared families of ``search`` (cheap, exact within themselves): a
     caller running several searches (``autoplan.solve.portfolio``) starts them all first, so that
     each heterogeneous family prunes against the best plan of every one.
     ``tensor_parallel_only``: those two families' plans with tp > 1 only (the caller holds
-    the tp-1 ones from another run, where they are the same plans)."""
+    the tp-1 ones from another run, where they are the same plans). ``uniform`` False: the
+    uniform family does not run here (another run's covers it); ``per_stage_sp``: it
+    chooses sequence parallelism per stage (``autoplan.solve.sequence_parallel``)."""
     deadline = Deadline.after(options.time_limit_s) if deadline is None else deadline
     if options.schedule in ZERO_BUBBLE_SCHEDULES and options.dp is None:
         options = options.model_copy(update={"dp": 1})  # torch runs them only at dp 1
     heterogeneous = options.strategy == "optimal" and options.space == "heterogeneous"
-    uniform = uniform_search(
-        model,
-        batch,
-        options,
-        None if heterogeneous else progress,
-        deadline=deadline.at,
-        incumbent_ms=incumbent_ms,
-        tensor_parallel_only=tensor_parallel_only,
-    )
-    started = Started(
-        options,
-        deadline.at,
-        list(uniform.candidates),
-        uniform.configs_considered,
-        uniform.partitions_solved,
-        uniform.timed_out,
-        Floors(),
-    )
-    started.floors.add(uniform.lower_bound_ms)
+    started = Started(options, deadline.at, [], 0, 0, False, Floors())
+    if uniform:
+        found = uniform_search(
+            model,
+            batch,
+            options,
+            None if heterogeneous else progress,
+            deadline=deadline.at,
+            incumbent_ms=incumbent_ms,
+            tensor_parallel_only=tensor_parallel_only,
+            per_stage_sp=per_stage_sp,
+        )
+        started.candidates += found.candidates
+        started.considered = found.configs_considered
+        started.solved = found.partitions_solved
+        started.timed_out = found.timed_out
+        started.floors.add(found.lower_bound_ms)
     if options.strategy == "optimal":
         shared = shared_search(
             model, batch, options, deadline.budget_s, deadline.at, tensor_parallel_only

@@ -1,5 +1,5 @@
-"""Sequence parallelism as a searched knob: per plan in the one-tp families, per stage in
-the heterogeneous one.
+"""Sequence parallelism as a searched knob: per stage in the uniform and heterogeneous
+families, per plan in the shared single-stage one.
 
 The model does not let SP be assumed free: it divides the replicated part of every block's
 time and memory by t and turns each all-reduce into a reduce-scatter and an all-gather (the
@@ -14,9 +14,16 @@ Formulation (``sequence_parallel_runs``): with SP not pinned, two runs of the se
 view of the cost model with SP off and one with it on (``CostModel.with_sequence_parallel``,
 ``autoplan.solve.portfolio``):
 
-- the uniform and shared single-stage families (one tp for the whole plan) run in both, SP
-  for the whole plan; the SP-on run's search tp > 1 only (a tp-1 plan is the same plan with
-  SP off, the first run's);
+- the shared single-stage family (one stage: its SP is the plan's) runs in both, SP for the
+  whole plan; the SP-on run's searches tp > 1 only (a tp-1 plan is the same plan with SP
+  off, the first run's);
+- the uniform family runs once, in the SP-off run, and chooses SP per stage
+  (``autoplan.solve.uniform``'s ``per_stage_sp``): a uniform plan's stages share (dp, tp)
+  and each stage's setting is local, so each stage with tp is costed both ways and the
+  partition DP keeps both where neither is no worse in time and tail (the faster setting
+  can have the longer tail: its docstring says why), exact over the per-stage choice; its
+  bounds read each layer's least figures over SP off and on. Its interleaved candidates
+  keep SP for the whole plan, both settings tried (their ranks' stages share memory);
 - the heterogeneous family runs once, in the SP-off run, and chooses SP per stage: its
   source joins to each view's options those with tp > 1 of the same view with SP on, each
   (allocation, cp, ep, SP) an option of its own (``autoplan.solve.stage_degrees``). Since SP
@@ -63,14 +70,16 @@ class SequenceParallelRun:
 
     ``sequence_parallel``: the view's setting, for the whole plan; ``options``: the run's;
     ``tensor_parallel_only``: its uniform and shared families search tp > 1 only;
-    ``heterogeneous``: its heterogeneous family runs (the SP-on run's is the SP-off run's,
-    which chooses per stage); ``per_stage``: its heterogeneous family chooses SP per stage."""
+    ``heterogeneous`` and ``uniform``: those families run (the SP-on run's are the SP-off
+    run's, which choose per stage); ``per_stage``: its uniform and heterogeneous families
+    choose SP per stage."""
 
     sequence_parallel: bool
     options: SolveOptions
     tensor_parallel_only: bool = False
     heterogeneous: bool = True
     per_stage: bool = False
+    uniform: bool = True
 
 
 def sequence_parallel_runs(model: CostModel, options: SolveOptions) -> list[SequenceParallelRun]:
@@ -95,5 +104,7 @@ def sequence_parallel_runs(model: CostModel, options: SolveOptions) -> list[Sequ
         return [SequenceParallelRun(False, options)]
     return [
         SequenceParallelRun(False, options, per_stage=True),
-        SequenceParallelRun(True, options, tensor_parallel_only=True, heterogeneous=False),
+        SequenceParallelRun(
+            True, options, tensor_parallel_only=True, heterogeneous=False, uniform=False
+        ),
     ]

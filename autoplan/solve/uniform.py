@@ -27,12 +27,33 @@ that is higher, else its DP runs. The best is exact (pruning compares with the b
 the alternatives are the best other configurations the search costed, not necessarily the
 global 2nd..k-th.
 
+Sequence parallelism per stage (``per_stage_sp``: the SP-off run of
+``autoplan.solve.sequence_parallel`` where SP is not pinned). SP is local to a stage: it
+changes the stage's own time, tail and memory only (the boundary transfer is the whole
+activation either way, and ``CostModel.evaluate`` costs each stage with its own setting,
+``StageChoice.sequence_parallel``), so a stage with tp > 1 is costed both ways, each way
+with its own fastest fitting recompute and ZeRO level as above, on the view of the model
+with SP off and the one with it on. The faster feasible setting is not always the better
+one: the objective (m − 1) max a + Σ b + max t is nondecreasing in each stage's time and tail,
+but SP can shorten a stage's backward by more than its whole time (its forward may grow with
+the all-gathers at the ends of its runs of blocks), and on the mesh executor the tail is the
+all-reduce less that backward, so the faster setting can have the longer tail. Where one
+setting is no slower and its tail grows by no more than its time shrinks, it is no worse in
+any pipeline and alone is kept (``_EitherCoster``); else both are choices of the partition
+DP (``solvers.partition_dp``'s ``choices``), whose Pareto fronts over (max, sum, tail) keep
+it exact over every stage's setting. Interleaved candidates keep SP for the whole
+plan, both settings tried (their ranks' stages share memory, and the split is the view's):
+today's space for them. The bounds (``bounds``, ``compositions``, ``flight_bound``) read every
+per-layer figure as the least over SP off and on (``bounds.layer_tables``), so they hold for
+every choice; an interleaved candidate's own bound is the lesser of its two views'.
+
 Deterministic: candidates are visited in a fixed order and ties keep a canonical key, so the
 same inputs give the same plan, unless the time limit stops the search (logged).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -42,7 +63,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
+from autoplan.cost.config import (
+    PlanConfig,
+    ReplicaGroup,
+    StageChoice,
+    canonical_sequence_parallel,
+)
 from autoplan.cost.model import CostModel, LinkSide
 from autoplan.cost.offload import group_of
 from autoplan.cost.schedule import in_flight_chunks
@@ -71,7 +97,7 @@ from autoplan.solve.space import (
     tp_choices,
     zero_levels,
 )
-from solvers.partition_dp import best_partition, pipeline_objective
+from solvers.partition_dp import Costs, best_partition
 
 __all__ = ["rank_groups", "uniform_search"]
 
@@ -362,6 +388,59 @@ class _StageCoster:
         return suffix[j] / stages, suffix[j]
 
 
+def _no_worse(x: Costs, y: Costs) -> bool:
+    """Whether a stage costing ``x`` is no worse than one costing ``y`` in every pipeline
+    around it (``_EitherCoster``): (time, time, tail) triples, the uniform DP's."""
+    # The DP's steady and fill are both the stage's time (``_StageCoster.__call__``).
+    return x[0] <= y[0] and x[0] + x[2] <= y[0] + y[2]
+
+
+class _EitherCoster:
+    """Stage costs with each stage's sequence parallelism its own choice (module
+    docstring): ``off`` and ``on`` cost the same pipeline on the views with SP off and on;
+    a call gives the partition DP's choices (off, on), each None where it does not fit or
+    where the other is no worse (ties keep SP off). Setting x with time a_x and tail t_x is
+    no worse than y when a_x <= a_y and a_x + t_x <= a_y + t_y: in any pipeline around the
+    stage, F = (m − 1) max a + Σ a + max t changes from y to x by at most
+    (a_x − a_y) + max(0, t_x − t_y) <= 0 (the max term cannot grow)."""
+
+    def __init__(self, off: _StageCoster, on: _StageCoster) -> None:
+        self.off = off
+        self.on = on
+        self._suffix: dict[int, tuple[list[float], int]] = {}
+
+    def __call__(self, s: int, i: int, j: int) -> tuple[Costs | None, Costs | None] | None:
+        off = self.off(s, i, j)
+        on = self.on(s, i, j)
+        if off is None or on is None:
+            return None if off is None and on is None else (off, on)
+        if _no_worse(off, on):
+            return (off, None)
+        if _no_worse(on, off):
+            return (None, on)
+        return (off, on)
+
+    def floor(self, s: int, i: int, j: int) -> float:
+        """The lesser of the two settings' floors (each holds for every end >= j)."""
+        return min(self.off.floor(s, i, j), self.on.floor(s, i, j))
+
+    def suffix_bound(self, s: int, j: int) -> tuple[float, float]:
+        """``_StageCoster.suffix_bound`` with each layer's least time over both settings
+        (the stages s.. may take either, each its own)."""
+        cached = self._suffix.get(s)
+        if cached is None:
+            p = self.off.p
+            used = tuple(sorted(set(p.classes[s:])))
+            fastest, _ = fastest_work(self.off.model, p.tp, p.mbs, used, True)
+            suffix = [0.0] * (len(fastest) + 1)
+            for x in range(len(fastest) - 1, -1, -1):
+                suffix[x] = suffix[x + 1] + fastest[x]
+            cached = (suffix, len(p.classes) - s)
+            self._suffix[s] = cached
+        suffix, stages = cached
+        return suffix[j] / stages, suffix[j]
+
+
 def rank_groups(p: Pending, device_class: int, recompute: str) -> tuple[ReplicaGroup, ...]:
     """The one replica group of a uniform pipeline rank on ``device_class``."""
     return (group_of(device_class, p.tp, p.dp, p.mbs, recompute),)
@@ -390,7 +469,11 @@ def _send_times(model: CostModel, p: Pending, k: int, k2: int) -> list[float]:
 
 
 def _groups(
-    model: CostModel, batch: int, options: SolveOptions, tensor_parallel_only: bool = False
+    model: CostModel,
+    batch: int,
+    options: SolveOptions,
+    tensor_parallel_only: bool = False,
+    per_stage_sp: bool = False,
 ) -> list[Group]:
     out = []
     num_layers = model.num_layers
@@ -427,21 +510,12 @@ def _groups(
                         allowed = [(s, v) for s, v in allowed if s != "gpipe"]
                     if not allowed:
                         continue
-                    group = Group(0.0, tp, dp, mbs, m, pp, zero1, caps, tuple(allowed))
-                    out.append(
-                        Group(
-                            # The cheap bound: refined when the group comes up (uniform_search).
-                            group_bound(model, group, integral=False),
-                            tp,
-                            dp,
-                            mbs,
-                            m,
-                            pp,
-                            zero1,
-                            caps,
-                            tuple(allowed),
-                        )
-                    )
+                    # Each stage's SP setting its own where it has tp (module docstring).
+                    sp = per_stage_sp and tp > 1
+                    group = Group(0.0, tp, dp, mbs, m, pp, zero1, caps, tuple(allowed), sp)
+                    # The cheap bound: refined when the group comes up (uniform_search).
+                    bound = group_bound(model, group, integral=False)
+                    out.append(dataclasses.replace(group, bound=bound))
     out.sort()
     return out
 
@@ -464,24 +538,45 @@ def _orders_of(
 ) -> list[Pending]:
     """The candidates of one composition (every order, every allowed schedule) whose bound
     is below ``threshold``: the composition's for one chunk per rank (it does not depend on
-    the order), the interleaved split's own (``bounds.lower_bound``) for more."""
+    the order), the interleaved split's own (``bounds.lower_bound``) for more; with SP per
+    stage, the lesser of that of the views with SP off and on (each its own split)."""
     out = []
     for classes in orders(composition.subset, composition.counts):
         for schedule, chunks in g.allowed:
-            p = Pending(0.0, (), g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes)
+            p = Pending(
+                0.0,
+                (),
+                g.tp,
+                g.dp,
+                g.mbs,
+                g.m,
+                schedule,
+                chunks,
+                g.zero1,
+                classes,
+                g.per_stage_sp,
+            )
             if chunks == 1:
                 bound = composition.single_ms
             elif composition.interleaved_ms >= threshold:
                 continue  # pruned whatever the order's own bound
             else:
-                bound = max(composition.interleaved_ms, lower_bound(model, p))
+                own = lower_bound(model, p)
+                if g.per_stage_sp:
+                    own = min(own, lower_bound(_sp_view(model), p))
+                bound = max(composition.interleaved_ms, own)
             if bound >= threshold:
                 continue
             key = (g.tp, g.dp, g.mbs, g.pp, schedule, chunks, classes)
-            out.append(
-                Pending(bound, key, g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes)
-            )
+            out.append(dataclasses.replace(p, bound=bound, key=key))
     return out
+
+
+@functools.lru_cache(maxsize=16)
+def _sp_view(model: CostModel) -> CostModel:
+    """``model`` with sequence parallelism on, one view per model (the bounds' and stage
+    tables' caches are keyed on it)."""
+    return model.with_sequence_parallel(True)
 
 
 def _fixed_split(options: SolveOptions, num_layers: int, pp: int) -> list[int] | None:
@@ -498,49 +593,90 @@ def _solve_pipeline(
     options: SolveOptions,
     bound: float,
     shared: StageTable | None = None,
+    shared_sp: StageTable | None = None,
 ) -> tuple[PlanConfig, float] | None:
     """The best split of pipeline ``p`` below ``bound`` (its config and time), or None;
-    ``shared``: the stage figures of the search's earlier pipelines (``StageTable``)."""
+    ``shared``: the stage figures of the search's earlier pipelines (``StageTable``), and
+    ``shared_sp`` those with SP on where ``p`` chooses SP per stage (module docstring)."""
     modes = recompute_modes(options)
     levels = zero_levels(p.dp, True, options)
-    coster = _StageCoster(model, p, modes, levels, shared)
-    pp = len(p.classes)
-    num_layers = model.num_layers
     if p.chunks > 1:
-        return _solve_interleaved(model, p, modes, levels)
-    split = _fixed_split(options, num_layers, pp)
+        found = _solve_interleaved(model, p, modes, levels)
+        if p.per_stage_sp:
+            # SP for the whole plan, on its own view's split (module docstring).
+            on = _solve_interleaved(_sp_view(model), p, modes, levels)
+            if on is not None and (found is None or on[1] < found[1]):
+                found = (dataclasses.replace(on[0], sequence_parallel=True), on[1])
+        return found
+    costers, coster = _pipeline_coster(model, p, modes, levels, shared, shared_sp)
+    off = costers[0]
+    pp = len(p.classes)
+    split = _fixed_split(options, model.num_layers, pp)
     if split is not None:
+        # The one split: the DP over its stages alone (stage s spans [s, s + 1) of them),
+        # which chooses each stage's SP setting where it has the choice.
         bounds = [0, *itertools.accumulate(split)]
-        costs = [coster(s, bounds[s], bounds[s + 1]) for s in range(pp)]
-        if any(c is None for c in costs):
+        if isinstance(coster, _EitherCoster):
+            either = coster
+            result = best_partition(
+                pp, pp, p.m, lambda s, i, j: either(s, bounds[i], bounds[j]), choices=True
+            )
+        else:
+            result = best_partition(pp, pp, p.m, lambda s, i, j: off(s, bounds[i], bounds[j]))
+        if result is None:
             return None
-        steady = [c[0] for c in costs if c]
-        fill = [c[1] for c in costs if c]
-        tails = [c[2] for c in costs if c]
-        value = pipeline_objective(max(steady), sum(fill), max(tails), p.m)
     else:
         result = best_partition(
-            num_layers,
+            model.num_layers,
             pp,
             p.m,
             coster,
             upper_bound=bound,
             suffix_bound=coster.suffix_bound,
             stage_floor=coster.floor,
+            choices=p.per_stage_sp,
         )
         if result is None:
             return None
-        bounds, value = list(result.boundaries), result.objective
+        bounds = list(result.boundaries)
+    value = result.objective
+    chosen = result.choices or (0,) * pp
     stages = []
     for s in range(pp):
-        choice = coster.choice_for(s, bounds[s], bounds[s + 1])
+        choice = costers[chosen[s]].choice_for(s, bounds[s], bounds[s + 1])
         assert choice is not None
         level, mode = choice
         stages.append(
-            StageChoice(bounds[s], bounds[s + 1], rank_groups(p, p.classes[s], mode), level)
+            StageChoice(
+                bounds[s],
+                bounds[s + 1],
+                rank_groups(p, p.classes[s], mode),
+                level,
+                sequence_parallel=chosen[s] == 1,
+            )
         )
     config = PlanConfig(p.m, p.schedule, 1, tuple(stages), executor=model.uniform_executor())
-    return config, value
+    # Said one way (plan-wide where every stage runs SP): equal plans compare equal.
+    return canonical_sequence_parallel(config), value
+
+
+def _pipeline_coster(
+    model: CostModel,
+    p: Pending,
+    modes: tuple[str, ...],
+    levels: tuple[int, ...],
+    shared: StageTable | None = None,
+    shared_sp: StageTable | None = None,
+) -> tuple[list[_StageCoster], _StageCoster | _EitherCoster]:
+    """The stage costers of pipeline ``p`` (one chunk per rank), SP off then (where it
+    chooses SP per stage) on, and what its DP reads: the one, or both as choices."""
+    off = _StageCoster(model, p, modes, levels, shared)
+    if not p.per_stage_sp:
+        return [off], off
+    if shared_sp is None:
+        shared_sp = StageTable(sends={} if shared is None else shared.sends)
+    on = _StageCoster(_sp_view(model), p, modes, levels, shared_sp)
+    return [off, on], _EitherCoster(off, on)
 
 
 def _solve_interleaved(
@@ -604,6 +740,7 @@ def uniform_search(
     deadline: float | None = None,
     incumbent_ms: float = math.inf,
     tensor_parallel_only: bool = False,
+    per_stage_sp: bool = False,
 ) -> SearchResult:
     """The ``options.top_k + 1`` best distinct uniform configurations, best first (exact
     unless the deadline, a ``time.monotonic()`` value, stops it; module docstring); with an
@@ -611,6 +748,9 @@ def uniform_search(
     ``options.gap`` it prunes what cannot beat the best by more than that fraction.
     ``tensor_parallel_only``: only configurations with tp > 1 (a caller that searched the
     tp-1 ones in another run where they are the same plans: ``solve.sequence_parallel``).
+    ``per_stage_sp``: ``model`` has SP off and each stage with tp > 1 chooses SP for itself
+    (module docstring); the configurations come back in ``canonical_sequence_parallel``
+    form.
 
     The result's ``lower_bound_ms`` is the family's floor (``autoplan.solve.certificate``):
     everything pruned was bounded at or above the threshold when it was pruned, and the
@@ -618,7 +758,8 @@ def uniform_search(
     deadline = time.monotonic() + options.time_limit_s if deadline is None else deadline
     keep = options.top_k + 1
     best: list[tuple[float, tuple, PlanConfig]] = []
-    groups = _groups(model, batch, options, tensor_parallel_only)
+    per_stage_sp = per_stage_sp and not model.sequence_parallel
+    groups = _groups(model, batch, options, tensor_parallel_only, per_stage_sp)
     solved = considered = 0
     timed_out = False
 
@@ -646,6 +787,8 @@ def uniform_search(
     heapq.heapify(queue)
     pending: list[Pending] = []
     shared = StageTable()
+    # The SP-on view's stage figures; the boundaries' sends are the same either way.
+    shared_sp = StageTable(sends=shared.sends)
     parts: list[tuple[int, Composition]] = []  # (group, composition) of the queue's kind 4
     expanded = 0
     unexplored = math.inf  # the least bound the deadline left in the queue
@@ -691,7 +834,7 @@ def uniform_search(
                 heapq.heappush(queue, (refined, 3, item))
                 continue
         solved += 1
-        found = _solve_pipeline(model, p, options, threshold(), shared)
+        found = _solve_pipeline(model, p, options, threshold(), shared, shared_sp)
         if found is not None:
             offer(found[1], found[0])
     candidates = []
