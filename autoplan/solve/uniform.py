@@ -543,32 +543,35 @@ def _orders_of(
     out = []
     for classes in orders(composition.subset, composition.counts):
         for schedule, chunks in g.allowed:
-            p = Pending(
-                0.0,
-                (),
-                g.tp,
-                g.dp,
-                g.mbs,
-                g.m,
-                schedule,
-                chunks,
-                g.zero1,
-                classes,
-                g.per_stage_sp,
-            )
             if chunks == 1:
                 bound = composition.single_ms
             elif composition.interleaved_ms >= threshold:
                 continue  # pruned whatever the order's own bound
             else:
+                p = Pending(0.0, (), g.tp, g.dp, g.mbs, g.m, schedule, chunks, g.zero1, classes)
                 own = lower_bound(model, p)
-                if g.per_stage_sp:
+                if g.per_stage_sp and own > composition.interleaved_ms:
+                    # (At or below the composition's bound, the lesser cannot lift it.)
                     own = min(own, lower_bound(_sp_view(model), p))
                 bound = max(composition.interleaved_ms, own)
             if bound >= threshold:
                 continue
             key = (g.tp, g.dp, g.mbs, g.pp, schedule, chunks, classes)
-            out.append(dataclasses.replace(p, bound=bound, key=key))
+            out.append(
+                Pending(
+                    bound,
+                    key,
+                    g.tp,
+                    g.dp,
+                    g.mbs,
+                    g.m,
+                    schedule,
+                    chunks,
+                    g.zero1,
+                    classes,
+                    g.per_stage_sp,
+                )
+            )
     return out
 
 
