@@ -29,8 +29,19 @@ infinite: for any direction ν >= 0, Σ_s u(o_s) <= R gives ν · Σ_s u(o_s) <=
 alone are the directions tried). This is what lifts the peak above the prefix bound where a
 stage may hold few replicas (b = B / m small): the GPUs cannot all be used at once.
 
-The prices tried are multiples of the source's per-resource weights (``weights``: any μ >= 0
-is valid; these make a GPU's price its share of the cluster's compute). Options of one
+The prices tried (any μ >= 0 is valid: the bound holds for each, so for their largest) are
+multiples of the source's per-resource weights (``weights``: a GPU's price its share of the
+cluster's compute), and each resource alone (``CLASS_PRICE_FACTORS``: all of one resource
+priced at that many peaks, the others free). The second kind prices a scarce resource that a
+direction proportional to compute cannot price alone: GPT-3 175B on 16,384 GPUs of four types
+(batch 6144, plan 6,423.5 ms) has root bounds of 6,063.5 ms (m = 4, 1F1B) and 5,707.7 ms
+(m = 6) with them, 5,405.6 and 5,413.9 ms without, and its 60 s solve ends at a proven gap of
+2.4% instead of 3.1%. Richer sets were measured on Llama-2-70B on 48 GPUs of three types and
+left out: each resource alone at 0.5 to 32 peaks raises no run's root bound there, a grid of
+729 price vectors (each resource at 0 to 32 peaks) raises them by 2.5% at most for a hundred
+times the tables. What keeps that bound below the optimum is the relaxation's fractional use
+of the GPUs, which no price removes: its integer optimum at the same floors is 4% higher
+(m = 64, 1F1B: 44,947 against 43,157 ms; the plan is 49,091 ms). Options of one
 resource vector are merged (per (start, end) only the least floor counts). D_μ for every A
 of the grid at once: per (start, end), the options sorted by c and the running minimum of
 c + μ · u along them, read at the count of options with c <= A; then a shortest path over the
@@ -50,6 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "CLASS_PRICE_FACTORS",
     "COARSE_STEP",
     "GRID_POINTS",
     "GRID_STEP",
@@ -79,6 +91,12 @@ further pass takes twice as many."""
 
 PRICE_FACTORS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
 """The prices tried, as multiples of ``weights`` scaled to the peak (module docstring)."""
+
+CLASS_PRICE_FACTORS = (1.5,)
+"""The prices tried on each resource alone, as peaks per whole resource (module docstring).
+One factor: each row adds its share to the tables and their time (1 and 2 together: +58%
+relaxation time on GPT-3 175B on 1,024 GPUs, against +25% for 1.5 alone, which bounds the
+16,384-GPU runs as well or better)."""
 
 
 def stage_floors(
@@ -454,8 +472,15 @@ class _Run:
         self.uses = uses.astype(np.float64)
         capacity = float(self.resources @ weights)
         self.scale = lowest_peak / capacity if capacity > 0 else 0.0
-        self.option_weight = (self.uses @ weights)[self.order].reshape(self.flat.shape)
-        self.prices = np.array([factor * self.scale * weights for factor in PRICE_FACTORS])
+        # Each resource alone: all of it priced at a few peaks, the others free (none where
+        # the run has none of it: no option then uses it).
+        alone = np.zeros((len(resources), len(resources)))
+        have = self.resources > 0
+        alone[have, have] = lowest_peak / self.resources[have]
+        self.prices = np.array(
+            [factor * self.scale * weights for factor in PRICE_FACTORS]
+            + [factor * row for row in alone[have] for factor in CLASS_PRICE_FACTORS]
+        )
         # Where no partition of stages at most A_g fits the resources, D is infinite: for a
         # direction ν >= 0, the least ν · Σ u over the partitions above ν · R proves it.
         self.directions = np.vstack([weights[None, :], np.eye(len(resources))])
@@ -543,7 +568,7 @@ class _Run:
 
             self._minima = (
                 running(
-                    [flat + factor * self.scale * self.option_weight for factor in PRICE_FACTORS]
+                    [flat + (self.uses @ mu)[self.order].reshape(flat.shape) for mu in self.prices]
                 ),
                 running([(self.uses @ d)[self.order].reshape(flat.shape) for d in self.directions]),
             )

@@ -108,6 +108,30 @@ def test_the_relaxed_bound_is_never_above_brute_force(problem) -> None:
             assert bound * slack >= best, (bound, best)
 
 
+def test_pricing_one_scarce_resource_alone_lifts_the_bound(monkeypatch) -> None:
+    """One fast GPU and four slow ones, priced alike by the weights: the prices on each
+    resource alone (``CLASS_PRICE_FACTORS``) price the one fast GPU that every cheap
+    pipeline wants, and reach a bound the weights' multiples alone do not, still no higher
+    than brute force."""
+    import solvers.relaxed_bound as relaxed_bound
+
+    n, m = 4, 4
+    uses = np.array([[1, 0], [2, 0], [0, 1], [0, 2]], dtype=np.int64)  # a stage's GPUs
+    resources = np.array([1, 4], dtype=np.int64)
+    per_layer = np.array([1.68, 1.37, 6.31, 8.69])  # a layer's time on each option
+    tables = [np.stack([per_layer * (j - i) for i in range(j)], axis=1) for j in range(1, n + 1)]
+    zeros = np.zeros(len(uses))
+    floors = stage_floors(n, tables, [(zeros, zeros)] * (n + 1))
+    best, lowest = _brute_force(n, m, resources, uses, floors, 1, n)
+    args = (n, m, (1, 4), uses, floors, np.array([1.0, 1.0]), lowest)
+    bound = RunRelaxation(*args).bound
+    monkeypatch.setattr(relaxed_bound, "CLASS_PRICE_FACTORS", ())
+    weights_only = RunRelaxation(*args).bound
+    assert bound <= best * (1 + 1e-9), (bound, best)
+    # 26.82 against 24.41 (brute force 26.88)
+    assert bound > 1.05 * weights_only, (bound, weights_only, best)
+
+
 def _pipelines(n, uses, resources, least, most):
     """Every pipeline of the plain-number problem: (bounds, options), within the resources."""
     for p in range(least, most + 1):

@@ -903,7 +903,8 @@ def _root_bound(
     - the relaxation of ``solvers.relaxed_bound``: every stage at its floor
       (``floor_table``) plus its least boundary transfers (``edge_floors``: zero for a
       source without them), the GPUs priced by the prefix bound's weights
-      (``resource_weights``; any prices >= 0 hold), the stage count of the run.
+      (``resource_weights``) and each class alone (any prices >= 0 hold), the stage count
+      of the run.
 
     It orders the exact pass, skips a run it puts at or above the incumbent, and bounds a
     run never started. The relaxation is kept in ``relaxations[index]``: the exact pass
