@@ -47,6 +47,12 @@ of the grid at once: per (start, end), the options sorted by c and the running m
 c + μ · u along them, read at the count of options with c <= A; then a shortest path over the
 layers, with the stage count in the state only where it is bounded.
 
+One class is also counted exactly (``_ExactTables``): its used count (in blocks) a state
+of the shortest path, the others priced; at each cap the larger of that and D bounds the
+run, and the row's free count of it selects the column of the completion floors. Llama-2-70B
+on h100-a100-l4 (b256): root bounds of the m = 16/32/64 1F1B runs 42,575/42,612/43,158 ->
+44,368/43,638/43,357 ms (the H100s exact), the 60 s solve's proven gap 3.77% -> 3.18%.
+
 The same tables over partitions of [0, i) bound what the stages in front of a partial
 pipeline can add (``RunRelaxation.completion_floors``): the DP prunes its stages and labels
 with it (``solvers.pipeline_dp``).
@@ -185,7 +191,11 @@ class RunRelaxation:
             # term (A_g no lower, D no higher at a higher cap), so its bound is no higher
             # than the grid's. Where it already reaches ``target`` it is the bound (the
             # caller prunes the run on either), without the completion tables.
-            coarse = run.bound(np.append(grid[:-1:COARSE_STEP], math.inf), least, capped)
+            # Prices alone (the exact class's tables cost more than the rest: made only for
+            # a run this leaves below the target).
+            coarse = run.bound(
+                np.append(grid[:-1:COARSE_STEP], math.inf), least, capped, exact=False
+            )
             if coarse >= target:
                 self.bound = coarse
                 return
@@ -296,8 +306,16 @@ class RunRelaxation:
         np.maximum(best, 0.0, out=best)
         # Caps at which the stages before cannot fit in what is free (the run's bound's test).
         have = (free @ self.directions.T) * (1 + 1e-9) + 1e-9
+        exact = self._run.exact_tables(self.grid) if self._run is not None else None
+        if exact is not None:
+            np.maximum(best, exact.completion(starts, free, self._caps_points(step)), out=best)
         best[(needs[starts] > have[:, :, None]).any(axis=1)] = math.inf
         return best
+
+    def _caps_points(self, step: int) -> np.ndarray:
+        """The grid indices of the upper caps of ``step``'s intervals (``_caps``)."""
+        size = len(self.grid)
+        return np.append(np.arange(0, size - 1, step), size - 1)[1:]
 
 
 MINIMA_FIGURES = 1 << 21
@@ -466,6 +484,7 @@ class _Run:
                 rows = np.flatnonzero(sizes > k)
                 least_of[rows] = np.minimum(least_of[rows], stages[starts[rows] + k])
             stages = least_of
+        self.stages = stages  # (groups, stage cells): each resource vector's least floor
         self.order = np.argsort(stages, axis=0, kind="stable")
         self.flat = np.take_along_axis(stages, self.order, axis=0)  # (options, stage cells)
         self.resources = np.asarray(resources, dtype=np.float64)
@@ -486,6 +505,8 @@ class _Run:
         self.directions = np.vstack([weights[None, :], np.eye(len(resources))])
         self._tables: dict[bytes, _GridTables] = {}
         self._minima: tuple[np.ndarray, np.ndarray] | None = None
+        self.exact = _exact_class(uses, np.asarray(resources, dtype=np.int64), weights)
+        self._exact: dict[bytes, _ExactTables] = {}
 
     def same_inputs(self, inputs: tuple[object, ...]) -> bool:
         """Whether ``inputs`` are this run's (arrays compared by value)."""
@@ -574,10 +595,33 @@ class _Run:
             )
         return self._minima
 
-    def bound(self, grid: np.ndarray, least: int, capped: int) -> float:
+    def exact_tables(self, grid: np.ndarray) -> _ExactTables | None:
+        """The exact class's tables on ``grid`` (``_ExactTables``), made once per grid;
+        None where no class is kept exact (``_exact_class``)."""
+        if self.exact is None:
+            return None
+        # The whole grid on every EXACT_STEP-th cap, a coarse one (a run's first bound,
+        # ``COARSE_STEP``) on each: the same caps, so one table serves both.
+        step = EXACT_STEP if len(grid) > GRID_POINTS // 2 else 1
+        points = np.append(np.arange(0, len(grid) - 1, step), len(grid) - 1)
+        key = grid[points].tobytes()
+        found = self._exact.get(key)
+        if found is None:
+            found = _exact_tables(self, grid[points])
+            self._exact[key] = found
+        return found.on(grid, points)
+
+    def exact_bound(self, grid: np.ndarray) -> np.ndarray | None:
+        """[g]: the exact class's D at each cap A_g of ``grid`` (stages uncounted), or
+        None (``exact_tables``)."""
+        tables = self.exact_tables(grid)
+        return None if tables is None else tables.whole
+
+    def bound(self, grid: np.ndarray, least: int, capped: int, *, exact: bool = True) -> float:
         """min over g of (m - 1) A_g + max_μ D_μ(A_{g+1}) on ``grid`` (A_0 first, inf last:
         the last interval [A_n, ∞) read at the uncapped column), over partitions of least
-        to ``capped`` stages (``capped`` >= n: no cap)."""
+        to ``capped`` stages (``capped`` >= n: no cap); with ``exact``, D at each cap the
+        larger of it and the exact class's (``exact_bound``)."""
         n, m = self.n, self.m
         tables = self.tables(grid)
         size = len(grid)
@@ -587,6 +631,8 @@ class _Run:
             """(m - 1) A_g + D(A_{g + 1}) for the caps g + 1 of ``values`` ([price, cap]:
             the least Σ c + μ · u at each price), D inf where the resources rule it out."""
             best = np.maximum((values - priced).max(axis=0), 0.0)
+            if exact_of is not None:
+                best = np.maximum(best, np.take(exact_of, caps))
             best = np.where(np.take(tables.short, caps), math.inf, best)
             with np.errstate(invalid="ignore"):
                 out = (m - 1) * grid[caps - 1] + best
@@ -597,6 +643,7 @@ class _Run:
         # each cap's total is at most its counted one: only the caps whose uncounted total
         # is below the best counted total found are counted, in the order of that total, a
         # few at a time. The minimum is the one all would give.
+        exact_of = self.exact_bound(grid) if exact else None
         caps = np.arange(1, size)
         loose = totals(tables.loose[:, caps], caps)
         if least <= 1 and capped >= n:
@@ -692,3 +739,144 @@ def _shortest_by_slack(cost: np.ndarray, n: int, slack: int) -> np.ndarray:
             )
     counted: np.ndarray = by[:, 0].min(axis=1)
     return counted
+
+
+EXACT_STATES = 17
+"""Most states (used counts of the exact class, in its blocks) the exact tables keep: a class
+whose count in blocks is larger is not kept exact (``_exact_class``)."""
+
+EXACT_WORK = 96
+"""Most (state, stage size) pairs the exact tables' paths step through per stage cell (Σ over
+the block counts c an option of the class takes of the states - c it may add to): a class
+whose options take many sizes is not kept exact. Llama-2-70B's H100s (0..16 GPUs, stages of
+1, 2, 4, 8, 16): 54; GPT-3 175B's 256 H100s in blocks of 16, stages of 1..16 blocks: 136,
+whose tables cost its proven 1,536-sample solve 20% more time than the search saved."""
+
+EXACT_STEP = COARSE_STEP
+"""The exact class's tables are made on every this many caps of the grid (and its last), the
+coarse grid's caps: a cap reads the next of them at or above it (E does not grow with the
+cap: still a bound). Every 4th cap instead: Llama-2-70B on h100-a100-l4's 60 s solve no
+better, the tables three times the time."""
+
+
+def _exact_class(uses: np.ndarray, resources: np.ndarray, weights: np.ndarray) -> int | None:
+    """The resource kept exact in the relaxation (``_ExactTables``): of those whose count
+    in blocks (the gcd of what its options take) needs at most ``EXACT_STATES`` states and
+    whose paths' work is at most ``EXACT_WORK``, the one of most compute (count × weight):
+    its GPUs are the ones a priced relaxation spends fractionally the most (Llama-2-70B on
+    16 H100 + 16 A100 + 16 L4: the H100s). None where there is none, or a single resource
+    (its price alone already bounds it)."""
+    if len(resources) < 2:
+        return None
+    best, chosen = 0.0, None
+    for k in range(len(resources)):
+        taken = uses[:, k][uses[:, k] > 0]
+        if not len(taken) or resources[k] <= 0:
+            continue
+        block = int(np.gcd.reduce(taken.astype(np.int64)))
+        states = int(resources[k]) // block + 1
+        counts = np.unique(taken) // block
+        # The paths' work: a stage of c blocks from each of the states - c counts below.
+        if states > EXACT_STATES or int((states - counts[counts < states]).sum()) > EXACT_WORK:
+            continue
+        share = float(resources[k] * weights[k])
+        if share > best:
+            best, chosen = share, k
+    return chosen
+
+
+@dataclass
+class _ExactTables:
+    """One class k counted exactly, the others priced: with μ >= 0 zero on k, and f blocks
+    of k free,
+
+        E_μ[0, i)(A, f) = min over partitions of [0, i) and options with every c <= A and
+                          Σ_s u_k(o_s) <= f of Σ_s (c(o_s, s) + μ · u(o_s))
+
+    A pipeline P of peak A* <= A within the resources is such a partition of [0, n) with
+    f = R_k, and Σ_s μ · u <= μ · R: Σ_s f_s >= E_μ(A, R_k) - μ · R, the same weak duality
+    as the priced D, with k's count kept instead of priced (μ_k = 0 is no loss: with
+    Σ u_k <= f counted, μ_k (Σ u_k - f) <= 0). So the run's bound takes at each cap the
+    larger of D and this. The stages in front of a partial pipeline with ``free`` left use
+    at most free_k of k (in blocks: at most floor(free_k / block)), so its completion floor
+    reads E at [0, start) and that count, less μ · free. Stage counts are not kept here
+    (fewer constraints: still a bound).
+
+    Made as a shortest path over the layers whose state is the blocks of k used so far (0
+    to R_k / block, ``EXACT_STATES`` at most), on every ``EXACT_STEP``-th cap."""
+
+    prefix: np.ndarray  # [i, f, price, point]: E over [0, i) with at most f blocks of k
+    prices: np.ndarray  # [price, resource]: the run's prices with k's zeroed, distinct
+    at: np.ndarray  # [g]: the point (of ``prefix``) each cap of the grid reads
+    whole: np.ndarray  # [g]: max over prices of E[0, n)(A_g, R_k) - μ · R
+    exact: int  # k
+    block: int  # GPUs of k in one block
+
+    def on(self, grid: np.ndarray, points: np.ndarray) -> _ExactTables:
+        """These tables (made on ``grid[points]``) read from every cap of ``grid``: each
+        cap at the next point at or above it."""
+        at = np.searchsorted(points, np.arange(len(grid)), "left")
+        return _ExactTables(self.prefix, self.prices, at, self.whole[at], self.exact, self.block)
+
+    def completion(self, starts: np.ndarray, free: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """[row, cap]: max over prices of E[0, start)(A_cap, free_k) - μ · free, at the grid
+        caps ``caps``; -inf where free_k is outside the table (no figure)."""
+        states = self.prefix.shape[1]
+        blocks = free[:, self.exact] // self.block
+        inside = (blocks >= 0) & (blocks < states)
+        taken = self.prefix[starts, np.clip(blocks, 0, states - 1)][:, :, self.at[caps]]
+        out: np.ndarray = (taken - (free @ self.prices.T)[:, :, None]).max(axis=1)
+        out[~inside] = -math.inf
+        return out
+
+
+def _exact_tables(run: _Run, grid: np.ndarray) -> _ExactTables:
+    """``_ExactTables`` of ``run``'s exact class on the caps ``grid`` (inf last)."""
+    k = run.exact
+    assert k is not None
+    n = run.n
+    taken = run.uses[:, k]
+    block = int(np.gcd.reduce(taken[taken > 0].astype(np.int64)))
+    states = int(run.resources[k]) // block + 1
+    prices = run.prices.copy()
+    prices[:, k] = 0.0
+    prices = np.unique(prices, axis=0)
+    caps = grid
+    first = _cells(n)
+    best = np.full((n + 1, states, len(prices), len(caps)), math.inf)
+    best[0, 0] = 0.0
+    by_block: list[tuple[int, np.ndarray]] = []
+    for used in np.unique(taken):
+        count = int(used) // block
+        if count >= states:
+            continue
+        rows = np.flatnonzero(taken == used)
+        by_block.append((count, _capped(run.stages[rows], run.uses[rows] @ prices.T, caps)))
+    for i in range(n):
+        here = best[i]  # [f, price, point]
+        for count, cost in by_block:
+            # [end, f, price, point]: from f blocks at i, a stage of ``count`` blocks to end.
+            stage = cost[first[i] : first[i + 1]][:, None]
+            ahead = best[i + 1 :, count:]
+            np.minimum(ahead, stage + here[None, : states - count], out=ahead)
+    prefix = np.minimum.accumulate(best, axis=1)
+    whole_at = (prefix[n, states - 1] - (prices @ run.resources)[:, None]).max(axis=0)
+    every = np.arange(len(caps))
+    return _ExactTables(prefix, prices, every, whole_at, k, block)
+
+
+def _capped(stages: np.ndarray, priced: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """[cell, price, cap]: per stage cell, the least c + μ · u over the options of
+    ``stages`` ([option, cell]: c) with c <= cap, inf where none; ``priced`` [option,
+    price]: μ · u of each option."""
+    order = np.argsort(stages, axis=0, kind="stable")
+    flat = np.take_along_axis(stages, order, axis=0)  # (options, cells)
+    options, cells = flat.shape
+    padded = np.empty((options + 1, cells, priced.shape[1]))
+    padded[0] = math.inf
+    padded[1:] = flat[:, :, None] + priced[order]
+    np.minimum.accumulate(padded, axis=0, out=padded)
+    # counts[cell, cap]: options of floor <= cap on the cell.
+    counts = (flat[:, :, None] <= caps[None, None, :]).sum(axis=0)
+    taken: np.ndarray = padded[counts, np.arange(cells)[:, None]]  # [cell, cap, price]
+    return np.ascontiguousarray(taken.transpose(0, 2, 1))

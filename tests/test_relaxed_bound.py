@@ -115,6 +115,8 @@ def test_pricing_one_scarce_resource_alone_lifts_the_bound(monkeypatch) -> None:
     than brute force."""
     import solvers.relaxed_bound as relaxed_bound
 
+    # Prices only: no class counted exactly (``test_one_class_counted_exactly_...``).
+    monkeypatch.setattr(relaxed_bound, "EXACT_STATES", 0)
     n, m = 4, 4
     uses = np.array([[1, 0], [2, 0], [0, 1], [0, 2]], dtype=np.int64)  # a stage's GPUs
     resources = np.array([1, 4], dtype=np.int64)
@@ -130,6 +132,30 @@ def test_pricing_one_scarce_resource_alone_lifts_the_bound(monkeypatch) -> None:
     assert bound <= best * (1 + 1e-9), (bound, best)
     # 26.82 against 24.41 (brute force 26.88)
     assert bound > 1.05 * weights_only, (bound, weights_only, best)
+
+
+def test_one_class_counted_exactly_lifts_the_bound_above_the_priced_one(monkeypatch) -> None:
+    """One fast GPU and two slow ones, weighted alike: every price lets the relaxation take
+    stages fractionally; counting the slow class exactly (``_ExactTables``: the class of most
+    GPUs × weight) lifts the bound to the brute force optimum here, never above it."""
+    import solvers.relaxed_bound as relaxed_bound
+
+    n, m = 4, 4
+    uses = np.array([[1, 0], [2, 0], [0, 1], [0, 2]], dtype=np.int64)  # a stage's GPUs
+    resources = np.array([1, 2], dtype=np.int64)
+    per_layer = np.array([4.29, 1.71, 6.87, 3.46])  # a layer's time on each option
+    tables = [np.stack([per_layer * (j - i) for i in range(j)], axis=1) for j in range(1, n + 1)]
+    zeros = np.zeros(len(uses))
+    floors = stage_floors(n, tables, [(zeros, zeros)] * (n + 1))
+    best, lowest = _brute_force(n, m, resources, uses, floors, 1, n)
+    args = (n, m, (1, 2), uses, floors, np.array([1.0, 1.0]), lowest)
+    exact = RunRelaxation(*args)
+    monkeypatch.setattr(relaxed_bound, "EXACT_STATES", 0)
+    priced = RunRelaxation(*args).bound
+    assert exact._run is not None and exact._run.exact == 1  # 2 GPUs × 1 against 1 × 1
+    assert exact.bound <= best * (1 + 1e-9), (exact.bound, best)
+    # 41.24 against 32.58 priced (brute force 41.24)
+    assert exact.bound > 1.2 * priced, (exact.bound, priced, best)
 
 
 def _pipelines(n, uses, resources, least, most):
