@@ -4,16 +4,19 @@ that distributed runs must equal (same seed, same synthetic batches, same AdamW)
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
+from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.data import Batch, training_batches
 from autoplan.runtime.loss import loss_function
 from autoplan.runtime.model_stage import build_full_model
+from autoplan.runtime.report import RunReport
 from autoplan.zoo import get_model_spec
 
-__all__ = ["reference_training"]
+__all__ = ["assert_run_equals_reference", "reference_training"]
 
 
 def reference_training(
@@ -48,3 +51,23 @@ def reference_training(
         )
         optimizer.step()
     return losses, gradients
+
+
+def assert_run_equals_reference(plan: Plan, run: Path, steps: int, tolerance: float) -> None:
+    """The run written to ``run`` (its ``report.json`` and every rank's per-step gradients,
+    ``rank{r}_step{s}.pt``) equals ``reference_training``: each step's loss, and every
+    parameter's gradient, each named by some rank, within ``tolerance``."""
+    losses, reference = reference_training(plan, steps)
+    report = read_json_model(run / "report.json", RunReport)
+    for record, expected in zip(report.steps, losses, strict=True):
+        assert abs(record.loss - expected) < tolerance, (record.loss, expected)
+    for step in range(steps):
+        covered: set[str] = set()
+        for rank in range(plan.world_size):
+            for name, grad in torch.load(run / f"rank{rank}_step{step}.pt").items():
+                expected = reference[step][name]
+                assert grad.shape == expected.shape, name
+                error = (grad - expected).abs().max().item()
+                assert error < tolerance, f"step {step} rank {rank} {name}: {error:.3g}"
+                covered.add(name)
+        assert covered == set(reference[step])

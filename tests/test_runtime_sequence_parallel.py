@@ -8,16 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from autoplan.cost.layers import layer_cost
-from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.profile.profiler import profile_model
-from autoplan.runtime.report import RunReport
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
-from tests.single_process_reference import reference_training
+from tests.single_process_reference import assert_run_equals_reference
 from tests.synthetic_profiles import gpu
 from tests.torchrun_plans import run_plans, torchrun
 
@@ -79,20 +76,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sequence_parallel_training_equals_single_process(runs: Path, name: str) -> None:
     plan = _plans()[name]
     assert plan.parallelism.sequence_parallel
-    losses, reference = reference_training(plan, STEPS)
-    report = read_json_model(runs / name / "report.json", RunReport)
-    for record, expected in zip(report.steps, losses, strict=True):
-        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
-    for step in range(STEPS):
-        covered: set[str] = set()
-        for rank in range(plan.world_size):
-            for param_name, grad in torch.load(runs / name / f"rank{rank}_step{step}.pt").items():
-                expected = reference[step][param_name]
-                assert grad.shape == expected.shape, param_name
-                error = (grad - expected).abs().max().item()
-                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
-                covered.add(param_name)
-        assert covered == set(reference[step])
+    assert_run_equals_reference(plan, runs / name, STEPS, TOLERANCE)
 
 
 def test_norms_run_sequence_parallel(runs: Path) -> None:

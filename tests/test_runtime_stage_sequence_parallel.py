@@ -10,20 +10,17 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from autoplan.cluster.catalog import gpu_specs
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.model import CostModel
-from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan, PlanInputs
 from autoplan.plan.validate import plan_problems
 from autoplan.profile.profiler import profile_model
-from autoplan.runtime.report import RunReport
 from autoplan.solve.emit import emit_plan
 from tests.distributed_driver import STEPS
 from tests.plan_factory import local_cluster
-from tests.single_process_reference import reference_training
+from tests.single_process_reference import assert_run_equals_reference
 from tests.torchrun_plans import run_plans
 
 TOLERANCE = 1e-10
@@ -74,20 +71,7 @@ def test_sp_on_one_stage_trains_as_one_process(runs: Path, name: str) -> None:
     assert not plan.parallelism.sequence_parallel
     assert [s.sequence_parallel for s in plan.stages] == [first, not first]
     assert plan.parallelism.executor == executor and plan_problems(plan) == []
-    losses, reference = reference_training(plan, STEPS)
-    report = read_json_model(runs / name / "report.json", RunReport)
-    for record, expected in zip(report.steps, losses, strict=True):
-        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
-    for step in range(STEPS):
-        covered: set[str] = set()
-        for rank in range(plan.world_size):
-            for param_name, grad in torch.load(runs / name / f"rank{rank}_step{step}.pt").items():
-                expected = reference[step][param_name]
-                assert grad.shape == expected.shape, param_name
-                error = (grad - expected).abs().max().item()
-                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
-                covered.add(param_name)
-        assert covered == set(reference[step])
+    assert_run_equals_reference(plan, runs / name, STEPS, TOLERANCE)
 
 
 @pytest.mark.parametrize("name", list(CASES))
