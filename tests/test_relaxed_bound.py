@@ -484,8 +484,49 @@ def test_floor_tables_in_passes_are_the_one_end_figures(monkeypatch, cells) -> N
         balanced = np.where(zero, 0.0, balanced)
         single = source._single_prefix[:, j : j + 1] - source._single_prefix[:, :j]
         want = np.where(source._is_single[:, None], single, balanced) + source._overhead[:, None]
+        # One-kind options: no lower than the fastest mode that fits (``_fitting_floors``).
+        flight = np.where(np.full(j, j) < model.num_layers, min(source.m, 2), 1)
+        offset = j * (j - 1) // 2
+        for option in np.flatnonzero(source._is_single).tolist():
+            k, t, x = source._top_share(option)
+            fitting = source._fitting_floors(k, t, x, [option], slice(offset, offset + j), flight)
+            want[option] = np.maximum(want[option], fitting[0])
         assert np.array_equal(source.floor_table(j), want), j
     assert (~source._is_single).any() and source._is_single.any()
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_memory_floors_never_exceed_a_stage_that_fits(schedule) -> None:
+    """Where memory binds (GPT-2 small, 512 samples per micro-batch on A100s and V100s), a
+    one-kind option's floor is its time in the fastest mode that fits with two micro-batches
+    in flight (one for a stage ending at the last layer), inf where none fits: never above
+    the stage's cost at any position it can hold (a stage ending before the last layer has
+    one after it), and inf only where no such stage fits. The test shows something: floors
+    above the no-recompute figure, and cells ruled out."""
+    model = _gpt2_on_a100_v100()
+    m = 2
+    source = HeteroSource(model, 1024, m, schedule, OPTIONS)
+    n = model.num_layers
+    raised = ruled_out = fits = 0
+    for j in range(1, n + 1):
+        floors = source.floor_table(j)
+        plain = source._single_prefix[:, j : j + 1] - source._single_prefix[:, :j]
+        plain = plain + source._overhead[:, None]
+        for option in np.flatnonzero(source._is_single).tolist():
+            for i in range(j):
+                floor = float(floors[option, i])
+                assert floor >= plain[option, i]
+                raised += math.isfinite(floor) and floor > plain[option, i] * (1 + 1e-9)
+                positions = [1] if j == n else [2, m + 1]
+                costs = [source.cost(option, i, j, q, None) for q in positions]
+                for cost in costs:
+                    if cost is not None:
+                        fits += 1
+                        assert floor <= cost.steady_ms * (1 + 1e-12), (option, i, j)
+                if math.isinf(floor):
+                    ruled_out += 1
+                    assert all(cost is None for cost in costs), (option, i, j)
+    assert raised > 20 and ruled_out > 20 and fits > 100, (raised, ruled_out, fits)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

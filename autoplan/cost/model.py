@@ -254,6 +254,10 @@ class CostTables:
     start_backward: dict[str, list[float]] = field(default_factory=dict)
     alone: list[LayerCost] = field(default_factory=list)
     blocks: dict[int, LayerCost] = field(default_factory=dict)
+    # What a reader derives from these tables and keeps with them, by the reader's key (the
+    # heterogeneous search's memory floors: ``autoplan.solve.hetero``); tables are shared by
+    # every view that reads the same figures, and so is this.
+    derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
 
     def span_work(self, mode: str, i: int, j: int) -> float:
         """Forward + backward ms of units [i, j) in ``mode`` (whole blocks as blocks)."""
@@ -597,7 +601,8 @@ class CostModel:
         return CostTables(
             alone=alone,
             blocks=blocks,
-            **whole,
+            start_work=whole.get("start_work", {}),
+            start_backward=whole.get("start_backward", {}),
             layers=layers,
             work={
                 m: _prefix([f + b for f, b in zip(forward[m], backward[m], strict=True)])

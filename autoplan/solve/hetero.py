@@ -11,7 +11,12 @@ bounds it prunes with:
   samples spends at least x W_κ; the least over the splits of b into whole shares of at least
   one sample each (``_two_kind_floor``) bounds the stage. The per-sample time of a share does
   not grow with the share in the cost model (its terms scale linearly with the samples, fixed
-  terms only shrink per sample), so the cheapest share is the largest;
+  terms only shrink per sample), so the cheapest share is the largest. A one-kind stage's
+  floor is also at least its time in the fastest mode whose memory fits at some ZeRO level
+  with two micro-batches in flight (one for a stage ending at the last layer: any other has a
+  stage after it), inf where none fits (``_fitting_floors``): on Llama-2-70B on h100-a100-l4
+  (batch 256) the root bounds of the m = 16/64/128 1F1B runs rise from 44,368/43,357/43,742 to
+  45,502/45,876/48,339 ms (plan 49,091 ms);
 - prefix bound: stages covering layers [0, i) with free GPUs f_k per class: with ω_k(l) the
   least GPU-milliseconds one sample of layer l takes on class k (over its tp degrees) and
   Ω_k = Σ_l ω_k(l), any λ_k >= 0 with Σ_k λ_k f_k = 1 gives max_s T_s >= b Σ_{l<i}
@@ -87,6 +92,25 @@ Allocation = tuple[tuple[int, int, int], ...]  # ((class, tp, replicas), ...)
 SourceType = Callable[[CostModel, int, int, str, SolveOptions], StageSource]
 # (each option's resources, the least transfers out of / into a stage per layer, the floors)
 RunFloors = tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]], np.ndarray]
+
+
+@functools.cache
+def _cell_order(num_layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of every cell [i, j) of ``num_layers`` layers, by end, then start: the
+    order ``HeteroSource._floor_tables_of`` takes them in."""
+    ends = np.concatenate([np.full(j, j) for j in range(1, num_layers + 1)])
+    starts = np.concatenate([np.arange(j) for j in range(1, num_layers + 1)])
+    return starts, ends
+
+
+def _range_max(values: np.ndarray) -> np.ndarray:
+    """``out[i, j]`` = max(values[i:j]) for i < j (-inf elsewhere)."""
+    size = len(values)
+    out = np.full((size + 1, size + 1), -math.inf)
+    # Row i: the values from i on (-inf before), their running maximum from column i + 1.
+    rows = np.where(np.arange(size)[None, :] >= np.arange(size + 1)[:, None], values, -math.inf)
+    np.maximum.accumulate(rows, axis=1, out=out[:, 1:])
+    return out
 
 
 @dataclass(frozen=True)
@@ -345,13 +369,23 @@ class HeteroSource:
 
     def _floor_tables_of(self, first: int, last: int) -> dict[int, np.ndarray]:
         """``floor_table(j)`` for j in [first, last], in one pass over their cells (i, j)."""
-        ends = np.concatenate([np.full(j, j) for j in range(first, last + 1)])
-        starts = np.concatenate([np.arange(j) for j in range(first, last + 1)])
+        all_starts, all_ends = _cell_order(self.model.num_layers)
+        cells = slice(first * (first - 1) // 2, last * (last + 1) // 2)
+        starts, ends = all_starts[cells], all_ends[cells]
         out = np.empty((len(self.allocations), len(ends)))
         # One-kind options: their own prefix; the split's floor only for the two-kind rows
         # (the same figures, elementwise, as computing it for every row and choosing).
         single, pair = self._single_rows, self._pair_rows
         out[single] = self._single_prefix[single][:, ends] - self._single_prefix[single][:, starts]
+        # Memory (``_fitting_floors``): a stage ending before the last layer has a stage after
+        # it, so two micro-batches in flight or more (1F1B: min(m, stages from the end); GPipe:
+        # m); the last stage holds one or more.
+        flight = np.where(ends < self.model.num_layers, min(self.m, 2), 1)
+        by_kind: dict[tuple[int, int, int], list[int]] = {}
+        for option in single.tolist():
+            by_kind.setdefault(self._top_share(option), []).append(option)
+        for (k, t, x), rows in by_kind.items():
+            out[rows] = np.maximum(out[rows], self._fitting_floors(k, t, x, rows, cells, flight))
         if len(pair):
             # Laid out (cells, two-kind options): the replica counts then vary along the
             # contiguous axis, and numpy's loops over two arrays of one shape, or one and a
@@ -379,6 +413,136 @@ class HeteroSource:
         return {
             j: out[:, offsets[x] : offsets[x + 1]] for x, j in enumerate(range(first, last + 1))
         }
+
+    def _top_share(self, option: int) -> tuple[int, int, int]:
+        """A one-kind option's (class, tp, largest share)."""
+        ((k, t, n),) = self.allocations[option]
+        if self.pinned.micro_batch_size is not None:
+            return k, t, self.pinned.micro_batch_size
+        return k, t, -(-self.b // n)
+
+    def _fitting_floors(
+        self,
+        k: int,
+        t: int,
+        x: int,
+        rows: list[int],
+        cells: slice,
+        flight: np.ndarray,
+    ) -> np.ndarray:
+        """``out[r, c]``: a lower bound on the time of one-kind option ``rows[r]`` (each of
+        class k at tp t, largest share x) on the c-th of ``cells`` with ``flight[c]``
+        micro-batches in flight or more: its time (``_work`` without the sequence-parallel
+        all-gathers, and without ZeRO-2/3's collectives) in the fastest mode in which its
+        largest share fits at some allowed ZeRO level (``_mode``'s test: memory grows with
+        the micro-batches in flight, so a stage's mode at any flight at or above ``flight``
+        is one of these); inf where none fits. The test allows a margin for rounding: only a
+        clear excess rules a mode out.
+
+        Per mode, the share fits at level z where P·s_z + Q <= U_z (P its parameters, s_z
+        the bytes per parameter held, U_z its usable memory, Q its transfer buffers, saved
+        activations times the flight and largest transient), so at some level exactly where
+        min_z (P·s_z − U_z) + Q <= 0: one minimum per option, one test per mode."""
+        params, buffers, per_mode = self._fit_cells(k, t, x, cells)
+        out = np.full((len(rows), len(flight)), math.inf)
+        needs = [
+            (
+                work,
+                buffers + flight * saved + transient,
+                None if parked is None else flight * parked,
+            )
+            for work, saved, transient, parked in per_mode
+        ]
+        for r, option in enumerate(rows):
+            ((_, _, n),) = self.allocations[option]
+            slack = np.full(len(flight), math.inf)
+            host = 0.0
+            for level in zero_levels(n, True, self.pinned):
+                usable, host = self._limits(k, t, n, level)
+                np.minimum(
+                    slack,
+                    params * self.model.static_bytes_per_param(n, level)
+                    - (usable * (1 + 1e-9) + 1.0),
+                    out=slack,
+                )
+            for work, need, parked in needs:
+                fits = slack + need <= 0
+                if parked is not None:
+                    fits &= parked <= host * (1 + 1e-9) + 1.0
+                np.minimum(out[r], np.where(fits, work, math.inf), out=out[r])
+        return out
+
+    def _fit_cells(
+        self, k: int, t: int, x: int, cells: slice
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray, object]]]:
+        """What ``_fitting_floors`` reads of a replica of (k, t) taking ``x`` samples on the
+        ``cells`` of ``_cell_order``: its parameters, its transfer buffers and, per mode, its
+        time, saved bytes, largest transient and parked bytes (None without offload)."""
+        params, per_mode = self._fit_layers(k, t, x)
+        return (
+            params[cells],
+            self._buffer_cells(x)[cells],
+            [
+                (
+                    work[cells],
+                    saved[cells],
+                    transient[cells],
+                    None if parked is None else parked[cells],
+                )
+                for work, saved, transient, parked in per_mode
+            ],
+        )
+
+    def _fit_layers(self, k: int, t: int, x: int):
+        """``_fit_cells``' figures on every cell of ``_cell_order``: what ``_mode_rows``,
+        ``_transient`` and ``_work`` read, as arrays. Kept with the tables
+        (``CostTables.derived``): the runs of other micro-batch counts read the same shares
+        (the transfer buffers, which scale with m, apart: ``_buffer_cells``)."""
+        model, num_layers = self.model, self.model.num_layers
+        tables = model.tables(k, t, x)
+        key = ("fit", self.modes, model.pass_overhead_ms(k))
+        kept = tables.derived.get(key)
+        if kept is not None:
+            return kept
+        starts, ends = _cell_order(num_layers)
+        overhead = 2 * model.pass_overhead_ms(k)
+        per_mode = []
+        for mode in self.modes:
+            work = np.array(tables.work[mode])
+            cell_work = work[ends] - work[starts]
+            if tables.start_work:
+                cell_work += np.array(tables.start_work[mode])[starts]
+            cell_work += overhead
+            saved = np.array(tables.saved[mode])
+            # Repeated blocks share one LayerCost: each costed once (``_transient_table``).
+            seen: dict[int, float] = {}
+            for c in tables.layers:
+                if id(c) not in seen:
+                    seen[id(c)] = model.transient_bytes(c, mode)
+            transient = _range_max(np.array([seen[id(c)] for c in tables.layers]))
+            parked = tables.parked.get(mode)
+            per_mode.append(
+                (
+                    cell_work,
+                    saved[ends] - saved[starts],
+                    transient[starts, ends],
+                    None if parked is None else (np.array(parked)[ends] - np.array(parked)[starts]),
+                )
+            )
+        params = np.array(tables.params)
+        kept = (params[ends] - params[starts], per_mode)
+        tables.derived[key] = kept
+        return kept
+
+    @functools.cache  # noqa: B019 (one source per search)
+    def _buffer_cells(self, x: int) -> np.ndarray:
+        """``transfer_buffer_bytes(x, i, j, m)`` on every cell of ``_cell_order`` (a start's
+        term plus an end's)."""
+        model, num_layers = self.model, self.model.num_layers
+        first = [model.transfer_buffer_bytes(x, i, num_layers, self.m) for i in range(num_layers)]
+        last = [model.transfer_buffer_bytes(x, 0, j, self.m) for j in range(num_layers + 1)]
+        starts, ends = _cell_order(num_layers)
+        return np.array(first)[starts] + np.array(last)[ends]
 
     def prefix_table(self, free: np.ndarray) -> np.ndarray:
         """``out[o, i]`` = b Σ_{l<i} min_{k: free_k > 0} ω_k(l)/Ω_k / Σ_k free_k/Ω_k
