@@ -82,39 +82,40 @@ class LevelCosts:
         if math.isfinite(level) and level > 0:
             self.searches.setdefault(run, []).append((level, max(seconds, 0.0)))
 
-    def _run_s(self, run: int, level: float, steepest: bool = False) -> float | None:
-        """Run ``run``'s predicted seconds below ``level`` (None: never searched); with
-        ``steepest``, at the most growth of ``GROWTH_RANGE``."""
+    def _run_s(self, run: int, level: float, steep_past: float = math.inf) -> float | None:
+        """Run ``run``'s predicted seconds below ``level`` (None: never searched); past
+        ``steep_past``, at the most growth of ``GROWTH_RANGE``."""
         done = self.searches.get(run)
         if not done:
             return None
         last_level, last_s = done[-1]
         growth = LEVEL_GROWTH
-        if steepest:
-            growth = GROWTH_RANGE[1]
-        elif len(done) >= 2:
+        if len(done) >= 2:
             before_level, before_s = done[-2]
             if min(before_s, last_s) >= _LEAST_TIMED_S and last_level > before_level:
                 own = math.log(last_s / before_s) / math.log(last_level / before_level)
                 growth = min(max(own, GROWTH_RANGE[0]), GROWTH_RANGE[1])
-        return last_s * (level / last_level) ** growth if level > last_level else last_s
+        if level <= last_level:
+            return last_s
+        knee = max(last_level, min(level, steep_past))
+        return last_s * (knee / last_level) ** growth * (level / knee) ** GROWTH_RANGE[1]
 
     def predicted_s(
         self,
         level: float,
         runs: Iterable[int],
         floors: Mapping[int, float],
-        steepest: bool = False,
+        steep_past: float = math.inf,
     ) -> float:
         """Predicted seconds of searching ``runs`` below ``level`` (module docstring); a run
-        whose floor (``floors``) is at or above it is not searched; ``steepest``: every run at
-        the most growth (``_run_s``)."""
+        whose floor (``floors``) is at or above it is not searched; past ``steep_past``,
+        every run at the most growth (``_run_s``)."""
         known: list[float] = []
         unknown = 0
         for run in runs:
             if floors.get(run, -math.inf) >= level:
                 continue
-            seconds = self._run_s(run, level, steepest)
+            seconds = self._run_s(run, level, steep_past)
             if seconds is None:
                 unknown += 1
             else:
@@ -142,9 +143,14 @@ def next_level(
     # predicted cost fits in half the time left, so a prediction short by up to 2x still ends.
     budget_s = left_s * TIME_SHARE
     # The bound itself is up to three steps past this level, where a run's growth read from
-    # its last two searches has been 3x short (Llama-2-70B, m = 64): predicted at the most.
-    jump = math.isinf(usual)
-    if math.isinf(left_s) or costs.predicted_s(min(usual, target), runs, floors, jump) <= budget_s:
+    # its last two searches fell far short (Llama-2-70B on h100-a100-l4, m = 64: a jump from
+    # 46.3k to the incumbent 49.1k ms predicted to fit in half of 50 s took them all): past
+    # one step, predicted at the most growth.
+    steep_past = step if math.isinf(usual) else math.inf
+    if (
+        math.isinf(left_s)
+        or costs.predicted_s(min(usual, target), runs, floors, steep_past) <= budget_s
+    ):
         return usual
     smaller = [level * (1.0 + LEVEL_STEP * f) for f in (1.0, *SMALLER_STEPS)]
     smaller = [x for x in smaller if x < usual and x < target]
