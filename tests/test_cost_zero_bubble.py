@@ -11,6 +11,7 @@ import pytest
 from autoplan.cost.config import PlanConfig, ReplicaGroup, StageChoice
 from autoplan.cost.schedule import in_flight_chunks, pipeline_time_ms
 from autoplan.cost.zero_bubble import (
+    group_weight_gradient_ms,
     peak_in_flight,
     play_ms,
     weight_gradient_share,
@@ -120,3 +121,18 @@ def test_cost_model_plays_zero_bubble_schedules() -> None:
     assert zbv.pipeline_ms >= 8 * expected - 1e-9
     interleaved = model.evaluate(_config("interleaved_1f1b", v_bounds, 2))
     assert zbv.pipeline_ms < interleaved.pipeline_ms
+
+
+def test_a_cp_groups_weight_gradient_is_a_part_of_its_own_backward() -> None:
+    """W comes from the tables the group is costed with: a cp 2 rank's W is its part of its
+    own backward (half the tokens), below the whole sequence's, and the W split leaves a
+    nonnegative input-gradient part under every cp."""
+    profile, model = _transformer_model()
+    layers = len(profile.layers)
+    weights = {}
+    for cp in (1, 2):
+        stage = StageChoice(0, layers, (ReplicaGroup(0, 1, 1, 1, "none", cp=cp),))
+        weights[cp] = group_weight_gradient_ms(model, stage, 0)
+        backward = model.evaluate(PlanConfig(4, "1f1b", 1, (stage,))).stages[0].groups[0]
+        assert 0.0 < weights[cp] <= backward.backward_ms
+    assert weights[2] < 0.75 * weights[1]

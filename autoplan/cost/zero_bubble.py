@@ -185,12 +185,17 @@ def group_weight_gradient_ms(
     profile = model.profile
     tokens = profile.seq_len * profile.micro_batch_size
     choice = stage.groups[group]
+    # The tables ``CostModel.evaluate`` costs the group with (its cp: a rank's 1/c of the
+    # tokens; its experts' span), so that W is a part of the backward it plays.
+    span = model.expert_span(stage)
     tables = model.tables(
         choice.device_class,
         choice.tp,
         choice.micro_batch_size,
         model.sequence_parallel or plan_sequence_parallel or stage.sequence_parallel,
-        expert_parallel=model.stage_expert_parallel(stage),
+        choice.cp,
+        model.stage_expert_parallel(stage),
+        None if span is None else (span, group),
     )
     w = 0.0
     for i, span in piece_spans(tables.blocks, stage.layer_start, stage.layer_end):
