@@ -496,7 +496,7 @@ def test_floor_tables_in_passes_are_the_one_end_figures(monkeypatch, cells) -> N
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_memory_floors_never_exceed_a_stage_that_fits(schedule) -> None:
+def test_memory_floors_never_exceed_a_stage_that_fits(monkeypatch, schedule) -> None:
     """Where memory binds (GPT-2 small, 512 samples per micro-batch on A100s and V100s), a
     one-kind option's floor is its time in the fastest mode that fits with two micro-batches
     in flight (one for a stage ending at the last layer), inf where none fits: never above
@@ -504,6 +504,8 @@ def test_memory_floors_never_exceed_a_stage_that_fits(schedule) -> None:
     one after it), and inf only where no such stage fits. The test shows something: floors
     above the no-recompute figure, and cells ruled out."""
     model = _gpt2_on_a100_v100()
+    # A fixed time per pass (each GPU's ``pass_overhead_ms``), counted once.
+    monkeypatch.setattr(type(model), "pass_overhead_ms", lambda self, k: 0.25 * (k + 1))
     m = 2
     source = HeteroSource(model, 1024, m, schedule, OPTIONS)
     n = model.num_layers

@@ -432,8 +432,9 @@ class HeteroSource:
     ) -> np.ndarray:
         """``out[r, c]``: a lower bound on the time of one-kind option ``rows[r]`` (each of
         class k at tp t, largest share x) on the c-th of ``cells`` with ``flight[c]``
-        micro-batches in flight or more: its time (``_work`` without the sequence-parallel
-        all-gathers, and without ZeRO-2/3's collectives) in the fastest mode in which its
+        micro-batches in flight or more: its time (``_work`` without the fixed per-pass
+        times, which the caller adds, the sequence-parallel all-gathers and ZeRO-2/3's
+        collectives) in the fastest mode in which its
         largest share fits at some allowed ZeRO level (``_mode``'s test: memory grows with
         the micro-batches in flight, so a stage's mode at any flight at or above ``flight``
         is one of these); inf where none fits. The test allows a margin for rounding: only a
@@ -500,19 +501,17 @@ class HeteroSource:
         (the transfer buffers, which scale with m, apart: ``_buffer_cells``)."""
         model, num_layers = self.model, self.model.num_layers
         tables = model.tables(k, t, x)
-        key = ("fit", self.modes, model.pass_overhead_ms(k))
+        key = ("fit", self.modes)
         kept = tables.derived.get(key)
         if kept is not None:
             return kept
         starts, ends = _cell_order(num_layers)
-        overhead = 2 * model.pass_overhead_ms(k)
         per_mode = []
         for mode in self.modes:
             work = np.array(tables.work[mode])
             cell_work = work[ends] - work[starts]
             if tables.start_work:
                 cell_work += np.array(tables.start_work[mode])[starts]
-            cell_work += overhead
             saved = np.array(tables.saved[mode])
             # Repeated blocks share one LayerCost: each costed once (``_transient_table``).
             seen: dict[int, float] = {}
