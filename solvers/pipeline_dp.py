@@ -439,6 +439,7 @@ def best_pipelines(
     deadline: float | None = None,
     beam: int | None = None,
     completion: CompletionBound | None = None,
+    deeper: Sequence[CompletionBound] = (),
 ) -> tuple[list[PipelineLabel], _Stats]:
     """Up to ``keep`` complete pipelines, best first: the first is optimal among pipelines
     with F < ``upper_bound`` (none when none beats it), the others the best the search
@@ -457,7 +458,10 @@ def best_pipelines(
 
     ``completion``, if given, bounds what the stages in front of a partial pipeline add
     (``CompletionBound``): a stage whose label would reach the bound pruned against is not
-    costed, and a new label that does is not kept."""
+    costed, and a new label that does is not kept. ``deeper[q - 1]``, if given, takes its
+    place in front of a stage placed before q >= 1 others (the last for every q past the
+    list): a caller's bound that holds only there (stages deeper in a 1F1B pipeline hold more
+    micro-batches in flight, so more memory: ``autoplan.solve.hetero``)."""
     m = num_micro_batches
     options = source.options()
     covers = getattr(source, "key_covers", None) or (lambda low, high: False)
@@ -561,13 +565,16 @@ def best_pipelines(
                 # (A NaN, from 0 × inf at m = 1, is no candidate: NaN < limit is false.)
                 # The candidate stages, (row, start) row by row, starts ascending.
                 rows, cols = np.nonzero(stage_ok[None, :] & (reach < limit))
-                if completion is not None and len(rows):
+                in_front = completion
+                if deeper and label.stages:
+                    in_front = deeper[min(label.stages, len(deeper)) - 1]
+                if in_front is not None and len(rows):
                     # The same figures as ``reach``, with the relaxation's bound on what
                     # the stages before add in place of the prefix bound.
                     sent = np.broadcast_to(sends, (len(fit),))[rows]
                     heads = label.first_stage + sent
                     own = stage[rows, cols]
-                    floor = completion.completion_floors(
+                    floor = in_front.completion_floors(
                         cols,
                         np.maximum(np.maximum(label.max_stage, heads), own),
                         label.sum_stage + sent + own,
@@ -623,10 +630,10 @@ def best_pipelines(
                         finals.append(new)
                         finals.sort(key=lambda x: (x.objective(m), x.order))
                         del finals[keep:]
-                if pending and completion is not None:
+                if pending and in_front is not None:
                     # The new labels' own figures against what the stages before can add,
-                    # all of this label's at once.
-                    floor = completion.completion_floors(
+                    # all of this label's at once (in front of the same stage as above).
+                    floor = in_front.completion_floors(
                         np.array([x.start for x in pending]),
                         np.array([x.max_stage for x in pending]),
                         np.array([x.sum_stage for x in pending]),

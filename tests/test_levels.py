@@ -55,15 +55,12 @@ def test_a_short_time_takes_the_largest_smaller_step_predicted_to_fit() -> None:
 
 
 def test_the_bound_is_skipped_where_its_pass_is_predicted_not_to_fit() -> None:
-    """Within two steps of the bound: the bound where it fits (predicted at the run's growth
-    for one step, at the steepest past it), else a level below it."""
+    """Within two steps of the bound: the bound where it fits predicted at the steepest
+    growth all the way, else a level below it, predicted at the run's own growth."""
     costs = _costs((0, 100.0, 1.0))
     target = 104.0
-    step = 100.0 * (1 + LEVEL_STEP)
-    at_target = costs.predicted_s(target, [0], {}, steep_past=step)
-    assert at_target == pytest.approx(
-        step**LEVEL_GROWTH / 100.0**LEVEL_GROWTH * (target / step) ** GROWTH_RANGE[1]
-    )
+    at_target = costs.predicted_s(target, [0], {}, steep_past=100.0)
+    assert at_target == pytest.approx(1.04 ** GROWTH_RANGE[1])
     assert at_target > costs.predicted_s(target, [0], {})
     assert next_level(100.0, target, (at_target + 1e-6) / TIME_SHARE, costs, [0], {}) == math.inf
     below = next_level(100.0, target, at_target * 0.99 / TIME_SHARE, costs, [0], {})

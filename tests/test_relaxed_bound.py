@@ -531,6 +531,31 @@ def test_memory_floors_never_exceed_a_stage_that_fits(monkeypatch, schedule) -> 
     assert raised > 20 and ruled_out > 20 and fits > 100, (raised, ruled_out, fits)
 
 
+def test_front_floors_never_exceed_a_stage_as_deep() -> None:
+    """``front_floor_table(j, f)``: never below the floor, never above the cost of a stage
+    f − 1 or more from the end (f micro-batches in flight or more under 1F1B), inf only
+    where no such stage fits; above the floor somewhere (the test shows something)."""
+    model = _gpt2_on_a100_v100()
+    m = 4
+    source = HeteroSource(model, 1024, m, "1f1b", OPTIONS)
+    n = model.num_layers
+    raised = 0
+    for flight in (3, 4):
+        for j in range(1, n):
+            floors, front = source.floor_table(j), source.front_floor_table(j, flight)
+            assert (front >= floors).all()
+            raised += int((front > floors * (1 + 1e-9)).sum())
+            for option in np.flatnonzero(source._is_single).tolist():
+                for i in range(j):
+                    costs = [source.cost(option, i, j, q, None) for q in (flight, m + 1)]
+                    for cost in costs:
+                        if cost is not None:
+                            assert front[option, i] <= cost.steady_ms * (1 + 1e-12)
+                    if math.isinf(front[option, i]):
+                        assert all(cost is None for cost in costs)
+    assert raised > 20, raised
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(problems(), st.integers(0, 2**32 - 1))
 def test_kept_completion_figures_are_the_direct_ones_bitwise(problem, seed) -> None:

@@ -520,6 +520,44 @@ def test_heterogeneous_dp_equals_brute_force(instance) -> None:
         SHAPES_SEEN[shape] = SHAPES_SEEN.get(shape, 0) + 1
 
 
+@settings(
+    max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", 300)) // 3,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    derandomize=True,
+)
+@given(hetero_instances())
+def test_heterogeneous_dp_pruning_with_deeper_bounds_equals_brute_force(instance) -> None:
+    """Every exact search pruned in front of deeper stages with their own relaxations (more
+    micro-batches in flight: ``hetero.front_relaxations``, from the first search on) finds
+    the brute force's optimum."""
+    from autoplan.solve import hetero
+
+    profile, cluster, batch = instance
+    model = cost_model(profile, cluster, OPTIONS)
+    expected = brute_force_hetero(model, batch)
+    before = hetero.FRONT_EFFORT
+    hetero.FRONT_EFFORT = 0
+    try:
+        state = hetero.HeteroState()
+        found = hetero_candidates(
+            model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf, state=state
+        )
+    finally:
+        hetero.FRONT_EFFORT = before
+    if math.isinf(expected):
+        assert not found.configs
+        return
+    assert found.configs, f"brute force found {expected} ms; the DP found nothing"
+    cost = model.evaluate(found.configs[0])
+    assert math.isclose(cost.iteration_ms, expected, rel_tol=1e-9)
+    assert found.floor_ms <= expected * (1 + 1e-9)
+    FRONTS_USED.append(any(state.fronts.values()))
+
+
+FRONTS_USED: list[bool] = []
+
+
 def test_heterogeneous_oracle_covers_every_shape() -> None:
     """The instances above exercise every feature of the space in the optimum found (this
     runs after them: pytest keeps a module's order)."""
@@ -527,6 +565,8 @@ def test_heterogeneous_oracle_covers_every_shape() -> None:
     least = 3 if examples >= 300 else 1 if examples >= 100 else 0
     for shape in ("mixed stage", "unequal dp", "unequal tp"):
         assert SHAPES_SEEN.get(shape, 0) >= least, SHAPES_SEEN
+    # The deeper bounds were built and searched with (not only where m < 3).
+    assert sum(FRONTS_USED) >= least, FRONTS_USED
     # Types out of order (A | B | A) pay two slow boundaries per stage with blocking transfers
     # (autoplan.cost.schedule), so they are rarely optimal here: an instance built for them
     # is below (test_types_out_of_order_where_only_they_fit_equal_brute_force).

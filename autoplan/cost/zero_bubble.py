@@ -187,7 +187,7 @@ def group_weight_gradient_ms(
     choice = stage.groups[group]
     # The tables ``CostModel.evaluate`` costs the group with (its cp: a rank's 1/c of the
     # tokens; its experts' span), so that W is a part of the backward it plays.
-    span = model.expert_span(stage)
+    experts = model.expert_span(stage)
     tables = model.tables(
         choice.device_class,
         choice.tp,
@@ -195,7 +195,7 @@ def group_weight_gradient_ms(
         model.sequence_parallel or plan_sequence_parallel or stage.sequence_parallel,
         choice.cp,
         model.stage_expert_parallel(stage),
-        None if span is None else (span, group),
+        None if experts is None else (experts, group),
     )
     w = 0.0
     for i, span in piece_spans(tables.blocks, stage.layer_start, stage.layer_end):

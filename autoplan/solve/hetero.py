@@ -247,6 +247,8 @@ class HeteroSource:
         self._send_floors: dict[tuple[float, LinkSide], np.ndarray] = {}
         self._edge_floors: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._floor_tables: dict[int, np.ndarray] = {}
+        # ``front_floor_table``'s, by flight (shared with the twin, as ``_floor_tables``).
+        self._front_tables: dict[int, dict[int, np.ndarray]] = {}
         # ``_run_floors``' answer, by layer count: it reads only the options, floor tables and
         # edge floors, so the twin of the other schedule (``with_schedule``) shares it too.
         self.kept_run_floors: dict[int, RunFloors] = {}
@@ -366,6 +368,37 @@ class HeteroSource:
                 self._floor_tables.update(self._floor_tables_of(first, last))
                 first = last + 1
         return self._floor_tables[j]
+
+    def front_floor_table(self, j: int, flight: int) -> np.ndarray:
+        """``floor_table(j)`` for a stage holding ``flight`` micro-batches in flight or more
+        (capped at m): a one-kind option's floor no lower than its fastest mode that fits
+        with them (``_fitting_floors``). A stage with q stages after it holds min(m, q + 1)
+        under 1F1B and m under GPipe, so this bounds the stages in front of a partial
+        pipeline of ``flight`` − 2 stages (``front_relaxations``)."""
+        tables = self._front_tables.setdefault(flight, {})
+        if not tables:
+            n = self.model.num_layers
+            most = max(1, _FLOOR_CELLS // max(1, len(self.allocations)))
+            first = 1
+            while first <= n:
+                last, cells = first, first
+                while last < n and cells + last + 1 <= most:
+                    last += 1
+                    cells += last
+                out = np.concatenate([self.floor_table(e) for e in range(first, last + 1)], axis=1)
+                span = slice(first * (first - 1) // 2, last * (last + 1) // 2)
+                held = np.full(span.stop - span.start, min(self.m, flight))
+                by_kind: dict[tuple[int, int, int], list[int]] = {}
+                for option in self._single_rows.tolist():
+                    by_kind.setdefault(self._top_share(option), []).append(option)
+                for (k, t, x), rows in by_kind.items():
+                    fitting = self._fitting_floors(k, t, x, rows, span, held)
+                    out[rows] = np.maximum(out[rows], fitting + self._overhead[rows, None])
+                offsets = np.cumsum([0, *range(first, last + 1)])
+                for x, end in enumerate(range(first, last + 1)):
+                    tables[end] = out[:, offsets[x] : offsets[x + 1]]
+                first = last + 1
+        return tables[j]
 
     def _floor_tables_of(self, first: int, last: int) -> dict[int, np.ndarray]:
         """``floor_table(j)`` for j in [first, last], in one pass over their cells (i, j)."""
@@ -1113,6 +1146,52 @@ def _root_bound(
     return max(plain, relaxation.bound)
 
 
+FRONT_EFFORT = 20_000
+"""Stages costed and labels kept by a run's last exact search past which its next searches
+prune with ``front_relaxations`` (their tables cost about what the run's root bound did:
+worth it only for a run whose searches cost more)."""
+
+
+def front_relaxations(
+    model: CostModel, options: SolveOptions, run: tuple[int, str, int, int], source: StageSource
+) -> list[RunRelaxation]:
+    """The run's relaxation (``_root_bound``) again with each option's floor at 3, then 4
+    micro-batches in flight (``front_floor_table``), as far as m allows: what stages in
+    front of a partial pipeline of 1, then 2 or more stages can least add (a stage with q
+    stages after it holds min(m, q + 1) under 1F1B, m under GPipe): ``best_pipelines``'
+    ``deeper``. None where the source has no such floors or m < 3 (the same as the root's)."""
+    m, _schedule, most, least = run
+    front_table = getattr(source, "front_floor_table", None)
+    if front_table is None or m < 3 or not source.options():
+        return []
+    num_layers = model.num_layers
+    free = np.array([[c.total_gpus for c in model.classes]], dtype=np.int64)
+    spread = float(source.prefix_table(free)[0, num_layers])
+    uses, edges, _ = _run_floors(source, num_layers)
+    weights_of = getattr(source, "resource_weights", None)
+    weights = weights_of() if weights_of is not None else np.ones(uses.shape[1])
+    pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
+    relaxations = []
+    for flight in sorted({min(m, 3), min(m, 4)}):
+        floors = stage_floors(
+            num_layers, [front_table(j, flight) for j in range(1, num_layers + 1)], edges
+        )
+        relaxations.append(
+            RunRelaxation(
+                num_layers,
+                m,
+                tuple(int(x) for x in free[0]),
+                uses,
+                floors,
+                weights,
+                spread,
+                min_stages=least if pinned_pp is None else max(least, pinned_pp),
+                max_stages=most if pinned_pp is None else min(most, pinned_pp),
+            )
+        )
+    return relaxations
+
+
 def _run_floors(source: StageSource, num_layers: int) -> RunFloors:
     """(each option's resources, the least transfers out of and into a stage at each layer,
     ``stage_floors``' floors of every option on every [i, j)) of a run's source; a
@@ -1161,6 +1240,7 @@ class HeteroState:
     costs: LevelCosts = field(default_factory=LevelCosts)
     roots: dict[int, float] = field(default_factory=dict)
     relaxations: dict[int, RunRelaxation] = field(default_factory=dict)
+    fronts: dict[int, list[RunRelaxation]] = field(default_factory=dict)
     capped: bool = False
     done: bool = False
     timed_out: bool = False
@@ -1288,6 +1368,14 @@ def hetero_candidates(
             # No pipeline of the run reaches the bound pruned against: its floor is its own.
             floors[index] = root(index)
             return True
+        front = state.fronts.get(index, [])
+        if (
+            beam is None
+            and index in relaxations
+            and index not in state.fronts
+            and state.effort.get(index, 0) >= FRONT_EFFORT
+        ):
+            front = state.fronts[index] = front_relaxations(model, options, runs[index], source)
         finals, stats = best_pipelines(
             num_layers,
             m,
@@ -1302,6 +1390,7 @@ def hetero_candidates(
             deadline=deadline,
             beam=beam,
             completion=relaxations.get(index),
+            deeper=front if beam is None else (),
         )
         state.costed += stats.costed
         state.labels += stats.labels

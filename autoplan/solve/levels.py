@@ -143,10 +143,11 @@ def next_level(
     # predicted cost fits in half the time left, so a prediction short by up to 2x still ends.
     budget_s = left_s * TIME_SHARE
     # The bound itself is up to three steps past this level, where a run's growth read from
-    # its last two searches fell far short (Llama-2-70B on h100-a100-l4, m = 64: a jump from
-    # 46.3k to the incumbent 49.1k ms predicted to fit in half of 50 s took them all): past
-    # one step, predicted at the most growth.
-    steep_past = step if math.isinf(usual) else math.inf
+    # its last two searches fell far short (Llama-2-70B on h100-a100-l4, m = 64: jumps from
+    # 46.3k and from 48.0k ms to the incumbent 49.1k predicted to fit in half of 50 and 41 s
+    # took them all; a step from 48.0k proved 48.97k, within 0.25%): predicted at the most
+    # growth. (Llama-2-13B still jumps where it did, a level later at most.)
+    steep_past = level if math.isinf(usual) else math.inf
     if (
         math.isinf(left_s)
         or costs.predicted_s(min(usual, target), runs, floors, steep_past) <= budget_s

@@ -229,6 +229,7 @@ def _search(
         if state.done:  # never goes on: its stage sources' tables freed now
             state.sources.clear()
             state.relaxations.clear()
+            state.fronts.clear()
 
     def unfinished(index: int) -> bool:
         """Whether run ``index``'s exact pass stopped (clock or ceiling) short of its end."""

@@ -253,6 +253,20 @@ class StageDegreeSource:
             ]
         )
 
+    def front_floor_table(self, j: int, flight: int) -> np.ndarray:
+        """``HeteroSource.front_floor_table`` over every option (a source without one: its
+        ``floor_table``, which holds at any flight)."""
+        return np.concatenate(
+            [
+                (
+                    source.front_floor_table(j, flight)
+                    if isinstance(source, HeteroSource)
+                    else source.floor_table(j)
+                )[rows]
+                for source, rows in zip(self._sources, self._rows, strict=True)
+            ]
+        )
+
     def send_floor(self, j: int, next_key: Hashable | None) -> np.ndarray:
         if j != self._sends_at:
             self._sends_at, self._sends = j, {}
