@@ -51,7 +51,11 @@ One class is also counted exactly (``_ExactTables``): its used count (in blocks)
 of the shortest path, the others priced; at each cap the larger of that and D bounds the
 run, and the row's free count of it selects the column of the completion floors. Llama-2-70B
 on h100-a100-l4 (b256): root bounds of the m = 16/32/64 1F1B runs 42,575/42,612/43,158 ->
-44,368/43,638/43,357 ms (the H100s exact), the 60 s solve's proven gap 3.77% -> 3.18%.
+44,368/43,638/43,357 ms (the H100s exact), the 60 s solve's proven gap 3.77% -> 3.18%. (The
+floors themselves were the larger part of the rest: with each stage's memory counted,
+``autoplan.solve.hetero``'s ``_fitting_floors``, the same runs' root bounds are 45,502/45,356/
+45,876 ms, and the relaxations the searches prune deeper stages with, at three and four
+micro-batches in flight, brought the 60 s gap to 0.25%.)
 
 The same tables over partitions of [0, i) bound what the stages in front of a partial
 pipeline can add (``RunRelaxation.completion_floors``): the DP prunes its stages and labels

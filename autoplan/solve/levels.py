@@ -12,8 +12,10 @@ fixed rule (steps of ``LEVEL_STEP``, and the bound itself once within two steps 
 the end of the time limit on a level it could not finish, and kept the level before.
 
 So the next level is the fixed rule's where its predicted cost fits in ``TIME_SHARE`` (half) of
-the time left, else the largest of the smaller steps (``SMALLER_STEPS`` of ``LEVEL_STEP``) that
-fits, else the smallest. The half leaves room for a prediction short by up to 2x: a level cut
+the time left (a jump to the bound predicted at the steepest growth of ``GROWTH_RANGE``: the
+last steps before an optimum grow faster than the steps before them, and a jump cut by the
+clock proves nothing), else the largest of the smaller steps (``SMALLER_STEPS`` of
+``LEVEL_STEP``) that fits, else the smallest. The half leaves room for a prediction short by up to 2x: a level cut
 by the clock proves nothing beyond the one before, and with the whole time left as the budget
 GPT-3 175B on 16,384 GPUs with ``--gap 0.02 --time-limit 120`` jumped to a level it could not
 finish and ended at 7.1% (at 60 s: 3.1%); with the half, 2.6%.
