@@ -55,13 +55,10 @@ def test_a_short_time_takes_the_largest_smaller_step_predicted_to_fit() -> None:
 
 
 def test_the_bound_is_skipped_where_its_pass_is_predicted_not_to_fit() -> None:
-    """Within two steps of the bound: the bound where it fits predicted at the steepest
-    growth all the way, else a level below it, predicted at the run's own growth."""
+    """Within two steps of the bound: the bound where it fits, else a level below it."""
     costs = _costs((0, 100.0, 1.0))
     target = 104.0
-    at_target = costs.predicted_s(target, [0], {}, steep_past=100.0)
-    assert at_target == pytest.approx(1.04 ** GROWTH_RANGE[1])
-    assert at_target > costs.predicted_s(target, [0], {})
+    at_target = costs.predicted_s(target, [0], {})
     assert next_level(100.0, target, (at_target + 1e-6) / TIME_SHARE, costs, [0], {}) == math.inf
     below = next_level(100.0, target, at_target * 0.99 / TIME_SHARE, costs, [0], {})
     assert 100.0 < below < target
@@ -96,3 +93,21 @@ def test_a_run_is_predicted_by_its_own_growth_within_the_range() -> None:
     # Too short to read (noise): the default growth.
     short = _costs((0, 100.0, 0.01), (0, 101.0, 1.0))
     assert short.predicted_s(102.0, [0], {}) == pytest.approx(1.0 * (102.0 / 101.0) ** LEVEL_GROWTH)
+
+
+def test_a_jump_predicted_to_cost_too_much_effort_takes_a_step() -> None:
+    """Within two steps of the bound, with time to spare: the bound, unless the runs' last
+    efforts grown at the steepest rate pass ``JUMP_EFFORT`` (counts: the same levels on any
+    machine); then the step, and from within a step the bound whatever the effort."""
+    from autoplan.solve.levels import JUMP_EFFORT
+
+    light, heavy = LevelCosts(), LevelCosts()
+    light.record(0, 100.0, 1.0, 1000)
+    heavy.record(0, 100.0, 1.0, JUMP_EFFORT // 10)
+    target = 104.0
+    assert heavy.jump_effort(target, [0], {}) > JUMP_EFFORT >= light.jump_effort(target, [0], {})
+    assert next_level(100.0, target, math.inf, light, [0], {}) == math.inf
+    assert next_level(100.0, target, math.inf, heavy, [0], {}) == 100.0 * (1 + LEVEL_STEP)
+    assert next_level(100.0, 101.0, math.inf, heavy, [0], {}) == math.inf
+    # A run proven at the bound costs nothing.
+    assert heavy.jump_effort(target, [0], {0: target}) == 0.0

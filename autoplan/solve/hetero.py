@@ -1414,7 +1414,7 @@ def hetero_candidates(
         if beam is None:
             state.effort[index] = stats.costed + stats.labels
             if not stats.timed_out:
-                costs.record(index, pruning, time.monotonic() - now)
+                costs.record(index, pruning, time.monotonic() - now, stats.costed + stats.labels)
         for label in finals:
             config = _config(label.chain(), m, schedule)
             if config not in state.seen:  # a run searched again at a higher level finds it again

@@ -12,10 +12,11 @@ fixed rule (steps of ``LEVEL_STEP``, and the bound itself once within two steps 
 the end of the time limit on a level it could not finish, and kept the level before.
 
 So the next level is the fixed rule's where its predicted cost fits in ``TIME_SHARE`` (half) of
-the time left (a jump to the bound predicted at the steepest growth of ``GROWTH_RANGE``: the
-last steps before an optimum grow faster than the steps before them, and a jump cut by the
-clock proves nothing), else the largest of the smaller steps (``SMALLER_STEPS`` of
-``LEVEL_STEP``) that fits, else the smallest. The half leaves room for a prediction short by up to 2x: a level cut
+the time left (a jump to the bound only where the runs' last efforts, grown at the steepest
+rate of ``GROWTH_RANGE``, stay within ``JUMP_EFFORT``: the last steps before an optimum grow
+faster than the steps before them, and a jump cut by the clock proves nothing), else the
+largest of the smaller steps (``SMALLER_STEPS`` of ``LEVEL_STEP``) that fits, else the
+smallest. The half leaves room for a prediction short by up to 2x: a level cut
 by the clock proves nothing beyond the one before, and with the whole time left as the budget
 GPT-3 175B on 16,384 GPUs with ``--gap 0.02 --time-limit 120`` jumped to a level it could not
 finish and ended at 7.1% (at 60 s: 3.1%); with the half, 2.6%.
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "GROWTH_RANGE",
+    "JUMP_EFFORT",
     "LEVEL_GROWTH",
     "LEVEL_STEP",
     "SMALLER_STEPS",
@@ -62,6 +64,11 @@ GROWTH_RANGE = (
 """The least and most growth exponent read from a run's own searches: 1.5x and 10x per
 ``LEVEL_STEP``."""
 
+JUMP_EFFORT = 1_000_000
+"""The most stages costed and labels kept that a jump to the bound may be predicted to take
+(``next_level``): counts, not seconds, so that where a solve jumps does not depend on the
+machine's speed."""
+
 SMALLER_STEPS = (0.5, 0.25, 0.125)
 """Fractions of ``LEVEL_STEP`` tried, largest first, where a whole step is predicted not to
 finish in the time left."""
@@ -78,15 +85,33 @@ class LevelCosts:
     """Each run's exact searches: (level, seconds) of each, oldest first."""
 
     searches: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    efforts: dict[int, tuple[float, int]] = field(default_factory=dict)
 
-    def record(self, run: int, level: float, seconds: float) -> None:
-        """Run ``run`` searched below ``level`` to its end in ``seconds``."""
+    def record(self, run: int, level: float, seconds: float, effort: int = 0) -> None:
+        """Run ``run`` searched below ``level`` to its end in ``seconds``, costing ``effort``
+        stages and keeping labels."""
         if math.isfinite(level) and level > 0:
             self.searches.setdefault(run, []).append((level, max(seconds, 0.0)))
+            self.efforts[run] = (level, effort)
 
-    def _run_s(self, run: int, level: float, steep_past: float = math.inf) -> float | None:
-        """Run ``run``'s predicted seconds below ``level`` (None: never searched); past
-        ``steep_past``, at the most growth of ``GROWTH_RANGE``."""
+    def jump_effort(self, level: float, runs: Iterable[int], floors: Mapping[int, float]) -> float:
+        """Predicted effort of searching ``runs`` below ``level``: each run's last at the
+        most growth of ``GROWTH_RANGE`` (a run never searched at the costliest's; one proven
+        at ``level`` or above costs nothing)."""
+        known: list[float] = []
+        unknown = 0
+        for run in runs:
+            if floors.get(run, -math.inf) >= level:
+                continue
+            if run not in self.efforts:
+                unknown += 1
+                continue
+            last_level, effort = self.efforts[run]
+            known.append(effort * max(1.0, level / last_level) ** GROWTH_RANGE[1])
+        return sum(known) + unknown * max(known, default=0.0)
+
+    def _run_s(self, run: int, level: float) -> float | None:
+        """Run ``run``'s predicted seconds below ``level`` (None: never searched)."""
         done = self.searches.get(run)
         if not done:
             return None
@@ -97,27 +122,17 @@ class LevelCosts:
             if min(before_s, last_s) >= _LEAST_TIMED_S and last_level > before_level:
                 own = math.log(last_s / before_s) / math.log(last_level / before_level)
                 growth = min(max(own, GROWTH_RANGE[0]), GROWTH_RANGE[1])
-        if level <= last_level:
-            return last_s
-        knee = max(last_level, min(level, steep_past))
-        return last_s * (knee / last_level) ** growth * (level / knee) ** GROWTH_RANGE[1]
+        return last_s * (level / last_level) ** growth if level > last_level else last_s
 
-    def predicted_s(
-        self,
-        level: float,
-        runs: Iterable[int],
-        floors: Mapping[int, float],
-        steep_past: float = math.inf,
-    ) -> float:
+    def predicted_s(self, level: float, runs: Iterable[int], floors: Mapping[int, float]) -> float:
         """Predicted seconds of searching ``runs`` below ``level`` (module docstring); a run
-        whose floor (``floors``) is at or above it is not searched; past ``steep_past``,
-        every run at the most growth (``_run_s``)."""
+        whose floor (``floors``) is at or above it is not searched."""
         known: list[float] = []
         unknown = 0
         for run in runs:
             if floors.get(run, -math.inf) >= level:
                 continue
-            seconds = self._run_s(run, level, steep_past)
+            seconds = self._run_s(run, level)
             if seconds is None:
                 unknown += 1
             else:
@@ -139,21 +154,24 @@ def next_level(
     runs = list(runs)
     step = level * (1.0 + LEVEL_STEP)
     # The fixed rule: within two steps of the bound, the bound itself next (a level that
-    # close costs about what the bound's own pass does, and finds what that pass would).
+    # close costs about what the bound's own pass does, and finds what that pass would),
+    # unless the jump is predicted, at the steepest growth, to cost more than JUMP_EFFORT:
+    # the last steps before an optimum grow faster than the steps before them, and a jump the
+    # clock cuts proves nothing (Llama-2-70B on h100-a100-l4, m = 64: jumps of 6% and 2.3% to
+    # the incumbent, predicted by seconds to fit in half of 50 and 41 s, took them all; a step
+    # from 48.0k ms proved 48.97k, within 0.25%). Counted in effort, not seconds, so that the
+    # levels of a solve the clock does not stop do not depend on the machine's speed.
     usual = math.inf if step * (1.0 + LEVEL_STEP) ** 2 >= target else step
+    if (
+        math.isinf(usual)
+        and step < target
+        and costs.jump_effort(target, runs, floors) > JUMP_EFFORT
+    ):
+        usual = step
     # A level the clock cuts proves nothing beyond the one before: a step is taken where its
     # predicted cost fits in half the time left, so a prediction short by up to 2x still ends.
     budget_s = left_s * TIME_SHARE
-    # The bound itself is up to three steps past this level, where a run's growth read from
-    # its last two searches fell far short (Llama-2-70B on h100-a100-l4, m = 64: jumps from
-    # 46.3k and from 48.0k ms to the incumbent 49.1k predicted to fit in half of 50 and 41 s
-    # took them all; a step from 48.0k proved 48.97k, within 0.25%): predicted at the most
-    # growth. (Llama-2-13B still jumps where it did, a level later at most.)
-    steep_past = level if math.isinf(usual) else math.inf
-    if (
-        math.isinf(left_s)
-        or costs.predicted_s(min(usual, target), runs, floors, steep_past) <= budget_s
-    ):
+    if math.isinf(left_s) or costs.predicted_s(min(usual, target), runs, floors) <= budget_s:
         return usual
     smaller = [level * (1.0 + LEVEL_STEP * f) for f in (1.0, *SMALLER_STEPS)]
     smaller = [x for x in smaller if x < usual and x < target]
