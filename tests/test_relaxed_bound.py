@@ -108,6 +108,20 @@ def test_the_relaxed_bound_is_never_above_brute_force(problem) -> None:
             assert bound * slack >= best, (bound, best)
 
 
+def _one_fast_gpu_and_slow_ones(resources: tuple[int, int], per_layer: list[float]):
+    """Four layers, m = 4, options of one or two GPUs of each of two classes, each layer the
+    given time on each option (a stage's floor its layers' sum): (brute force's best,
+    ``RunRelaxation``'s arguments with the two classes weighted alike)."""
+    n, m = 4, 4
+    uses = np.array([[1, 0], [2, 0], [0, 1], [0, 2]], dtype=np.int64)  # a stage's GPUs
+    times = np.array(per_layer)
+    tables = [np.stack([times * (j - i) for i in range(j)], axis=1) for j in range(1, n + 1)]
+    zeros = np.zeros(len(uses))
+    floors = stage_floors(n, tables, [(zeros, zeros)] * (n + 1))
+    best, lowest = _brute_force(n, m, np.array(resources, dtype=np.int64), uses, floors, 1, n)
+    return best, (n, m, resources, uses, floors, np.array([1.0, 1.0]), lowest)
+
+
 def test_pricing_one_scarce_resource_alone_lifts_the_bound(monkeypatch) -> None:
     """One fast GPU and four slow ones, priced alike by the weights: the prices on each
     resource alone (``CLASS_PRICE_FACTORS``) price the one fast GPU that every cheap
@@ -117,15 +131,7 @@ def test_pricing_one_scarce_resource_alone_lifts_the_bound(monkeypatch) -> None:
 
     # Prices only: no class counted exactly (``test_one_class_counted_exactly_...``).
     monkeypatch.setattr(relaxed_bound, "EXACT_STATES", 0)
-    n, m = 4, 4
-    uses = np.array([[1, 0], [2, 0], [0, 1], [0, 2]], dtype=np.int64)  # a stage's GPUs
-    resources = np.array([1, 4], dtype=np.int64)
-    per_layer = np.array([1.68, 1.37, 6.31, 8.69])  # a layer's time on each option
-    tables = [np.stack([per_layer * (j - i) for i in range(j)], axis=1) for j in range(1, n + 1)]
-    zeros = np.zeros(len(uses))
-    floors = stage_floors(n, tables, [(zeros, zeros)] * (n + 1))
-    best, lowest = _brute_force(n, m, resources, uses, floors, 1, n)
-    args = (n, m, (1, 4), uses, floors, np.array([1.0, 1.0]), lowest)
+    best, args = _one_fast_gpu_and_slow_ones((1, 4), [1.68, 1.37, 6.31, 8.69])
     bound = RunRelaxation(*args).bound
     monkeypatch.setattr(relaxed_bound, "CLASS_PRICE_FACTORS", ())
     weights_only = RunRelaxation(*args).bound
@@ -140,15 +146,7 @@ def test_one_class_counted_exactly_lifts_the_bound_above_the_priced_one(monkeypa
     GPUs × weight) lifts the bound to the brute force optimum here, never above it."""
     import solvers.relaxed_bound as relaxed_bound
 
-    n, m = 4, 4
-    uses = np.array([[1, 0], [2, 0], [0, 1], [0, 2]], dtype=np.int64)  # a stage's GPUs
-    resources = np.array([1, 2], dtype=np.int64)
-    per_layer = np.array([4.29, 1.71, 6.87, 3.46])  # a layer's time on each option
-    tables = [np.stack([per_layer * (j - i) for i in range(j)], axis=1) for j in range(1, n + 1)]
-    zeros = np.zeros(len(uses))
-    floors = stage_floors(n, tables, [(zeros, zeros)] * (n + 1))
-    best, lowest = _brute_force(n, m, resources, uses, floors, 1, n)
-    args = (n, m, (1, 2), uses, floors, np.array([1.0, 1.0]), lowest)
+    best, args = _one_fast_gpu_and_slow_ones((1, 2), [4.29, 1.71, 6.87, 3.46])
     exact = RunRelaxation(*args)
     monkeypatch.setattr(relaxed_bound, "EXACT_STATES", 0)
     priced = RunRelaxation(*args).bound

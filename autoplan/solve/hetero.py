@@ -103,16 +103,6 @@ def _cell_order(num_layers: int) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
-def _range_max(values: np.ndarray) -> np.ndarray:
-    """``out[i, j]`` = max(values[i:j]) for i < j (-inf elsewhere)."""
-    size = len(values)
-    out = np.full((size + 1, size + 1), -math.inf)
-    # Row i: the values from i on (-inf before), their running maximum from column i + 1.
-    rows = np.where(np.arange(size)[None, :] >= np.arange(size + 1)[:, None], values, -math.inf)
-    np.maximum.accumulate(rows, axis=1, out=out[:, 1:])
-    return out
-
-
 @dataclass(frozen=True)
 class _Core:
     payload: tuple  # (groups, ZeRO level, and the source's ``degrees``: ``_config``)
@@ -357,18 +347,33 @@ class HeteroSource:
         root bound reads them all)."""
         if not self._floor_tables:
             # In place: a source of the other schedule shares this dict (``with_schedule``).
-            n = self.model.num_layers
-            # A few ends at a time, so that one pass holds about _FLOOR_CELLS figures.
-            most = max(1, _FLOOR_CELLS // max(1, len(self.allocations)))
-            first = 1
-            while first <= n:
-                last, cells = first, first
-                while last < n and cells + last + 1 <= most:
-                    last += 1
-                    cells += last
+            for first, last in self._end_passes():
                 self._floor_tables.update(self._floor_tables_of(first, last))
-                first = last + 1
         return self._floor_tables[j]
+
+    def _end_passes(self) -> list[tuple[int, int]]:
+        """(first, last) ends of each numpy pass over the floor tables' cells: a few ends
+        at a time, so that one pass holds about ``_FLOOR_CELLS`` figures."""
+        n = self.model.num_layers
+        most = max(1, _FLOOR_CELLS // max(1, len(self.allocations)))
+        passes = []
+        first = 1
+        while first <= n:
+            last, cells = first, first
+            while last < n and cells + last + 1 <= most:
+                last += 1
+                cells += last
+            passes.append((first, last))
+            first = last + 1
+        return passes
+
+    @staticmethod
+    def _by_end(out: np.ndarray, first: int, last: int) -> dict[int, np.ndarray]:
+        """``out``'s columns (the cells of ends first..last in ``_cell_order``) by end."""
+        offsets = np.cumsum([0, *range(first, last + 1)])
+        return {
+            j: out[:, offsets[x] : offsets[x + 1]] for x, j in enumerate(range(first, last + 1))
+        }
 
     def front_floor_table(self, j: int, flight: int) -> np.ndarray:
         """``floor_table(j)`` for a stage holding ``flight`` micro-batches in flight or more
@@ -378,22 +383,12 @@ class HeteroSource:
         pipeline of ``flight`` − 2 stages (``front_relaxations``)."""
         tables = self._front_tables.setdefault(flight, {})
         if not tables:
-            n = self.model.num_layers
-            most = max(1, _FLOOR_CELLS // max(1, len(self.allocations)))
-            first = 1
-            while first <= n:
-                last, cells = first, first
-                while last < n and cells + last + 1 <= most:
-                    last += 1
-                    cells += last
+            for first, last in self._end_passes():
                 out = np.concatenate([self.floor_table(e) for e in range(first, last + 1)], axis=1)
                 span = slice(first * (first - 1) // 2, last * (last + 1) // 2)
                 for rows, fitting in self._fitting_all(flight):
                     out[rows] = np.maximum(out[rows], fitting[:, span] + self._overhead[rows, None])
-                offsets = np.cumsum([0, *range(first, last + 1)])
-                for x, end in enumerate(range(first, last + 1)):
-                    tables[end] = out[:, offsets[x] : offsets[x + 1]]
-                first = last + 1
+                tables.update(self._by_end(out, first, last))
         return tables[j]
 
     def _floor_tables_of(self, first: int, last: int) -> dict[int, np.ndarray]:
@@ -434,10 +429,7 @@ class HeteroSource:
                 floors[at : at + step] = balanced
             out[pair] = floors.T
         out += self._overhead[:, None]
-        offsets = np.cumsum([0, *range(first, last + 1)])  # the cells of each end
-        return {
-            j: out[:, offsets[x] : offsets[x + 1]] for x, j in enumerate(range(first, last + 1))
-        }
+        return self._by_end(out, first, last)
 
     def _fitting_all(self, flight: int | None) -> list[tuple[list[int], np.ndarray]]:
         """``_fitting_floors`` of every one-kind option on every cell of ``_cell_order``, by
@@ -563,18 +555,19 @@ class HeteroSource:
             if tables.start_work:
                 cell_work += np.array(tables.start_work[mode])[starts]
             saved = np.array(tables.saved[mode])
-            # Repeated blocks share one LayerCost: each costed once (``_transient_table``).
-            seen: dict[int, float] = {}
-            for c in tables.layers:
-                if id(c) not in seen:
-                    seen[id(c)] = model.transient_bytes(c, mode)
-            transient = _range_max(np.array([seen[id(c)] for c in tables.layers]))
+            # ``_transient`` of every cell at once, from the same sparse table of range maxima.
+            sparse = self._transient_table(k, t, x, mode)
+            rows = np.full((len(sparse), num_layers), -math.inf)
+            for level, row in enumerate(sparse):
+                rows[level, : len(row)] = row
+            level = np.log2(ends - starts).astype(np.int64)
+            transient = np.maximum(rows[level, starts], rows[level, ends - (1 << level)])
             parked = tables.parked.get(mode)
             per_mode.append(
                 (
                     cell_work,
                     saved[ends] - saved[starts],
-                    transient[starts, ends],
+                    transient,
                     None if parked is None else (np.array(parked)[ends] - np.array(parked)[starts]),
                 )
             )
@@ -1125,7 +1118,7 @@ def _root_bound(
     first alone (cheap: what a search past its deadline still adds). ``target``: the bound
     the run is pruned against, where a coarser relaxation that reaches it is enough
     (``RunRelaxation``), and none where the first does."""
-    m, _schedule, most, least = run
+    m = run[0]
     source = _run_source(model, batch, options, run, sources, index, source_type)
     if not source.options():
         return math.inf
@@ -1138,22 +1131,14 @@ def _root_bound(
         # At or above ``target`` already: the caller skips the run on this bound as on any
         # higher one, so the relaxation (its floors and tables) is not computed.
         return plain
-    uses, _, floors = _run_floors(source, num_layers)
-    weights_of = getattr(source, "resource_weights", None)
-    weights = weights_of() if weights_of is not None else np.ones(uses.shape[1])
-    pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
-    min_stages = least if pinned_pp is None else max(least, pinned_pp)
-    max_stages = most if pinned_pp is None else min(most, pinned_pp)
-    relaxation = RunRelaxation(
-        num_layers,
-        m,
-        tuple(int(x) for x in free[0]),
-        uses,
+    _, _, floors = _run_floors(source, num_layers)
+    relaxation = _relaxation(
+        model,
+        options,
+        run,
+        source,
         floors,
-        weights,
         spread,
-        min_stages=min_stages,
-        max_stages=max_stages,
         target=target,
         # The last run's tables, where its inputs are these (the other schedule of its m).
         like=next(reversed(relaxations.values()), None) if relaxations else None,
@@ -1177,36 +1162,55 @@ def front_relaxations(
     front of a partial pipeline of 1, then 2 or more stages can least add (a stage with q
     stages after it holds min(m, q + 1) under 1F1B, m under GPipe): ``best_pipelines``'
     ``deeper``. None where the source has no such floors or m < 3 (the same as the root's)."""
-    m, _schedule, most, least = run
+    m = run[0]
     front_table = getattr(source, "front_floor_table", None)
     if front_table is None or m < 3 or not source.options():
         return []
     num_layers = model.num_layers
     free = np.array([[c.total_gpus for c in model.classes]], dtype=np.int64)
     spread = float(source.prefix_table(free)[0, num_layers])
-    uses, edges, _ = _run_floors(source, num_layers)
-    weights_of = getattr(source, "resource_weights", None)
-    weights = weights_of() if weights_of is not None else np.ones(uses.shape[1])
-    pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
+    _, edges, _ = _run_floors(source, num_layers)
     relaxations = []
     for flight in sorted({min(m, 3), min(m, 4)}):
         floors = stage_floors(
             num_layers, [front_table(j, flight) for j in range(1, num_layers + 1)], edges
         )
-        relaxations.append(
-            RunRelaxation(
-                num_layers,
-                m,
-                tuple(int(x) for x in free[0]),
-                uses,
-                floors,
-                weights,
-                spread,
-                min_stages=least if pinned_pp is None else max(least, pinned_pp),
-                max_stages=most if pinned_pp is None else min(most, pinned_pp),
-            )
-        )
+        relaxations.append(_relaxation(model, options, run, source, floors, spread))
     return relaxations
+
+
+def _relaxation(
+    model: CostModel,
+    options: SolveOptions,
+    run: tuple[int, str, int, int],
+    source: StageSource,
+    floors: np.ndarray,
+    lowest_peak: float,
+    *,
+    target: float = math.inf,
+    like: RunRelaxation | None = None,
+) -> RunRelaxation:
+    """``RunRelaxation`` of run ``run`` on ``floors`` (``stage_floors``' layout): every GPU of
+    the model free, the source's options and prices (``resource_weights``), the run's stage
+    counts within a pinned pp."""
+    m, _schedule, most, least = run
+    uses, _, _ = _run_floors(source, model.num_layers)
+    weights_of = getattr(source, "resource_weights", None)
+    weights = weights_of() if weights_of is not None else np.ones(uses.shape[1])
+    pinned_pp = options.pp if options.layer_split is None else len(options.layer_split)
+    return RunRelaxation(
+        model.num_layers,
+        m,
+        tuple(c.total_gpus for c in model.classes),
+        uses,
+        floors,
+        weights,
+        lowest_peak,
+        min_stages=least if pinned_pp is None else max(least, pinned_pp),
+        max_stages=most if pinned_pp is None else min(most, pinned_pp),
+        target=target,
+        like=like,
+    )
 
 
 def _run_floors(source: StageSource, num_layers: int) -> RunFloors:
