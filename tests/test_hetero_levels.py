@@ -34,9 +34,10 @@ def test_a_poor_incumbent_still_gives_the_optimum_proven(slack) -> None:
 def test_the_levels_rise_by_the_step_from_the_least_root_bound(monkeypatch) -> None:
     """With an incumbent 25% above the optimum, runs are searched below levels under the
     optimum itself (where a run can only prove its floor), each a power of 1 + ``LEVEL_STEP``
-    times the least root bound."""
+    times the least root bound. (Batch 16: at 64 the least root bound is within a step of
+    the optimum, 57.6 ms with ZeRO-2 hiding its collectives, and the first level is above it.)"""
     model = _gpt2_on_a100_v100()
-    batch = 64
+    batch = 16
     best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
     optimum = model.evaluate(best.configs[0]).iteration_ms
     bounds: list[float] = []
@@ -49,7 +50,7 @@ def test_the_levels_rise_by_the_step_from_the_least_root_bound(monkeypatch) -> N
     monkeypatch.setattr(hetero_module, "best_pipelines", recorded)
     incumbent = optimum * 1.25
     hetero_candidates(model, batch, OPTIONS, incumbent, keep=1, deadline=math.inf)
-    below = sorted({round(b, 6) for b in bounds if b < optimum * (1 - 1e-9)})
+    below = sorted({round(b, 9) for b in bounds if b < optimum * (1 - 1e-9)})
     assert len(below) >= 2, below
     ratios = [b / a for a, b in itertools.pairwise(below)]
     step = 1 + hetero_module.LEVEL_STEP
@@ -63,9 +64,9 @@ def test_with_the_time_left_always_short_the_small_steps_still_prove_the_optimum
 ) -> None:
     """Every level chosen as if no time were left (the smallest steps,
     ``autoplan.solve.levels``): the optimum is still found and proven, as with the fixed
-    steps."""
+    steps. (Batch 16, as above: levels below the optimum to hurry through.)"""
     model = _gpt2_on_a100_v100()
-    batch = 64
+    batch = 16
     best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
     optimum = model.evaluate(best.configs[0]).iteration_ms
     chosen: list[float] = []

@@ -295,7 +295,8 @@ class _StageCoster:
 
     def choice_for(self, s: int, i: int, j: int) -> tuple[int, str] | None:
         """(ZeRO level, recompute) of stage s on [i, j): of the levels, the one whose
-        fastest fitting recompute gives the least work, the lower on ties; None if none
+        fastest fitting recompute gives the least work, then the least tail, the lower on
+        ties (``HeteroSource.stage_groups`` says why the tail breaks ties); None if none
         fits."""
         found = self._choice(s, i, j)
         return None if found is None else (found[0], found[1])
@@ -307,11 +308,7 @@ class _StageCoster:
         key = (i, j)
         if key in choices:
             return choices[key]
-        chosen = self._choose(s, i, j)
-        found = None
-        if chosen is not None:
-            level, mode, work, backward = chosen
-            found = (level, mode, work, backward, self._tail(s, i, j, level, backward))
+        found = self._choose(s, i, j)
         choices[key] = found
         return found
 
@@ -328,15 +325,18 @@ class _StageCoster:
             + self.step_overhead[s]
         )
 
-    def _choose(self, s: int, i: int, j: int) -> tuple[int, str, float, float] | None:
-        """``_choice`` computed (without the tail)."""
+    def _choose(self, s: int, i: int, j: int) -> tuple[int, str, float, float, float] | None:
+        """``_choice`` computed."""
         # The modes' times, order and memory and the buffers do not depend on the level:
         # once here for every level.
         span = self._span(s, i, j)
-        best = None
+        best = None  # (work, level, mode, backward, tail)
         # The compute of a mode does not depend on the level (only ZeRO-2/3's collectives
         # are added to it): levels that pick the same mode cost it once.
         plain: dict[str, tuple[float, float]] = {}
+        least_tail = (
+            min(self.optimizer[z][s] for z in self.levels) * span.params + self.step_overhead[s]
+        )
         for level in self.levels:
             mode = self._fitting(s, i, j, level, span)
             if mode is None:
@@ -346,13 +346,18 @@ class _StageCoster:
                 found = plain[mode] = self._plain_work(s, i, j, mode, span)
             work, backward = self._sharded(s, span.params, level, *found)
             if best is None or work < best[0]:
-                best = (work, level, mode, backward)
-            if mode == span.ordered[0] and best[0] <= found[0]:
-                # At the fastest mode's work before any collective: a later level only adds
-                # its collectives (never negative) to a mode's work, no less than this one's,
-                # so none is below it (and a tie keeps the lower level).
+                best = (work, level, mode, backward, self._tail(s, i, j, level, backward))
+            elif work == best[0]:
+                tail = self._tail(s, i, j, level, backward)
+                if tail < best[4]:
+                    best = (work, level, mode, backward, tail)
+            if mode == span.ordered[0] and best[0] <= found[0] and best[4] <= least_tail:
+                # At the fastest mode's work before any collective and the least tail of any
+                # level: a later level only adds its collectives (never negative) to a mode's
+                # work, no less than this one's, and no tail is shorter (a tie keeps the lower
+                # level).
                 break
-        return None if best is None else (best[1], best[2], best[0], best[3])
+        return None if best is None else (best[1], best[2], best[0], best[3], best[4])
 
     def __call__(self, s: int, i: int, j: int) -> tuple[float, float, float] | None:
         choice = self._choice(s, i, j)
