@@ -927,10 +927,17 @@ class HeteroSource:
         more in its tail than m × the extra, the stage is faster there and this search does
         not see it; "proven" is then relative to this choice. Keeping every level as its own
         stage option would make it exact at up to three times the options."""
+        found = self._stage(allocation, i, j, flight)
+        return None if found is None else found[:3]
+
+    def _stage(
+        self, allocation: Allocation, i: int, j: int, flight: int
+    ) -> tuple[tuple[ReplicaGroup, ...], int, float, float] | None:
+        """``stage_groups`` with the stage's tail (``_tail``)."""
         replicas = sum(n for _, _, n in allocation)
         uniform_tp = len({t for _, t, _ in allocation}) == 1
         best = None
-        best_tail = math.inf
+        tail = math.nan  # the best's, computed where a tie or the caller asks for it
         for level in zero_levels(replicas, uniform_tp, self.pinned):
             per_param = self.model.static_bytes_per_param(replicas, level)
             found = self._shares(allocation, i, j, flight, per_param, (replicas, level))
@@ -938,18 +945,19 @@ class HeteroSource:
                 continue
             groups = tuple(sorted(found[0]))
             work = self._zero_work(groups, i, j, level, found[1])
-            if best is not None and work > best[2]:
-                continue
             if best is None or work < best[2]:
-                best, best_tail = (groups, level, work), math.nan
-                continue
-            # A tie: the tails decide (each computed once, where a tie asks for it).
-            if math.isnan(best_tail):
-                best_tail = self._tail(best[0], i, j, best[1])
-            tail = self._tail(groups, i, j, level)
-            if tail < best_tail:
-                best, best_tail = (groups, level, work), tail
-        return best
+                best, tail = (groups, level, work), math.nan
+            elif work == best[2]:
+                if math.isnan(tail):
+                    tail = self._tail(best[0], i, j, best[1])
+                other = self._tail(groups, i, j, level)
+                if other < tail:
+                    best, tail = (groups, level, work), other
+        if best is None:
+            return None
+        if math.isnan(tail):
+            tail = self._tail(best[0], i, j, best[1])
+        return (*best, tail)
 
     def _tail(self, groups: tuple[ReplicaGroup, ...], i: int, j: int, level: int) -> float:
         """What the stage's groups do after their last backward on [i, j) at ZeRO ``level``:
@@ -1005,10 +1013,9 @@ class HeteroSource:
             return self._cores[key]
         model = self.model
         core = None
-        found = self.stage_groups(self.allocations[option], i, j, flight)
+        found = self._stage(self.allocations[option], i, j, flight)
         if found is not None:
-            groups, zero1, work = found
-            tail = self._tail(groups, i, j, zero1)
+            groups, zero1, work, tail = found
             payload: tuple = (groups, zero1)
             if self._degrees is not None:
                 cp, ep, sp = self._degrees
