@@ -13,6 +13,7 @@ import math
 
 import pytest
 
+from autoplan.cost.engines import ENGINES
 from autoplan.cost.model import CostModel, PlanConfig
 from autoplan.solve.hetero import hetero_candidates
 from autoplan.solve.options import SolveOptions
@@ -76,3 +77,20 @@ def test_no_other_level_with_no_slower_pass_is_faster(family, engine: str) -> No
             compared += 1
             assert model.evaluate(other).iteration_ms >= iteration * (1 - 1e-12), other
     assert compared, "no level of the plan's stages ties with its own: nothing was compared"
+
+
+def test_megatron_deepspeed_pipelines_stay_at_levels_0_and_1(monkeypatch) -> None:
+    """Priced for Megatron-DeepSpeed, whose pipeline engine runs ZeRO 0 and 1 only, a
+    pipeline of two stages never takes ZeRO-2 even where it ties (GPT-2 small on a100-v100,
+    batch 64, pp pinned to 2); at pp 1 it may (the first test)."""
+    model = _gpt2_on_a100_v100().with_engine("megatron-deepspeed")
+    options = _uniform_options(model).model_copy(update={"pp": 2})
+    found = search(model, 64, options).candidates
+    assert found and all(c.config.pipeline_degree == 2 for c in found)
+    assert all(stage.zero_stage <= 1 for c in found for stage in c.config.stages)
+    # With the engine's limit lifted the same search shards where it ties: the limit, not
+    # the instance, is what keeps these pipelines at level 1.
+    lifted = dataclasses.replace(ENGINES["megatron-deepspeed"], pipeline_zero_max=3)
+    monkeypatch.setitem(ENGINES, "megatron-deepspeed", lifted)
+    found = search(model, 64, options).candidates
+    assert any(stage.zero_stage >= 2 for c in found for stage in c.config.stages)

@@ -66,6 +66,10 @@ class EngineTraits:
     # Whether the pipeline keeps a receive buffer for every micro-batch (torch's pipelining)
     # rather than for those in flight only (``CostModel.transfer_buffer_bytes``).
     keeps_receive_buffers: bool
+    # The highest ZeRO level a pipeline of two stages or more runs at (DeepSpeed's pipeline
+    # engine asserts stage < 2: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    # parallelism"; autoplan's runtime shards any stage with FSDP2).
+    pipeline_zero_max: int = 3
 
     def loss_copies(self, one_sample: bool) -> int:
         """Logits-sized fp32 temporaries of the loss, for a micro-batch of one sample or more
@@ -85,5 +89,6 @@ ENGINES: dict[Engine, EngineTraits] = {
         loss_temporaries=1,
         copies_transposed_logits=True,
         keeps_receive_buffers=False,
+        pipeline_zero_max=1,
     ),
 }

@@ -69,6 +69,7 @@ from autoplan.cost.config import (
     StageChoice,
     canonical_sequence_parallel,
 )
+from autoplan.cost.engines import ENGINES
 from autoplan.cost.model import CostModel, LinkSide
 from autoplan.cost.offload import group_of
 from autoplan.cost.schedule import in_flight_chunks
@@ -608,6 +609,13 @@ def _solve_pipeline(
     ``shared_sp`` those with SP on where ``p`` chooses SP per stage (module docstring)."""
     modes = recompute_modes(options)
     levels = zero_levels(p.dp, True, options)
+    if len(p.classes) > 1:
+        # The levels the engine runs in a pipeline (Megatron-DeepSpeed: 0 and 1). The bounds
+        # that queued ``p`` read every level: a larger space, so they still hold.
+        most = ENGINES[model.engine].pipeline_zero_max
+        levels = tuple(z for z in levels if z <= most)
+        if not levels:
+            return None  # a pinned level the engine does not run in a pipeline
     if p.chunks > 1:
         found = _solve_interleaved(model, p, modes, levels)
         if p.per_stage_sp:
