@@ -13,8 +13,9 @@ import math
 
 import pytest
 
+from autoplan.cost.config import PlanConfig
 from autoplan.cost.engines import ENGINES
-from autoplan.cost.model import CostModel, PlanConfig
+from autoplan.cost.model import CostModel
 from autoplan.solve.hetero import hetero_candidates
 from autoplan.solve.options import SolveOptions
 from autoplan.solve.search import search
