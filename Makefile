@@ -29,8 +29,9 @@ demo: $(STAMP)
 # One pytest worker per core (pytest-xdist), a test file at a time: a file's module-scoped
 # fixture (a torchrun launch, real solves) then runs once, and tests that read what an earlier
 # test of their file saw stay in order. (xdist's loadgroup marks are a no-op under pytest 9.2.)
+# The slowest files go first (tests/conftest.py's SLOWEST_FIRST; xdist's own reorder off).
 test: $(STAMP)
-	$(PY) -m pytest -n auto --dist loadfile
+	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP)
 	$(PY) -m bench
