@@ -115,7 +115,7 @@ class StageTable:
     composition and the compositions of one group ask for the same ones again."""
 
     # (ZeRO level, recompute, work, backward, tail) of a stage, or None where none fits: by
-    # (tp, dp, micro-batch size, m, class, in-flight count), then by (i, j).
+    # (tp, dp, micro-batch size, m, class, in-flight count, the levels allowed), then by (i, j).
     choices: dict[
         tuple[int, ...], dict[tuple[int, int], tuple[int, str, float, float, float] | None]
     ] = field(default_factory=dict)
@@ -187,10 +187,11 @@ class _StageCoster:
             else:
                 self.sends.append([0.0] * (model.num_layers + 1))
         # Stage s's choices in the shared table: the figures depend on the stage's class and
-        # in-flight count beside the pipeline's shape, not on its neighbours.
+        # in-flight count beside the pipeline's shape and levels (an engine may allow fewer
+        # in a pipeline than at pp 1), not on its neighbours.
         self._choices = [
             self._shared.choices.setdefault(
-                (p.tp, p.dp, p.mbs, p.m, p.classes[s], self.flight[s]), {}
+                (p.tp, p.dp, p.mbs, p.m, p.classes[s], self.flight[s], *levels), {}
             )
             for s in range(pp)
         ]
