@@ -103,6 +103,11 @@ def _cell_order(num_layers: int) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
+def _end_cells(first: int, last: int) -> slice:
+    """Where the cells of ends first..last lie in ``_cell_order`` (end j has j cells)."""
+    return slice(first * (first - 1) // 2, last * (last + 1) // 2)
+
+
 @dataclass(frozen=True)
 class _Core:
     payload: tuple  # (groups, ZeRO level, and the source's ``degrees``: ``_config``)
@@ -385,7 +390,7 @@ class HeteroSource:
         if not tables:
             for first, last in self._end_passes():
                 out = np.concatenate([self.floor_table(e) for e in range(first, last + 1)], axis=1)
-                span = slice(first * (first - 1) // 2, last * (last + 1) // 2)
+                span = _end_cells(first, last)
                 for rows, fitting in self._fitting_all(flight):
                     out[rows] = np.maximum(out[rows], fitting[:, span] + self._overhead[rows, None])
                 tables.update(self._by_end(out, first, last))
@@ -394,7 +399,7 @@ class HeteroSource:
     def _floor_tables_of(self, first: int, last: int) -> dict[int, np.ndarray]:
         """``floor_table(j)`` for j in [first, last], in one pass over their cells (i, j)."""
         all_starts, all_ends = _cell_order(self.model.num_layers)
-        cells = slice(first * (first - 1) // 2, last * (last + 1) // 2)
+        cells = _end_cells(first, last)
         starts, ends = all_starts[cells], all_ends[cells]
         out = np.empty((len(self.allocations), len(ends)))
         # One-kind options: their own prefix; the split's floor only for the two-kind rows
