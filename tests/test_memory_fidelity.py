@@ -3,6 +3,10 @@ and the memory terms of the cost model by hand."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -210,37 +214,21 @@ def test_the_runtimes_ddp_holds_the_gradients_once() -> None:
     """The cost model counts a replicated stage's gradients once (``sharding.static_bytes``):
     DDP as the runtime builds it (``data_parallel.replicate``: gradients as views into its
     buckets) allocates no second copy, where a plain DDP holds every gradient once more in its
-    25 MiB buckets. A one-process gloo group; the buckets read by the runtime's
+    25 MiB buckets. A one-process gloo group, in a process of its own
+    (``tests/ddp_buckets_driver.py`` says why); the buckets read by the runtime's
     ``gradient_bucket_bytes``, the model states by ``model_state_bytes``."""
-    import socket
-
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from autoplan.runtime.data_parallel import replicate
-    from autoplan.runtime.memory import gradient_bucket_bytes, model_state_bytes
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 4096))
-        params = sum(p.numel() for p in model.parameters())
-        plain = nn.parallel.DistributedDataParallel(model)
-        plain(torch.randn(2, 512)).sum().backward()
-        assert gradient_bucket_bytes(plain) == params * 4  # the copy the runtime avoids
-        model.zero_grad(set_to_none=True)
-
-        other = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 4096))
-        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
-        ddp = replicate(other, mesh, torch.device("cpu"), find_unused_parameters=False)
-        ddp(torch.randn(2, 512)).sum().backward()
-        assert gradient_bucket_bytes(ddp) == 0
-        # parameters + gradients, each once: nothing else holds them.
-        assert model_state_bytes([other], [], [ddp]) == 2 * params * 4
-    finally:
-        dist.destroy_process_group()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "ddp_buckets_driver.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    params = figures["params"]
+    assert figures["plain_bucket_bytes"] == params * 4  # the copy the runtime avoids
+    assert figures["runtime_bucket_bytes"] == 0
+    # parameters + gradients, each once: nothing else holds them.
+    assert figures["runtime_state_bytes"] == 2 * params * 4
