@@ -72,8 +72,8 @@ def test_with_the_time_left_always_short_the_small_steps_still_prove_the_optimum
     chosen: list[float] = []
     choose = hetero_module.next_level
 
-    def hurried(level, target, left_s, costs, runs, floors):
-        chosen.append(choose(level, target, 0.0, costs, runs, floors))
+    def hurried(level, target, left_s, costs, runs, floors, **kwargs):
+        chosen.append(choose(level, target, 0.0, costs, runs, floors, **kwargs))
         return chosen[-1]
 
     monkeypatch.setattr(hetero_module, "next_level", hurried)
@@ -150,3 +150,39 @@ def test_a_pass_cut_by_the_clock_goes_on_where_it_stopped() -> None:
     assert state.done and not again.timed_out
     assert math.isclose(model.evaluate(again.configs[0]).iteration_ms, optimum, rel_tol=1e-9)
     assert math.isclose(again.floor_ms, optimum, rel_tol=1e-9), (again.floor_ms, optimum)
+
+
+def test_a_jump_cut_by_its_share_of_the_time_goes_on_by_steps(monkeypatch) -> None:
+    """A jump to the bound gets half of the time left (``levels.TIME_SHARE``); here the first
+    search of a jump is cut at once (its deadline passed, as a jump near the optimum that
+    outgrows its share): the pass is not timed out, searches no other jump, goes on by steps
+    and proves the optimum. (Batch 16: levels below the optimum to step through; the
+    incumbent the optimum itself, so that no level finds a plan before the jump to it.)"""
+    model = _gpt2_on_a100_v100()
+    batch = 16
+    best = hetero_candidates(model, batch, OPTIONS, math.inf, keep=1, deadline=math.inf)
+    optimum = model.evaluate(best.configs[0]).iteration_ms
+    deadline = time.monotonic() + 3600.0
+    search = hetero_module.best_pipelines
+    jumps: list[float] = []
+    after: list[float] = []
+
+    def cut_first_jump(*args, **kwargs):
+        if kwargs["deadline"] < deadline:  # a jump's own share of the time
+            jumps.append(kwargs["upper_bound"])
+            if len(jumps) == 1:
+                kwargs["deadline"] = -math.inf
+        elif jumps:
+            after.append(kwargs["upper_bound"])
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(hetero_module, "best_pipelines", cut_first_jump)
+    state = hetero_module.HeteroState()
+    found = hetero_candidates(
+        model, batch, OPTIONS, optimum * (1 + 1e-6), keep=1, deadline=deadline, state=state
+    )
+    assert len(jumps) == 1, jumps  # the jump was taken, cut, and not taken again
+    assert state.jump_failed and state.done and not found.timed_out
+    assert after, "no level searched after the cut jump"
+    assert math.isclose(model.evaluate(found.configs[0]).iteration_ms, optimum, rel_tol=1e-9)
+    assert math.isclose(found.floor_ms, optimum, rel_tol=1e-9), (found.floor_ms, optimum)

@@ -109,5 +109,10 @@ def test_a_jump_predicted_to_cost_too_much_effort_takes_a_step() -> None:
     assert next_level(100.0, target, math.inf, light, [0], {}) == math.inf
     assert next_level(100.0, target, math.inf, heavy, [0], {}) == 100.0 * (1 + LEVEL_STEP)
     assert next_level(100.0, 101.0, math.inf, heavy, [0], {}) == math.inf
+    # After a jump cut by the clock (``jump=False``): steps until a step reaches the bound.
+    assert next_level(100.0, target, math.inf, light, [0], {}, jump=False) == 100.0 * (
+        1 + LEVEL_STEP
+    )
+    assert next_level(100.0, 101.0, math.inf, light, [0], {}, jump=False) == math.inf
     # A run proven at the bound costs nothing.
     assert heavy.jump_effort(target, [0], {0: target}) == 0.0

@@ -1151,11 +1151,12 @@ class CostModel:
         stages = config.stages
         v_shape = config.schedule in V_SCHEDULES
 
-        def rank_of(index: int) -> int:
-            return stage_rank(index, pp, v_shape=v_shape)
-
+        # Each stage's pipeline rank, and each rank's stages (its chunks), computed once.
+        rank_of = [stage_rank(index, pp, v_shape=v_shape) for index in range(len(stages))]
+        chunks_of: list[list[int]] = [[] for _ in range(pp)]
         for index, stage in enumerate(stages):
-            if stage.groups != stages[rank_of(index)].groups:
+            chunks_of[rank_of[index]].append(index)
+            if stage.groups != stages[rank_of[index]].groups:
                 raise ValueError("all stages of one pipeline rank must have the same groups")
         # A view with sequence parallelism on (``with_sequence_parallel``) costs every config
         # with it: the solvers build their configs without the flag. A stage may run it alone.
@@ -1182,10 +1183,10 @@ class CostModel:
         rank_sends = [0.0] * pp
         rank_receives = [0.0] * pp
         for index, cost in enumerate(costs):
-            rank_work[rank_of(index)] += cost.work_ms
-            rank_sends[rank_of(index)] += cost.send_ms
+            rank_work[rank_of[index]] += cost.work_ms
+            rank_sends[rank_of[index]] += cost.send_ms
             if index + 1 < len(costs):
-                rank_receives[rank_of(index + 1)] += cost.send_ms
+                rank_receives[rank_of[index + 1]] += cost.send_ms
         steady = blocking_stage_times(rank_work, rank_sends, rank_receives)
         fill = steady
         zero_bubble = config.schedule in ZERO_BUBBLE_SCHEDULES
@@ -1198,7 +1199,7 @@ class CostModel:
         violations: list[str] = []
         tails, allreduces, exposed, optimizer = [], [], [], []
         for r in range(pp):
-            chunks = [index for index in range(len(stages)) if rank_of(index) == r]
+            chunks = chunks_of[r]
             stage = stages[r]
             if zero_bubble:
                 flight = zero_bubble_flight[r]
@@ -1284,7 +1285,7 @@ class CostModel:
             tails.append(hidden + max(steps))
         tail_rank = max(range(pp), key=lambda r: (tails[r], -r))
         slow = max(range(pp), key=lambda r: (steady[r], -r))
-        slow_parts = [costs[c].slowest() for c in range(len(stages)) if rank_of(c) == slow]
+        slow_parts = [costs[c].slowest() for c in chunks_of[slow]]
         # ZeRO-2/3's exposed per-micro-batch collectives (``_with_zero``) are in the passes'
         # times but neither compute nor tp: they are data-parallel communication.
         # (Clamped: without them the difference is 0 up to rounding.)
