@@ -1359,7 +1359,9 @@ def hetero_candidates(
     below the bound itself, as one pass would. A run's search prunes far more below a level
     near the optimum than below a poor incumbent (GPT-3 175B on mixed-1024: the uniform
     incumbent is 6.7% above the optimum, which a two-stage plan at m = 8 holds), and the
-    certificate holds the level reached when the time limit stops it.
+    certificate holds the level reached when the time limit stops it. A jump to the bound
+    gets half the time left; cut there, the levels go on by steps from the last one every
+    run was proven at (``autoplan.solve.levels``).
 
     ``state`` (``HeteroState``): where the pass is kept, and from where a later call with
     the same state goes on (``autoplan.solve.portfolio`` shares the time among its runs by
