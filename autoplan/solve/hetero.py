@@ -1558,30 +1558,21 @@ def hetero_candidates(
                     timed_out = True
                 break
         if fell_back:
-            state.jump_failed = True
-            level = next_level(
-                state.proven_level,
-                state.bound * (1.0 - options.gap),
-                deadline - time.monotonic(),
-                costs,
-                range(len(runs)),
-                floors,
-                jump=False,
-            )
-            continue
-        if timed_out:
+            state.jump_failed = True  # the next level: a step from the last one proven
+        elif timed_out:
             break  # the level cut: the next call searches it again
-        state.proven_level = level
-        if level >= state.bound * (1.0 - options.gap):
-            state.done = True  # every run searched below the bound itself: the pass is done
-            break
+        else:
+            state.proven_level = level
+            if level >= state.bound * (1.0 - options.gap):
+                state.done = True  # every run searched below the bound itself: the pass is done
+                break
         # LEVEL_STEP higher, or the bound itself within two steps of it (a level that close
         # costs about what the bound's own pass does: Llama-2-13B on h100-a100-l4, 0.5 s each
         # of the last two under its optimal incumbent, and what it would find, that pass
         # finds too); a smaller step where that is predicted not to finish in the time left
         # (``autoplan.solve.levels``).
         level = next_level(
-            level,
+            state.proven_level,
             state.bound * (1.0 - options.gap),
             deadline - time.monotonic(),
             costs,
