@@ -1,5 +1,6 @@
-"""Test driver run under torchrun: chains of runs of one model, each run resuming from the
-checkpoint the run before it saved, each under its own plan.
+"""Test driver run as the ranks of a launch (tests/forked_ranks.py, or torchrun): chains of runs
+of one model, each run resuming from the checkpoint the run before it saved, each under its own
+plan.
 
 ``python -m torch.distributed.run --nproc-per-node W tests/checkpoint_driver.py OUT CHAIN...``
 reads each ``CHAIN`` (JSON: ``{"data": token file, "runs": [{"name", "plan", "steps",

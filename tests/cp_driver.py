@@ -1,8 +1,8 @@
-"""Run under torchrun (2 or 3 processes, one cp group): a float64 training step of gpt-tiny
-(learned positions) and llama-tiny (RoPE, grouped-query attention) with context parallelism 2
-(or 3: ``SPLITS_OF_3``), against the same step in one process on whole sequences: with equal
-chunks, and with uneven ones (a 3:1 split of the 16 tokens, the larger chunk on either rank:
-``SPLITS``).
+"""Run as the ranks of a launch (2 or 3 processes, tests/forked_ranks.py, one cp group): a
+float64 training step of gpt-tiny (learned positions) and llama-tiny (RoPE, grouped-query
+attention) with context parallelism 2 (or 3: ``SPLITS_OF_3``), against the same step in one
+process on whole sequences: with equal chunks, and with uneven ones (a 3:1 split of the 16
+tokens, the larger chunk on either rank: ``SPLITS``).
 
 ``python -m torch.distributed.run --nproc-per-node 2 tests/cp_driver.py OUT`` writes
 ``OUT/rank<r>.json``: per model and split (``"gpt-tiny"`` equal, ``"gpt-tiny@12,4"`` uneven),

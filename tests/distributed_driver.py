@@ -1,4 +1,5 @@
-"""Test driver run under torchrun: trains every plan of a folder in one launch, dumping gradients.
+"""Test driver run as the ranks of a launch (tests/forked_ranks.py, or torchrun): trains every
+plan of a folder in one launch, dumping gradients.
 
 ``python -m torch.distributed.run --nproc-per-node W tests/distributed_driver.py PLANS OUT``
 runs, one after another in the same processes, each ``PLANS/*.json`` whose world size is W

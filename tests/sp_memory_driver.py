@@ -1,5 +1,6 @@
-"""Run under torchrun (2 processes): what one tp rank's blocks hold after a forward pass, with
-and without sequence parallelism, measured by MemTracker (``bytes_held_after``).
+"""Run as the ranks of a launch (2 processes, tests/forked_ranks.py): what one tp rank's blocks
+hold after a forward pass, with and without sequence parallelism, measured by MemTracker
+(``bytes_held_after``).
 
 ``python -m torch.distributed.run --nproc-per-node 2 tests/sp_memory_driver.py OUT B S``
 writes ``OUT/rank<r>.json``: {"sp": bytes, "tp": bytes} for gpt-tiny in fp32 at micro-batch

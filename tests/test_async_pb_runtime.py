@@ -4,7 +4,7 @@ with real delays (pp 2-4, 1F1B without flush) training reaches synchronous SGD's
 stated tolerances, Linear Weight Prediction measurably helps, and a mixed plan (a stage of two
 replicas of unequal shares before stages of one) trains within its tolerance too.
 
-One torchrun launch (4 processes) runs every case (``tests/async_pb_driver.py``).
+One launch (4 processes) runs every case (``tests/async_pb_driver.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from autoplan.runtime.pipelined_sgd import spike_coefficients
 from tests import async_pb_plans as plans
 from tests import async_pb_task as task
 from tests.plan_factory import ReplicaSpec
-from tests.torchrun_plans import torchrun
+from tests.torchrun_plans import run_ranks
 
 NUM_MICRO_BATCHES = 160
 ZERO_DELAY_MICRO_BATCHES = 24
@@ -94,7 +94,7 @@ def _launch(out_dir: Path) -> None:
         write_json_model(out_dir / "plans" / f"{name}.json", plan)
         listing[name] = {"zero_delay": zero_delay, "steps": steps}
     (out_dir / "plan_cases.json").write_text(json.dumps(listing))
-    torchrun("async_pb_driver.py", [str(out_dir), str(NUM_MICRO_BATCHES)], 4)
+    run_ranks("async_pb_driver.py", [str(out_dir), str(NUM_MICRO_BATCHES)], 4)
 
 
 def _stages(runs: Path, name: str, pp: int) -> list[torch.nn.Module]:

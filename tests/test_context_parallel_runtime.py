@@ -1,5 +1,5 @@
 """Context parallelism executed (autoplan.runtime.context_parallel): ring attention over a cp
-group of 2 real torchrun processes on gloo, float64, against one process on whole sequences:
+group of 2 real processes on gloo, float64, against one process on whole sequences:
 loss, logits and every gradient within 1e-10, for learned positions (gpt-tiny) and RoPE with
 grouped-query attention (llama-tiny), with equal chunks and with a 3:1 split (uneven chunks,
 as a cp group across two GPU types runs); and the load-balanced chunks worked by hand."""
@@ -28,7 +28,7 @@ from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.runtime_models import HF_DECODER_LAYERS
 from tests.single_process_reference import reference_training
 from tests.test_context_span_family import solved_family_dp_plan, solved_family_plan
-from tests.torchrun_plans import run_plans, torchrun
+from tests.torchrun_plans import run_plans, run_ranks
 
 TOLERANCE = 1e-10
 
@@ -66,7 +66,7 @@ def test_uneven_chunks_mirror_pieces_of_each_ranks_half() -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("cp")
-    torchrun("cp_driver.py", [str(out)], 2)
+    run_ranks("cp_driver.py", [str(out)], 2)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -91,7 +91,7 @@ def test_cp2_step_equals_one_process(
 @pytest.fixture(scope="module")
 def results_of_3(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("cp3")
-    torchrun("cp_driver.py", [str(out)], 3)
+    run_ranks("cp_driver.py", [str(out)], 3)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
 
 

@@ -1,5 +1,5 @@
 """Expert parallelism executed: moe-tiny (float64, a dense first block, then MoE blocks of
-4 experts, top 2, a shared expert) trained under torchrun on gloo with its experts split over
+4 experts, top 2, a shared expert) trained in real processes on gloo with its experts split over
 ep ranks equals single-process training within 1e-10, for ep 2 alone, ep 2 with two expert
 groups (dp 4: expert gradients summed across groups; and with ZeRO-1 over the replicas of one
 expert index), ep 2 × tp 2, ep 2 × pp 2 with full recompute (the recomputed forward exchanges

@@ -1,4 +1,4 @@
-"""fp16 plans under real torchrun processes (gloo): every rank scales its loss by the same
+"""fp16 plans under real processes (gloo): every rank scales its loss by the same
 DynamicLossScale, the optimizers divide it out, and training follows fp32 training within
 fp16's precision, on the mesh executor (pp 2 × dp 2) and on the groups executor with ZeRO-1
 master weights sharded over two replicas."""

@@ -1,9 +1,9 @@
-"""Activation offload, executed: real torchrun processes (gloo, float64) equal single-process
+"""Activation offload, executed: real processes (gloo, float64) equal single-process
 training within 1e-10 on pp × dp × tp plans with offload, without and with (full) recompute,
 on the mesh engine and the groups engine; and what the runtime's offload hooks move off the
 device per micro-batch equals what the cost model predicts.
 
-One torchrun launch (8 processes) runs all the distributed plans.
+One launch (8 processes) runs all the distributed plans.
 """
 
 from __future__ import annotations

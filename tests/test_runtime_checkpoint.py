@@ -1,4 +1,4 @@
-"""Checkpoints reshard across plans: real torchrun processes (gloo, float64, one launch of 4)
+"""Checkpoints reshard across plans: real processes (gloo, float64, one launch of 4)
 train gpt-tiny on a token file for 2 steps under one plan, save, and go on under three
 others, each resuming from the checkpoint the one before saved (DCP): pipeline × tensor
 parallel (mesh executor) → uneven dp between stages with tp 2 on the last (groups executor)
@@ -25,7 +25,7 @@ from autoplan.runtime.report import RunReport
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import reference_training
 from tests.test_runtime_data_checkpoint import full_batches
-from tests.torchrun_plans import torchrun
+from tests.torchrun_plans import run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -116,7 +116,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokens = np.random.default_rng(11).integers(0, 128, 4000).astype(np.uint16)
     np.save(out / "tokens.npy", tokens)
     chains = [_write_chain(out, "dense", RUNS), _write_chain(out, "moe", MOE_RUNS)]
-    torchrun("checkpoint_driver.py", [str(out), *map(str, chains)], 4, timeout_s=500)
+    run_ranks("checkpoint_driver.py", [str(out), *map(str, chains)], 4, timeout_s=500)
     return out
 
 

@@ -1,7 +1,7 @@
-"""Real torchrun processes on gloo, float64: every plan's loss and gradients equal single-process
+"""Real processes on gloo, float64: every plan's loss and gradients equal single-process
 training's (AdamW steps included: step 1's gradients follow step 0's update).
 
-One torchrun launch per world size runs all the plans of that size (tests/distributed_driver.py).
+One launch per world size runs all the plans of that size (tests/distributed_driver.py).
 Uniform plans run on the mesh executor (torch's pipelining); plans whose stages differ in
 replicas, and uniform plans named ``*_groups``, on the groups executor.
 

@@ -1,4 +1,4 @@
-"""Sequence parallelism executed (autoplan.runtime.sequence_parallel): real torchrun processes
+"""Sequence parallelism executed (autoplan.runtime.sequence_parallel): real processes
 on gloo, float64, equal to single-process training within 1e-10, on uniform plans (the mesh
 executor) and heterogeneous ones (the groups executor, a tp-2 stage next to tp-1 ones)."""
 
@@ -16,11 +16,11 @@ from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.single_process_reference import assert_run_equals_reference
 from tests.synthetic_profiles import gpu
-from tests.torchrun_plans import run_plans, torchrun
+from tests.torchrun_plans import run_plans, run_ranks
 
 TOLERANCE = 1e-10
 
-# Every test here reads a torchrun launch (the module fixture, or sp_memory_driver's).
+# Every test here reads a launch (the module fixture, or sp_memory_driver's).
 pytestmark = pytest.mark.distributed
 
 
@@ -93,7 +93,7 @@ def test_saved_activations_under_sp_match_the_cost_model(tmp_path: Path) -> None
     is within 10% of the cost model's saved bytes, with and without SP (the re-gather keeps
     the column-split inputs as their sequence shards)."""
     batch, seq = 4, 64
-    torchrun("sp_memory_driver.py", [str(tmp_path), str(batch), str(seq)], 2)
+    run_ranks("sp_memory_driver.py", [str(tmp_path), str(batch), str(seq)], 2)
     profile = profile_model("gpt-tiny", seq, batch, "fp32")
     spec = gpu("A", 100.0, 80.0)
     for rank in range(2):

@@ -1,5 +1,5 @@
 """Sequence parallelism on some stages only (``Stage.sequence_parallel``), executed: real
-torchrun processes on gloo, float64, equal to single-process training within 1e-10. Two
+processes on gloo, float64, equal to single-process training within 1e-10. Two
 pipeline stages of one tp-2 replica each (4 ranks), SP on one stage only, on the mesh executor
 and on the groups executor; the plans are emitted from configurations with a per-stage flag,
 as solve emits its plans. One launch: both plans have world size 4."""

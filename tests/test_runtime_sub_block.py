@@ -1,6 +1,6 @@
 """Stages that start or end mid-block (sub-block units) train exactly as one process does.
 
-Real torchrun processes on gloo, float64, one launch of 4 processes for all the plans: the
+Real processes on gloo, float64, one launch of 4 processes for all the plans: the
 residual stream crosses the stage boundary between a block's attention part and its MLP part;
 losses and every gradient equal single-process training (block grain, the whole model) within
 1e-10 over two AdamW steps, under the names the whole model gives its parameters.

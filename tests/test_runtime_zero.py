@@ -1,5 +1,5 @@
 """ZeRO-2 and ZeRO-3 (FSDP2 per stage, gradients reduce-scattered every micro-batch) on real
-torchrun processes (gloo, float64): loss and gradients equal single-process training's within
+processes (gloo, float64): loss and gradients equal single-process training's within
 1e-10 over two AdamW steps (step 1's gradients follow step 0's sharded update), and what each
 rank holds of parameters, gradients and optimizer states after a step is what the cost model
 predicts (within 10%).
@@ -8,7 +8,7 @@ Both executors: the mesh executor (uniform plans) and the groups executor (heter
 plans: stages of different replica counts, tp degrees and unequal shares; names ending in
 ``_groups`` run uniform plans there too, e.g. FSDP2 with tp inside on its own 2-D mesh).
 
-One torchrun launch of 4 processes runs every plan (tests/distributed_driver.py).
+One launch of 4 processes runs every plan (tests/distributed_driver.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Zero-bubble schedules on real torchrun processes (gloo, float64) through PyTorch's own
+"""Zero-bubble schedules on real processes (gloo, float64) through PyTorch's own
 schedule classes: ZB-H1 (interleaved zero bubble, one stage per rank), ZB1P (two stages per
 rank, under full recompute), ZB-V and DualPipeV (stages in a V) each give the loss and
 gradients of single-process training within 1e-10; and what a ZB-H1 and a ZB-V step hold

@@ -1,5 +1,5 @@
 """Experts placed by speed, executed: moe-tiny (float64, 4 experts, top 2, a deterministic
-seeded router) trained under torchrun on gloo with expert groups whose places hold 3 and 1
+seeded router) trained in real processes on gloo with expert groups whose places hold 3 and 1
 experts and take 2 and 1 samples of every micro-batch (so their slot buffers differ too: the
 exchanges' split sizes are uneven both ways) equals single-process training within 1e-10: ep 2
 alone, ep 2 over dp 4 (two expert groups, expert gradients summed across them, ZeRO-1 over the

@@ -1,9 +1,11 @@
-"""Run hand-made or solved plans under real torchrun processes (gloo), one launch per world
-size, through tests/distributed_driver.py; each plan's report lands in ``out_dir / name``."""
+"""Run hand-made or solved plans in real processes (gloo), one launch per world size, through
+tests/distributed_driver.py; each plan's report lands in ``out_dir / name``. The ranks are
+forked with torchrun's variables (tests/forked_ranks.py says why not torchrun itself)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,32 +13,38 @@ from pathlib import Path
 from autoplan.files import write_json_model
 from autoplan.plan.schema import Plan
 
-__all__ = ["run_plans", "torchrun"]
+__all__ = ["run_plans", "run_ranks"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def torchrun(script: str, args: list[str], nproc: int, timeout_s: int = 300) -> None:
-    """``tests/<script> args`` under ``nproc`` standalone torchrun processes, one intra-op thread
-    each (the cores are shared); fails the test with the stderr tail on a non-zero exit."""
+def run_ranks(script: str, args: list[str], nproc: int, timeout_s: int = 300) -> None:
+    """``tests/<script> args`` as ``nproc`` ranks of one node (tests/forked_ranks.py: forked,
+    with torchrun's variables), one intra-op thread each (the cores are shared); fails the test
+    with the stderr tail on a non-zero exit, and kills every rank on a time-out."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            str(ROOT / "tests" / script),
-            *args,
-        ],
-        capture_output=True,
+    command = [
+        sys.executable,
+        str(ROOT / "tests" / "forked_ranks.py"),
+        str(nproc),
+        str(ROOT / "tests" / script),
+        *args,
+    ]
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
-        timeout=timeout_s,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+        start_new_session=True,
+    ) as launch:
+        try:
+            _, stderr = launch.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(launch.pid, signal.SIGKILL)
+            _, stderr = launch.communicate()
+            raise AssertionError(f"{script} ran past {timeout_s} s: {stderr[-4000:]}") from None
+    assert launch.returncode == 0, stderr[-4000:]
 
 
 def run_plans(plans: dict[str, Plan], out_dir: Path, timeout_s: int = 400) -> Path:
@@ -47,5 +55,5 @@ def run_plans(plans: dict[str, Plan], out_dir: Path, timeout_s: int = 400) -> Pa
         for name, plan in plans.items():
             if plan.world_size == world_size:
                 write_json_model(plans_dir / f"{name}.json", plan)
-        torchrun("distributed_driver.py", [str(plans_dir), str(out_dir)], world_size, timeout_s)
+        run_ranks("distributed_driver.py", [str(plans_dir), str(out_dir)], world_size, timeout_s)
     return out_dir
