@@ -22,7 +22,7 @@ from autoplan.runtime.pipelined_sgd import spike_coefficients
 from tests import async_pb_plans as plans
 from tests import async_pb_task as task
 from tests.plan_factory import ReplicaSpec
-from tests.torchrun_plans import run_ranks
+from tests.ranks_of_plans import run_ranks
 
 NUM_MICRO_BATCHES = 160
 ZERO_DELAY_MICRO_BATCHES = 24

@@ -25,10 +25,10 @@ from autoplan.view.plan_tables import replicas_text
 from tests.cp_driver import SPLITS, SPLITS_OF_3, result_key
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
+from tests.ranks_of_plans import run_plans, run_ranks
 from tests.runtime_models import HF_DECODER_LAYERS
 from tests.single_process_reference import reference_training
 from tests.test_context_span_family import solved_family_dp_plan, solved_family_plan
-from tests.torchrun_plans import run_plans, run_ranks
 
 TOLERANCE = 1e-10
 

@@ -24,8 +24,8 @@ from autoplan.plan.schema import Plan
 from autoplan.runtime.report import RunReport
 from tests.distributed_driver import STEPS
 from tests.plan_factory import make_plan
+from tests.ranks_of_plans import run_plans
 from tests.single_process_reference import reference_training
-from tests.torchrun_plans import run_plans
 
 pytestmark = pytest.mark.distributed
 

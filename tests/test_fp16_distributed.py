@@ -16,8 +16,8 @@ from autoplan.runtime.mixed_precision import DynamicLossScale
 from autoplan.runtime.report import RunReport
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
+from tests.ranks_of_plans import run_plans
 from tests.single_process_reference import reference_training
-from tests.torchrun_plans import run_plans
 
 pytestmark = pytest.mark.distributed
 

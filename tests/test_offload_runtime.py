@@ -27,8 +27,8 @@ from autoplan.runtime.report import RunReport
 from autoplan.zoo import get_model_spec
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
+from tests.ranks_of_plans import run_plans
 from tests.single_process_reference import reference_training
-from tests.torchrun_plans import run_plans
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10

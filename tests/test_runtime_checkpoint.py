@@ -23,9 +23,9 @@ from autoplan.plan.schema import Plan
 from autoplan.runtime.checkpoint import INFO_NAME, CheckpointInfo
 from autoplan.runtime.report import RunReport
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
+from tests.ranks_of_plans import run_ranks
 from tests.single_process_reference import reference_training
 from tests.test_runtime_data_checkpoint import full_batches
-from tests.torchrun_plans import run_ranks
 
 pytestmark = pytest.mark.distributed
 

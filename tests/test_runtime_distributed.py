@@ -30,9 +30,9 @@ from tests.distributed_driver import (
     split_loss_inputs,
 )
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
+from tests.ranks_of_plans import run_plans
 from tests.runtime_models import HF_DECODER_LAYERS
 from tests.single_process_reference import reference_training
-from tests.torchrun_plans import run_plans
 
 pytestmark = pytest.mark.distributed
 

@@ -14,9 +14,9 @@ from autoplan.plan.schema import Plan
 from autoplan.profile.profiler import profile_model
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
+from tests.ranks_of_plans import run_plans, run_ranks
 from tests.single_process_reference import assert_run_equals_reference
 from tests.synthetic_profiles import gpu
-from tests.torchrun_plans import run_plans, run_ranks
 
 TOLERANCE = 1e-10
 

@@ -20,8 +20,8 @@ from autoplan.profile.profiler import profile_model
 from autoplan.solve.emit import emit_plan
 from tests.distributed_driver import STEPS
 from tests.plan_factory import local_cluster
+from tests.ranks_of_plans import run_plans
 from tests.single_process_reference import assert_run_equals_reference
-from tests.torchrun_plans import run_plans
 
 TOLERANCE = 1e-10
 

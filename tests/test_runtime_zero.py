@@ -26,8 +26,8 @@ from autoplan.runtime.report import RunReport, predicted_memory_of_rank
 from autoplan.solve import SolveOptions, solve
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, local_cluster, make_plan, make_stages_plan
+from tests.ranks_of_plans import run_plans
 from tests.single_process_reference import reference_training
-from tests.torchrun_plans import run_plans
 
 pytestmark = pytest.mark.distributed
 

@@ -22,9 +22,9 @@ from autoplan.schedule import schedule_order
 from autoplan.simulate import simulate_plan
 from tests.distributed_driver import STEPS
 from tests.plan_factory import make_plan
+from tests.ranks_of_plans import run_plans
 from tests.single_process_reference import reference_training
 from tests.synthetic_profiles import gpu
-from tests.torchrun_plans import run_plans
 
 pytestmark = pytest.mark.distributed
 
