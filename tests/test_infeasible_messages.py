@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
-from autoplan.errors import InfeasibleError
+from autoplan.errors import InfeasibleError, InputError
 from autoplan.files import read_json_model
 from autoplan.profile.schema import Profile
 from autoplan.solve import SolveOptions, solve, solve_outcome
@@ -102,3 +102,20 @@ def test_a_pinned_cp_beyond_the_gpu_count_names_the_gpu_count_not_memory() -> No
         solve(profile, cluster, 8, SolveOptions(cp=8, cp_min_seq_len=1))
     assert caught.value.short == "pp × dp × cp × tp = 8 > 4 GPUs"
     assert str(caught.value) == "pp × dp × cp × tp = 8 GPUs asked; the cluster has 4"
+
+
+def test_a_reserve_that_leaves_no_memory_is_an_input_error_and_the_diagnosis_counts_it() -> None:
+    # A reserve of a GPU's whole memory used to run the search and then say that nothing
+    # fits "on GPUs of at most 17.2 GB", which the user could not square with the cluster.
+    profile = transformer_profile(blocks=4, hidden=256, seq_len=128, heads=8)
+    cluster = make_cluster([("big", gpu("BIG", 200, 16), 4, 1)])
+    whole = cluster.model_copy(update={"memory_reserve_gib": 16.0})
+    with pytest.raises(InputError, match=r"memory reserve \(16 GiB\) leaves nothing of BIG's"):
+        solve(profile, whole, 16, SolveOptions())
+    with pytest.raises(InputError, match=r"memory reserve \(18\.6265 GiB\) leaves nothing"):
+        solve(profile, cluster, 16, SolveOptions(reserve_gb=20))
+    # A reserve that leaves a megabyte: nothing fits, and the message gives usable memory.
+    tight = cluster.model_copy(update={"memory_reserve_gib": 16.0 - 2**-10})
+    with pytest.raises(InfeasibleError) as caught:
+        solve(profile, tight, 16, SolveOptions(time_limit_s=20))
+    assert "GPUs of at most 0.0 GB usable (capacity less the memory reserve)" in str(caught.value)

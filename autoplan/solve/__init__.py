@@ -60,6 +60,15 @@ def cost_model(profile: Profile, cluster: Cluster, options: SolveOptions) -> Cos
             name: spec.model_copy(update={"memory_reserve_gib": reserve_gib})
             for name, spec in specs.items()
         }
+    for name in sorted({group.gpu for group in cluster.node_groups} & set(specs)):
+        spec = specs[name]
+        if spec.memory_reserve_gib >= spec.memory_gib:
+            # Said here: the search would only report that nothing fits in memory.
+            raise InputError(
+                f"the memory reserve ({spec.memory_reserve_gib:g} GiB) leaves nothing of "
+                f"{name}'s {spec.memory_gib:g} GiB (--reserve-gb or the cluster's "
+                "memory_reserve_gib)"
+            )
     unknown = sorted(set(options.efficiency) - set(specs))
     if unknown:
         raise InputError(f"efficiency given for unknown GPU types {unknown}")

@@ -112,7 +112,10 @@ def diagnose_infeasible(model: CostModel, batch: int, options: SolveOptions) -> 
         return states
     gpus = model.cluster.total_gpus()
     static = _model_state_bytes(model)
-    largest = max(c.gpu.memory_bytes for c in model.classes)
+    # What a plan may fill: capacity less the reserve (CUDA context, NCCL, fragmentation).
+    largest = max(model.usable_bytes(c.index) for c in model.classes)
+    reserved = any(model.reserved_bytes(c.index) for c in model.classes)
+    usable = " usable (capacity less the memory reserve)" if reserved else ""
     biggest_layer = max(
         model.tables(c.index, 1, 1).layers[i].params_per_gpu
         for c in model.classes
@@ -123,8 +126,8 @@ def diagnose_infeasible(model: CostModel, batch: int, options: SolveOptions) -> 
     return Diagnosis(
         f"no configuration{knobs} fits in memory",
         f"no configuration{knobs} fits in memory: the cluster has {gpus} GPUs of at most "
-        f"{_gb(largest)}; the model needs {_gb(static)} for weights, gradients and optimizer "
-        f"states (largest layer {biggest_layer / 1e6:.0f} M parameters) plus activations",
+        f"{_gb(largest)}{usable}; the model needs {_gb(static)} for weights, gradients and "
+        f"optimizer states (largest layer {biggest_layer / 1e6:.0f} M parameters) plus activations",
         proven=False,
     )
 
