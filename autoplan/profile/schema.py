@@ -33,6 +33,8 @@ LayerKind = Literal["embedding", "block", "head", "other"]
 # tf32: fp32 storage (4-byte weights, activations and gradients) with matmuls on TF32 tensor
 # cores (torch.backends.cuda.matmul.allow_tf32), costed at the TF32 peak where a GPU has one.
 DType = Literal["fp32", "tf32", "fp16", "bf16", "fp64"]
+DTYPE_ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
+"""Bytes per element of each training dtype (tf32 is fp32 storage with tf32 matmuls)."""
 # The unit of partition: a whole block, or each block's residual parts (attention, MLP) apart.
 Granularity = Literal["block", "sub-block"]
 
@@ -366,11 +368,22 @@ class Profile(_Strict):
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Profile:
+        # Memory is costed in dtype_bytes and time in dtype's peak: the two must agree.
+        if self.dtype_bytes != DTYPE_ELEMENT_BYTES[self.dtype]:
+            raise ValueError(
+                f"dtype_bytes {self.dtype_bytes} is not the size of {self.dtype} "
+                f"({DTYPE_ELEMENT_BYTES[self.dtype]} bytes per element)"
+            )
+        outside = sorted({i for i in self.profiled_layer_indices if not 0 <= i < len(self.layers)})
+        if outside:
+            raise ValueError(f"profiled_layer_indices names layers {outside}, which do not exist")
         for position, layer in enumerate(self.layers):
             if layer.index != position:
                 raise ValueError(
                     f"layer {position} has index {layer.index}; indices must be 0..n-1"
                 )
+            if layer.replica_of == position:
+                raise ValueError(f"layer {position} names itself as the layer it replicates")
             if layer.replica_of is not None and layer.replica_of not in self.profiled_layer_indices:
                 raise ValueError(
                     f"layer {position} replicates layer {layer.replica_of}, which was not profiled"

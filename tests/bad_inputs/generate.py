@@ -128,6 +128,12 @@ def clusters() -> None:
         "cluster", "unknown_field.yaml", good + "gpu_count: 16\n", "Extra inputs are not permitted"
     )
     _write("cluster", "duplicate_key.yaml", good + "name: again\n", "appears twice")
+    _write(
+        "cluster",
+        "reserve_whole_memory.yaml",
+        good + "memory_reserve_gib: 80\n",
+        "memory reserve (80 GiB) leaves nothing of A100-80GB's 80 GiB",
+    )
     group = good[good.index("  - name") : good.index("inter_node")]
     _write(
         "cluster",
@@ -308,6 +314,21 @@ def profiles() -> None:
         "dtype_bytes_huge.json",
         "dtype_bytes: Input should be less than or equal to 8",
         setter("dtype_bytes", value=1000),
+    )
+    profile(
+        "dtype_bytes_mismatch.json",
+        "dtype_bytes 4 is not the size of bf16",
+        setter("dtype_bytes", value=4),
+    )
+    profile(
+        "replica_of_itself.json",
+        "layer 3 names itself as the layer it replicates",
+        setter("layers", 3, "replica_of", value=3),
+    )
+    profile(
+        "profiled_index_outside.json",
+        "profiled_layer_indices names layers [99], which do not exist",
+        setter("profiled_layer_indices", value=[0, 1, 99]),
     )
     profile(
         "schema_version_99.json", "schema_version 99 is not one", setter("schema_version", value=99)
