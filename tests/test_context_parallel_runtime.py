@@ -14,20 +14,18 @@ import torch
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
 from autoplan.errors import InputError
-from autoplan.files import read_json_model
 from autoplan.plan.schema import IdleGpus, Plan
 from autoplan.plan.validate import plan_problems
 from autoplan.runtime.check import check_runnable
 from autoplan.runtime.context_parallel import chunk_positions
 from autoplan.runtime.data import training_batches
-from autoplan.runtime.report import RunReport
 from autoplan.view.plan_tables import replicas_text
 from tests.cp_driver import SPLITS, SPLITS_OF_3, result_key
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.ranks_of_plans import run_plans, run_ranks
 from tests.runtime_models import HF_DECODER_LAYERS
-from tests.single_process_reference import reference_training
+from tests.single_process_reference import assert_run_equals_reference
 from tests.test_context_span_family import solved_family_dp_plan, solved_family_plan
 
 TOLERANCE = 1e-10
@@ -282,18 +280,5 @@ def test_cp_plans_are_valid_cp_meshes() -> None:  # (dp, cp, tp): cp 2 in every 
 @pytest.mark.parametrize("name", list(_cp_plans()))
 def test_cp_plan_trains_as_one_process(cp_runs: Path, name: str) -> None:
     plan = _cp_plans()[name]
-    losses, reference = reference_training(plan, STEPS)
-    report = read_json_model(cp_runs / name / "report.json", RunReport)
+    report = assert_run_equals_reference(plan, cp_runs / name, STEPS, TOLERANCE)
     assert report.executor == "mesh"
-    for record, expected in zip(report.steps, losses, strict=True):
-        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
-    for step in range(STEPS):
-        covered: set[str] = set()
-        for rank in range(plan.world_size):
-            dumped = torch.load(cp_runs / name / f"rank{rank}_step{step}.pt")
-            assert dumped, f"rank {rank} dumped no gradients"
-            for param_name, grad in dumped.items():
-                error = (grad - reference[step][param_name]).abs().max().item()
-                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
-                covered.add(param_name)
-        assert covered == set(reference[step])

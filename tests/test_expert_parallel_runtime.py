@@ -19,13 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
-from autoplan.runtime.report import RunReport
 from tests.distributed_driver import STEPS
 from tests.plan_factory import make_plan
 from tests.ranks_of_plans import run_plans
-from tests.single_process_reference import reference_training
+from tests.single_process_reference import assert_run_equals_reference
 
 pytestmark = pytest.mark.distributed
 
@@ -97,32 +95,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", list(_plans()))
 def test_expert_parallel_training_equals_single_process(runs: Path, name: str) -> None:
     plan = _plans()[name]
-    losses, reference = reference_training(plan, STEPS)
-    report = read_json_model(runs / name / "report.json", RunReport)
-    for record, expected in zip(report.steps, losses, strict=True):
-        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
-    for step in range(STEPS):
-        covered: set[str] = set()
-        experts_seen: dict[str, set[int]] = {}
-        degree_of: dict[str, int] = {}  # the ep of the stage holding each expert parameter
-        for rank in range(plan.world_size):
-            entry = plan.rank_map[rank]
-            ep = plan.stages_of_rank(entry.pipeline_rank)[0].expert_parallel_degree
-            index = entry.dp_index % ep
-            dumped = torch.load(runs / name / f"rank{rank}_step{step}.pt")
-            for param_name, grad in dumped.items():
-                expected = reference[step][param_name]
-                if ".mlp.experts." in param_name:
-                    block = EXPERTS // ep
-                    assert grad.shape[0] == block, (param_name, grad.shape)
-                    expected = expected[index * block : (index + 1) * block]
-                    experts_seen.setdefault(param_name, set()).add(index)
-                    degree_of[param_name] = ep
-                assert grad.shape == expected.shape, param_name
-                error = (grad - expected).abs().max().item()
-                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
-                covered.add(param_name)
-        assert {n for n in reference[step] if "head.output" not in n} <= covered
-        # Every expert block of every MoE layer is held (and checked) somewhere.
-        assert experts_seen
-        assert all(seen == set(range(degree_of[n])) for n, seen in experts_seen.items())
+    experts_seen: dict[str, set[int]] = {}
+    degree_of: dict[str, int] = {}  # the ep of the stage holding each expert parameter
+
+    def held_part(rank: int, param_name: str, whole: torch.Tensor) -> torch.Tensor:
+        """A rank's expert parameters hold the rows of its dp index's experts."""
+        if ".mlp.experts." not in param_name:
+            return whole
+        entry = plan.rank_map[rank]
+        ep = plan.stages_of_rank(entry.pipeline_rank)[0].expert_parallel_degree
+        index, block = entry.dp_index % ep, EXPERTS // ep
+        experts_seen.setdefault(param_name, set()).add(index)
+        degree_of[param_name] = ep
+        return whole[index * block : (index + 1) * block]
+
+    assert_run_equals_reference(
+        plan, runs / name, STEPS, TOLERANCE, held_part=held_part, tied_head=True
+    )
+    # Every expert block of every MoE layer is held (and checked) somewhere.
+    assert experts_seen
+    assert all(seen == set(range(degree_of[n])) for n, seen in experts_seen.items())

@@ -17,18 +17,16 @@ import torch.nn.functional as F
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
 from autoplan.cost.model import CostModel
 from autoplan.cost.offload import mode_key, resident_saved_bytes
-from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.profile import profile_model
 from autoplan.runtime.model_stage import pipeline_layers
 from autoplan.runtime.offload import OffloadCounter, apply_offload
 from autoplan.runtime.recompute import apply_recompute
-from autoplan.runtime.report import RunReport
 from autoplan.zoo import get_model_spec
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.ranks_of_plans import run_plans
-from tests.single_process_reference import reference_training
+from tests.single_process_reference import assert_run_equals_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
@@ -74,21 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", list(_plans()))
 def test_offload_training_equals_single_process(runs: Path, name: str) -> None:
     plan = _plans()[name]
-    losses, reference = reference_training(plan, STEPS)
-    report = read_json_model(runs / name / "report.json", RunReport)
-    for record, expected in zip(report.steps, losses, strict=True):
-        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
-    for step in range(STEPS):
-        covered: set[str] = set()
-        for rank in range(plan.world_size):
-            dumped = torch.load(runs / name / f"rank{rank}_step{step}.pt")
-            assert dumped, f"rank {rank} dumped no gradients"
-            for param_name, grad in dumped.items():
-                error = (grad - reference[step][param_name]).abs().max().item()
-                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
-                covered.add(param_name)
-        first_names = {n for n in reference[step] if "head.output" not in n}
-        assert first_names <= covered
+    assert_run_equals_reference(plan, runs / name, STEPS, TOLERANCE, tied_head=True)
 
 
 def _cost_model(batch: int, seq: int) -> CostModel:

@@ -32,7 +32,7 @@ from tests.distributed_driver import (
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.ranks_of_plans import run_plans
 from tests.runtime_models import HF_DECODER_LAYERS
-from tests.single_process_reference import reference_training
+from tests.single_process_reference import assert_run_equals_reference, reference_training
 
 pytestmark = pytest.mark.distributed
 
@@ -297,26 +297,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_distributed_training_equals_single_process(runs: Path, name: str) -> None:
     plan = _plans()[name]
     data_seed = LOADER_DATA_SEED if name.endswith("_dataloader") else None
-    losses, reference = reference_training(plan, STEPS, data_seed=data_seed)
-    report = read_json_model(runs / name / "report.json", RunReport)
-    assert [record.step for record in report.steps] == list(range(STEPS))
-    for record, expected in zip(report.steps, losses, strict=True):
-        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
+    report = assert_run_equals_reference(
+        plan, runs / name, STEPS, TOLERANCE, data_seed=data_seed, tied_head=True
+    )
     assert report.measured_step_time_ms > 0
-    for step in range(STEPS):
-        covered: set[str] = set()
-        for rank in range(plan.world_size):
-            dumped = torch.load(runs / name / f"rank{rank}_step{step}.pt")
-            assert dumped, f"rank {rank} dumped no gradients"
-            for param_name, grad in dumped.items():
-                expected = reference[step][param_name]
-                assert grad.shape == expected.shape, param_name
-                error = (grad - expected).abs().max().item()
-                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
-                covered.add(param_name)
-        # Every parameter is covered (a tied weight under at least one of its names).
-        first_names = {name for name in reference[step] if "head.output" not in name}
-        assert first_names <= covered <= set(reference[step]), set(reference[step]) ^ covered
 
 
 VOCAB_WEIGHTS = ("layers.embed.token.weight", "layers.head.output.weight")

@@ -15,17 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from autoplan.cluster.catalog import example_cluster_path, load_cluster
-from autoplan.files import read_json_model
 from autoplan.plan.schema import Plan
 from autoplan.runtime.model_stage import build_stage_models
-from autoplan.runtime.report import RunReport
 from tests.distributed_driver import STEPS
 from tests.plan_factory import ReplicaSpec, make_plan, make_stages_plan
 from tests.ranks_of_plans import run_plans
-from tests.single_process_reference import reference_training
+from tests.single_process_reference import assert_run_equals_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-10
@@ -105,20 +102,4 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", list(_plans()))
 def test_mid_block_stages_train_as_one_process(runs: Path, name: str) -> None:
     plan = _plans()[name]
-    losses, reference = reference_training(plan, STEPS)
-    report = read_json_model(runs / name / "report.json", RunReport)
-    assert [record.step for record in report.steps] == list(range(STEPS))
-    for record, expected in zip(report.steps, losses, strict=True):
-        assert abs(record.loss - expected) < TOLERANCE, (record.loss, expected)
-    for step in range(STEPS):
-        covered: set[str] = set()
-        for rank in range(plan.world_size):
-            dumped = torch.load(runs / name / f"rank{rank}_step{step}.pt")
-            assert dumped, f"rank {rank} dumped no gradients"
-            for param_name, grad in dumped.items():
-                expected = reference[step][param_name]
-                assert grad.shape == expected.shape, param_name
-                error = (grad - expected).abs().max().item()
-                assert error < TOLERANCE, f"step {step} rank {rank} {param_name}: {error:.3g}"
-                covered.add(param_name)
-        assert covered == set(reference[step]), set(reference[step]) ^ covered
+    assert_run_equals_reference(plan, runs / name, STEPS, TOLERANCE)
