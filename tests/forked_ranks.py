@@ -77,12 +77,15 @@ def main(nproc: int, script: str, args: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     children: dict[int, int] = {}
-    writers = []
+    writers: list[int] = []
     for rank in range(nproc):
         reader, writer = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.close(writer)
+            # Only the parent may hold a write end: a rank whose parent died then reads EOF
+            # and fails, rather than waiting on a pipe an earlier rank keeps open.
+            for held in (*writers, writer):
+                os.close(held)
             _run_rank(script, args, rank, nproc, reader)
         os.close(reader)
         children[pid] = rank
