@@ -27,8 +27,9 @@ demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO_DIR)
 
 # One pytest worker per core (pytest-xdist), a test file at a time: a file's module-scoped
-# fixture (a multi-process launch, real solves) then runs once, and tests that read what an earlier
-# test of their file saw stay in order. (xdist's loadgroup marks are a no-op under pytest 9.2.)
+# fixture (a multi-process launch, real solves) then runs once, and tests that read what an
+# earlier test of their file saw stay in order. (xdist's loadgroup marks are a no-op under
+# pytest 9.2.)
 # The slowest files go first (tests/conftest.py's SLOWEST_FIRST; xdist's own reorder off).
 test: $(STAMP)
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder

@@ -7,8 +7,8 @@ processes, each with the variables torchrun gives the workers of a one-node laun
 ``env://`` rendezvous on a TCP store this process hosts, as torchrun's agent hosts one.
 
 Why not torchrun: each of its workers imports torch, DTensor and pipelining again (~4 s of one
-core here, more than most of these tests' training), and torchrun itself imports torch once
-more; on two cores a four-rank launch spent ~17 CPU-s before its first step. The tests run
+core here by ``-X importtime``, more than most of these tests' training), and torchrun itself
+imports torch once more (~1.5 s): about 17 CPU-s of imports for a four-rank launch. The tests run
 through this check numerics and memory, not launching: torchrun's agent, rendezvous and failure
 reports are tested through ``autoplan run`` itself (tests/test_launch.py,
 tests/test_readme_commands.py, tests/test_runtime_solved.py).

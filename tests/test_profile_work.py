@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autoplan.profile import profile_model
 from autoplan.profile.bytes_moved import BytesMovedMode
-from autoplan.zoo.dtypes import set_matmul_precision, torch_dtype
+from autoplan.profile.schema import DTYPE_ELEMENT_BYTES, DType
+from autoplan.zoo.dtypes import TORCH_DTYPES, set_matmul_precision, torch_dtype
 
 
 def test_tf32_profiles_like_fp32_and_records_its_dtype() -> None:
@@ -17,6 +20,14 @@ def test_tf32_profiles_like_fp32_and_records_its_dtype() -> None:
     assert tf32.dtype == "tf32" and tf32.dtype_bytes == 4
     assert torch_dtype("tf32") is torch.float32
     assert tf32.layers == fp32.layers  # fp32 storage: the same FLOPs, bytes and activations
+
+
+def test_the_schemas_element_sizes_are_torchs() -> None:
+    # The profile schema (torch-free) checks dtype_bytes against its own table; the runtime
+    # builds tensors in TORCH_DTYPES: the two must name the same sizes, and the same dtypes.
+    assert set(DTYPE_ELEMENT_BYTES) == set(get_args(DType)) == set(TORCH_DTYPES)
+    for name, size in DTYPE_ELEMENT_BYTES.items():
+        assert TORCH_DTYPES[name].itemsize == size, name
 
 
 def test_set_matmul_precision_sets_pytorchs_flags() -> None:

@@ -1540,7 +1540,8 @@ def hetero_candidates(
             and math.isfinite(state.proven_level)
             and state.proven_level < target
         )
-        until = time.monotonic() + TIME_SHARE * (deadline - time.monotonic()) if jump else None
+        now = time.monotonic()
+        until = now + TIME_SHARE * (deadline - now) if jump else None
         # The runs their last search found cheap first: one holding a plan under the level
         # lowers the bound the costly ones are then searched below (GPT-3 175B on mixed-1024:
         # the two-stage m = 8 run before m = 32, 48 and 64; 16 -> 13 CPU-s).
